@@ -1,0 +1,14 @@
+//! tusk-recovery: rebuilds the heap from the redo logs.
+//!
+//! - [`scan`]: reads every partition's segments, cuts torn tails, and refuses any other
+//!   damage with an error naming file and offset.
+//! - [`replay`]: orders the records by LSN, applies them up to the first gap, then the
+//!   Partition-flagged records beyond it (DESIGN.md, Recovery).
+
+pub mod error;
+pub mod replay;
+pub mod scan;
+
+pub use error::RecoveryError;
+pub use replay::{recover, RecoveryReport};
+pub use scan::TornTail;

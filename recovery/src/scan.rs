@@ -1,0 +1,130 @@
+//! Reading the log: every partition's segments, validated frame by frame.
+//!
+//! A record that fails to decode is a torn tail when it lies in the last segment of its
+//! partition and no valid record follows it: the writer only ever has the end of the last
+//! segment in flight, so a crash can damage nothing else. The tail is cut off (the file is
+//! truncated there) and reported. Damage anywhere else is an error.
+
+use std::path::{Path, PathBuf};
+
+use tusk_storage::log_files::{list_partitions, list_segments};
+use tusk_storage::log_format::{decode_frame, valid_record_after, Frame, SegmentHeader, SEGMENT_HEADER_SIZE};
+use tusk_storage::StorageError;
+
+use crate::RecoveryError;
+
+/// A torn tail found (and, when repairing, cut off) during the scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    pub path: PathBuf,
+    /// Where the damaged bytes start (the file's new length after the cut).
+    pub offset: u64,
+    /// How many bytes were cut.
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// A segment's bytes in memory.
+pub struct Segment {
+    pub path: PathBuf,
+    pub partition: u32,
+    pub data: Vec<u8>,
+}
+
+/// Where a record lies.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordRef {
+    pub lsn: u64,
+    pub flags: u32,
+    pub void: Option<(u64, u64)>,
+    pub segment: u32,
+    pub offset: u32,
+}
+
+#[derive(Default)]
+pub struct Scan {
+    pub segments: Vec<Segment>,
+    pub records: Vec<RecordRef>,
+    pub torn: Vec<TornTail>,
+    pub log_bytes: u64,
+}
+
+fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> RecoveryError {
+    RecoveryError::Corrupt { path: path.to_path_buf(), offset, reason: reason.into() }
+}
+
+/// Reads all segments under `dir/log`. With `repair`, torn tails are cut off on disk.
+pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
+    let mut out = Scan::default();
+    for partition in list_partitions(dir)? {
+        let segments = list_segments(dir, partition)?;
+        let count = segments.len();
+        for (i, (seq, path)) in segments.into_iter().enumerate() {
+            let is_last = i + 1 == count;
+            let data = std::fs::read(&path).map_err(|e| StorageError::io(&path, e))?;
+            out.log_bytes += data.len() as u64;
+            let header = SegmentHeader::decode(&data);
+            let header = match header {
+                Ok(h) => h,
+                // A segment created just before a crash: its header never became durable, so
+                // no fdatasync of it completed and nothing in it was acknowledged.
+                Err(reason)
+                    if is_last && (data.len() < SEGMENT_HEADER_SIZE || data[..SEGMENT_HEADER_SIZE].iter().all(|&b| b == 0)) =>
+                {
+                    out.torn.push(TornTail { path: path.clone(), offset: 0, bytes: data.len() as u64, reason });
+                    if repair {
+                        std::fs::remove_file(&path).map_err(|e| StorageError::io(&path, e))?;
+                    }
+                    continue;
+                }
+                Err(reason) => return Err(corrupt(&path, 0, reason)),
+            };
+            if header.partition != partition || header.seq != seq {
+                return Err(corrupt(
+                    &path,
+                    0,
+                    format!("header says partition {} segment {}, the file name says {partition} / {seq}", header.partition, header.seq),
+                ));
+            }
+            let segment_index = out.segments.len() as u32;
+            let mut at = SEGMENT_HEADER_SIZE;
+            let end = loop {
+                match decode_frame(&data, at) {
+                    Frame::Record(view, next) => {
+                        if view.header.partition != partition {
+                            return Err(corrupt(&path, at as u64, format!("record of partition {} in partition {partition}", view.header.partition)));
+                        }
+                        out.records.push(RecordRef {
+                            lsn: view.header.lsn,
+                            flags: view.header.flags,
+                            void: view.header.void,
+                            segment: segment_index,
+                            offset: u32::try_from(at).map_err(|_| corrupt(&path, at as u64, "segment larger than 4 GiB"))?,
+                        });
+                        at = next;
+                    }
+                    Frame::End => break data.len(),
+                    Frame::Invalid(reason) => {
+                        if !is_last {
+                            return Err(corrupt(&path, at as u64, format!("{reason} (in a segment that is not the partition's last)")));
+                        }
+                        if let Some(valid) = valid_record_after(&data, at + 8) {
+                            return Err(corrupt(&path, at as u64, format!("{reason}; a valid record follows at offset {valid}")));
+                        }
+                        out.torn.push(TornTail { path: path.clone(), offset: at as u64, bytes: (data.len() - at) as u64, reason });
+                        if repair {
+                            let f = std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| StorageError::io(&path, e))?;
+                            f.set_len(at as u64).map_err(|e| StorageError::io(&path, e))?;
+                            f.sync_all().map_err(|e| StorageError::io(&path, e))?;
+                        }
+                        break at;
+                    }
+                }
+            };
+            let mut data = data;
+            data.truncate(end);
+            out.segments.push(Segment { path, partition, data });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,101 @@
+use std::path::PathBuf;
+
+use tusk_recovery::RecoveryError;
+use tusk_storage::StorageError;
+use tusk_txn::TxnError;
+
+/// Everything that can go wrong in tusk.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Another transaction changed what this one read or wrote. [`crate::Store::transact`]
+    /// retries on it, so only callers of [`crate::Store::begin`] see it.
+    #[error("transaction conflict")]
+    Conflict,
+    /// No room left in the heap (raise [`crate::Options::heap_capacity`]).
+    #[error("heap exhausted: cannot allocate {requested} bytes in a heap of {capacity} bytes")]
+    HeapExhausted { requested: u64, capacity: u64 },
+    /// An access outside the allocation it names.
+    #[error("out of bounds: {len} bytes at offset {offset} of the allocation at {ptr} ({alloc_len} bytes)")]
+    OutOfBounds { ptr: u64, offset: u64, len: u64, alloc_len: u64 },
+    /// The pointer is not the start of a live allocation.
+    #[error("invalid heap pointer {0}: not the start of a live allocation")]
+    InvalidPointer(u64),
+    /// The allocation was freed already.
+    #[error("double free of the allocation at {0}")]
+    DoubleFree(u64),
+    /// A root name longer than [`crate::ROOT_NAME_MAX`] bytes.
+    #[error("root name of {len} bytes is longer than the maximum of {max}")]
+    RootNameTooLong { len: usize, max: usize },
+    /// An empty root name.
+    #[error("root names must not be empty")]
+    RootNameEmpty,
+    /// All root slots are taken.
+    #[error("the root table is full ({0} roots)")]
+    RootTableFull(u64),
+    /// Writing the log failed (disk full, EIO): the store refuses further commits; what was
+    /// acknowledged before is on disk.
+    #[error("the log failed and the store refuses commits: {0}")]
+    LogFailed(String),
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
+    /// The store path exists and is not a directory.
+    #[error("{0}: not a directory")]
+    NotADirectory(PathBuf),
+    /// Another open store (in this or another process) holds the directory.
+    #[error("{0}: locked by another open store")]
+    Locked(PathBuf),
+    /// A file of the store is damaged beyond what recovery may repair.
+    #[error("{path}: corrupt at offset {offset}: {reason}")]
+    Corrupt { path: PathBuf, offset: u64, reason: String },
+    /// Two log records claim the same LSN.
+    #[error("LSN {lsn} appears twice: {first} and {second}")]
+    DuplicateLsn { lsn: u64, first: PathBuf, second: PathBuf },
+    /// The store needs a larger heap than [`crate::Options::heap_capacity`].
+    #[error("{path}: the store needs {needed} bytes of heap, the options give {capacity}; open with a larger heap_capacity")]
+    CapacityTooSmall { path: PathBuf, needed: u64, capacity: u64 },
+    /// An I/O error on a file of the store.
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl From<StorageError> for Error {
+    fn from(e: StorageError) -> Error {
+        match e {
+            StorageError::Io { path, source } => Error::Io { path, source },
+            StorageError::Corrupt { path, offset, reason } => Error::Corrupt { path, offset, reason },
+            StorageError::Reserve { capacity, source } => {
+                Error::Io { path: PathBuf::from(format!("<heap of {capacity} bytes>")), source }
+            }
+        }
+    }
+}
+
+impl From<TxnError> for Error {
+    fn from(e: TxnError) -> Error {
+        match e {
+            TxnError::Conflict => Error::Conflict,
+            TxnError::HeapExhausted { requested, capacity } => Error::HeapExhausted { requested, capacity },
+            TxnError::OutOfBounds { ptr, offset, len, alloc_len } => Error::OutOfBounds { ptr, offset, len, alloc_len },
+            TxnError::InvalidPointer(p) => Error::InvalidPointer(p),
+            TxnError::DoubleFree(p) => Error::DoubleFree(p),
+            TxnError::RootNameTooLong { len, max } => Error::RootNameTooLong { len, max },
+            TxnError::RootNameEmpty => Error::RootNameEmpty,
+            TxnError::RootTableFull(n) => Error::RootTableFull(n),
+            TxnError::LogFailed(why) => Error::LogFailed(why),
+            TxnError::Closed => Error::Closed,
+            TxnError::Storage(s) => s.into(),
+        }
+    }
+}
+
+impl From<RecoveryError> for Error {
+    fn from(e: RecoveryError) -> Error {
+        match e {
+            RecoveryError::Corrupt { path, offset, reason } => Error::Corrupt { path, offset, reason },
+            RecoveryError::DuplicateLsn { lsn, first, second } => Error::DuplicateLsn { lsn, first, second },
+            RecoveryError::CapacityTooSmall { path, needed, capacity, .. } => Error::CapacityTooSmall { path, needed, capacity },
+            RecoveryError::Storage(s) => s.into(),
+        }
+    }
+}

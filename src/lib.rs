@@ -1,0 +1,46 @@
+//! tusk: an embedded, durable, transactional in-memory index store.
+//!
+//! An application opens a directory, runs serializable transactions over an in-memory heap
+//! addressed by [`HeapPtr`] offsets, and gets durability from partitioned redo logs with
+//! three commit modes ([`Commit`]) and split-phase commit ([`Store::is_stable`]).
+//!
+//! ```
+//! # fn main() -> Result<(), tusk::Error> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = tusk::Store::open(dir.path(), tusk::Options::default())?;
+//! let (p, lsn) = store.transact(tusk::Commit::Sync, |tx| {
+//!     let p = tx.alloc(16)?;
+//!     tx.write(p, b"hello, tusk!")?;
+//!     tx.set_root("greeting", p)?;
+//!     Ok(p)
+//! })?;
+//! assert!(store.is_stable(lsn.unwrap(), false), "Sync returns once durable");
+//! store.close()?;
+//!
+//! let store = tusk::Store::open(dir.path(), tusk::Options::default())?; // recovers
+//! let (text, _) = store.transact(tusk::Commit::Async, |tx| {
+//!     let p = tx.root("greeting")?.expect("root survives the restart");
+//!     let mut buf = [0u8; 12];
+//!     tx.read(p, &mut buf)?;
+//!     Ok(buf)
+//! })?;
+//! assert_eq!(&text, b"hello, tusk!");
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod options;
+mod store;
+mod transaction;
+
+pub use error::Error;
+pub use options::{Durability, Options};
+pub use store::Store;
+pub use transaction::Transaction;
+pub use tusk_recovery::{RecoveryReport, TornTail};
+pub use tusk_storage::io::{FaultPlan, Io};
+pub use tusk_storage::HeapPtr;
+pub use tusk_txn::{Commit, Lsn};
+
+/// Longest root name, in bytes.
+pub const ROOT_NAME_MAX: usize = tusk_storage::layout::ROOT_NAME_MAX;

@@ -1,0 +1,51 @@
+use std::time::Duration;
+
+use tusk_storage::io::Io;
+
+/// Whether commits are logged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Redo logs on disk; commit modes as documented on [`crate::Commit`].
+    #[default]
+    On,
+    /// No log at all: the same transactions, purely in memory (every commit mode behaves like
+    /// `Async`, nothing survives a close, `is_stable` is always false).
+    Off,
+}
+
+/// How a store is opened. `Options::default()` suits most uses.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Bytes of address space reserved for the heap (touched lazily; default 4 GiB). May grow
+    /// between opens; it must hold everything the store already allocated.
+    pub heap_capacity: u64,
+    /// Logging on or off (default on).
+    pub durability: Durability,
+    /// The I/O backend for the log (default: io_uring where available, else pwrite).
+    pub io: Io,
+    /// Number of log partitions; threads map to them round-robin (default: available cores).
+    pub log_partitions: usize,
+    /// A partition's buffer is written once it holds this many bytes (default 1 MiB).
+    pub log_buffer_bytes: usize,
+    /// Async commits become durable at least this often (default 1 ms).
+    pub group_commit_interval: Duration,
+    /// A log segment file is closed once it passes this size (default 64 MiB).
+    pub segment_bytes: u64,
+    /// log2 of the number of stripe locks, each guarding 64-byte lines (default 20).
+    pub stripes_log2: u32,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            heap_capacity: 4 << 30,
+            durability: Durability::On,
+            io: Io::Auto,
+            log_partitions: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            log_buffer_bytes: 1 << 20,
+            group_commit_interval: Duration::from_millis(1),
+            segment_bytes: 64 << 20,
+            stripes_log2: 20,
+        }
+    }
+}

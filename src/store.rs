@@ -1,0 +1,213 @@
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use tusk_recovery::RecoveryReport;
+use tusk_storage::layout::{BRK_OFF, MAGIC, MAGIC_OFF, VERSION_OFF, FORMAT_VERSION};
+use tusk_storage::Heap;
+use tusk_txn::{Commit, Engine, EngineConfig, LogConfig, Lsn};
+
+use crate::options::{Durability, Options};
+use crate::transaction::Transaction;
+use crate::Error;
+
+/// An open store: a heap, its transactions and its log, over one directory.
+///
+/// Opening a directory that holds a store recovers it; opening a new or empty one creates
+/// a store. At most one `Store` holds a directory at a time (a lock file enforces it).
+///
+/// ```
+/// # fn main() -> Result<(), tusk::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// use tusk::{Commit, Options, Store};
+/// let store = Store::open(dir.path(), Options::default())?;
+/// let (counter, _) = store.transact(Commit::Sync, |tx| {
+///     let p = match tx.root("counter")? {
+///         Some(p) => p,
+///         None => {
+///             let p = tx.alloc(8)?;
+///             tx.set_root("counter", p)?;
+///             p
+///         }
+///     };
+///     let next = tx.read_u64(p)? + 1;
+///     tx.write_u64(p, next)?;
+///     Ok(next)
+/// })?;
+/// assert_eq!(counter, 1);
+/// store.close()?;
+/// # Ok(()) }
+/// ```
+pub struct Store {
+    engine: Engine,
+    dir: PathBuf,
+    recovery: RecoveryReport,
+    _lock: File,
+}
+
+/// Takes the directory's lock file (flock): one open store per directory, across processes.
+fn lock_dir(dir: &Path) -> Result<File, Error> {
+    use std::fs::TryLockError;
+    let path = dir.join("LOCK");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| Error::Io { path: path.clone(), source })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(Error::Locked(dir.to_path_buf())),
+        Err(TryLockError::Error(source)) => Err(Error::Io { path, source }),
+    }
+}
+
+impl Store {
+    /// Opens (creating or recovering) the store in `dir`.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, Error> {
+        let dir = dir.as_ref().to_path_buf();
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::NotADirectory(dir));
+        }
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        let lock = lock_dir(&dir)?;
+        let heap = Heap::new(options.heap_capacity)?;
+        let recovery = tusk_recovery::recover(&dir, &heap, true)?;
+        let fresh = heap.load_word(MAGIC_OFF) == 0;
+        if !fresh {
+            check_superblock(&dir, &heap)?;
+        }
+        let log = match options.durability {
+            Durability::On => Some(LogConfig {
+                dir: dir.clone(),
+                partitions: options.log_partitions.max(1),
+                io: options.io.clone(),
+                log_buffer_bytes: options.log_buffer_bytes.max(4096),
+                group_commit_interval: options.group_commit_interval,
+                segment_bytes: options.segment_bytes.max(1 << 16),
+            }),
+            Durability::Off => None,
+        };
+        let engine = Engine::start(EngineConfig { stripes_log2: options.stripes_log2.clamp(4, 28), log }, heap, recovery.max_lsn)?;
+        if let Some((from, to)) = recovery.marker_needed {
+            engine.append_marker(from, to)?;
+        }
+        let store = Store { engine, dir, recovery, _lock: lock };
+        if fresh {
+            store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
+        }
+        Ok(store)
+    }
+
+    /// Runs `f` in a transaction and commits it with `mode`, retrying from the start on
+    /// conflicts. Returns `f`'s value and the LSN (`None` for a read-only transaction).
+    /// An error from `f` aborts the transaction and is returned as is.
+    pub fn transact<T>(
+        &self,
+        mode: Commit,
+        mut f: impl FnMut(&mut Transaction<'_>) -> Result<T, Error>,
+    ) -> Result<(T, Option<Lsn>), Error> {
+        let mut tx = self.begin();
+        let mut attempt = 0u32;
+        loop {
+            let outcome = f(&mut tx).and_then(|value| Ok((value, tx.inner.commit(mode)?)));
+            match outcome {
+                Err(Error::Conflict) => {
+                    attempt += 1;
+                    backoff(attempt);
+                    tx.inner.restart();
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Starts a transaction for callers that manage retries themselves: finish it with
+    /// [`Transaction::commit`] (which may return [`Error::Conflict`]) or [`Transaction::abort`].
+    pub fn begin(&self) -> Transaction<'_> {
+        Transaction { inner: self.engine.begin() }
+    }
+
+    /// Whether `lsn` and every lower LSN are durable. With `wait`, blocks until they are
+    /// (split-phase commit: commit with `Async`, then ask here). Always false with
+    /// [`Durability::Off`] or after a log failure.
+    pub fn is_stable(&self, lsn: Lsn, wait: bool) -> bool {
+        self.engine.is_stable(lsn, wait)
+    }
+
+    /// The durable watermark: every LSN ≤ it is on disk.
+    pub fn durable_lsn(&self) -> Lsn {
+        self.engine.durable_lsn()
+    }
+
+    /// The LSN of the last committed update transaction.
+    pub fn last_lsn(&self) -> Lsn {
+        self.engine.last_lsn()
+    }
+
+    /// What recovery did when this store was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The log's I/O backend ("io_uring", "sync", ...), `None` without durability.
+    pub fn io_backend(&self) -> Option<String> {
+        self.engine.log_backend_name()
+    }
+
+    /// Bytes of the heap handed out so far (allocator high-water mark).
+    pub fn heap_used(&self) -> u64 {
+        self.engine.heap().load_word(BRK_OFF)
+    }
+
+    /// Makes everything committed durable and closes the store.
+    pub fn close(self) -> Result<(), Error> {
+        Ok(self.engine.close()?)
+    }
+
+    /// Stops the store as a crash would: what is not yet durable is lost. For tests.
+    #[doc(hidden)]
+    pub fn crash(self) {
+        self.engine.abandon();
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.engine.close();
+    }
+}
+
+fn check_superblock(dir: &Path, heap: &Heap) -> Result<(), Error> {
+    let corrupt = |reason: String| Error::Corrupt { path: dir.join("log"), offset: 0, reason };
+    if heap.load_word(MAGIC_OFF) != MAGIC {
+        return Err(corrupt("the recovered heap has no tusk superblock".into()));
+    }
+    let version = heap.load_word(VERSION_OFF);
+    if version != FORMAT_VERSION {
+        return Err(corrupt(format!("heap format version {version}, this build reads {FORMAT_VERSION}")));
+    }
+    let brk = heap.load_word(BRK_OFF);
+    if brk > heap.capacity() {
+        return Err(Error::CapacityTooSmall { path: dir.to_path_buf(), needed: brk, capacity: heap.capacity() });
+    }
+    Ok(())
+}
+
+/// Exponential backoff between retries: spin first, then yield, then sleep briefly.
+fn backoff(attempt: u32) {
+    if attempt < 4 {
+        for _ in 0..(1u32 << (attempt * 2)) {
+            std::hint::spin_loop();
+        }
+    } else if attempt < 12 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros(50 << (attempt - 12).min(5)));
+    }
+}

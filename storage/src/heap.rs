@@ -1,0 +1,269 @@
+//! The heap: one anonymous, lazily touched memory region addressed by u64 offsets.
+//!
+//! All access is word-atomic (`AtomicU64`, relaxed): the STM in tusk-txn provides ordering
+//! through its stripe locks, and atomic words keep concurrent readers and write-back free
+//! of data races. Byte-granular helpers are built from word operations.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::StorageError;
+
+/// Size of a dirty-tracking page.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// A position in the heap: a byte offset from its base. Never a raw pointer, so that the
+/// heap image stays valid when copied (snapshots, checkpoints, the GPU mirror).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct HeapPtr(pub u64);
+
+impl HeapPtr {
+    /// The null pointer (offset 0 is the superblock, never handed out by the allocator).
+    pub const NULL: HeapPtr = HeapPtr(0);
+
+    /// The raw offset.
+    pub fn offset(self) -> u64 {
+        self.0
+    }
+
+    /// Whether this is [`HeapPtr::NULL`].
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// An anonymous private mapping reserved with MAP_NORESERVE: zero until touched.
+struct AnonRegion {
+    base: *mut u8,
+    len: usize,
+}
+
+impl AnonRegion {
+    fn reserve(bytes: u64) -> Result<AnonRegion, StorageError> {
+        let len = usize::try_from(bytes).map_err(|_| StorageError::Reserve {
+            capacity: bytes,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        // SAFETY: anonymous private mapping; no file, no aliasing; checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(StorageError::Reserve { capacity: bytes, source: std::io::Error::last_os_error() });
+        }
+        Ok(AnonRegion { base: base as *mut u8, len })
+    }
+}
+
+impl Drop for AnonRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the region mapped in `reserve`; no references outlive it.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// One anonymous mmap region, reserved with MAP_NORESERVE and touched lazily.
+pub struct Heap {
+    data: AnonRegion,
+    capacity: u64,
+    /// Per page: the dirty epoch of the last commit write-back that touched it (an
+    /// `AtomicU64` array in its own lazily touched region).
+    epochs: AnonRegion,
+}
+
+// SAFETY: the regions are only accessed through atomic word operations, so sharing them
+// between threads is sound.
+unsafe impl Send for Heap {}
+// SAFETY: see above; all shared access is atomic.
+unsafe impl Sync for Heap {}
+
+impl Heap {
+    /// Reserves `capacity` bytes (rounded up to a page). Pages are zero until written.
+    pub fn new(capacity: u64) -> Result<Heap, StorageError> {
+        let capacity = capacity.div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
+        let data = AnonRegion::reserve(capacity)?;
+        let epochs = AnonRegion::reserve(capacity / PAGE_SIZE * 8)?;
+        Ok(Heap { data, capacity, epochs })
+    }
+
+    #[inline]
+    fn epoch_slot(&self, page: u64) -> &AtomicU64 {
+        assert!(page < self.pages(), "page {page} out of range");
+        // SAFETY: in bounds (checked), 8-aligned (mmap is page-aligned), zero-initialised
+        // memory is a valid AtomicU64, and the mapping lives as long as self.
+        unsafe { &*(self.epochs.base.add(page as usize * 8) as *const AtomicU64) }
+    }
+
+    /// Size of the region in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    #[inline]
+    fn word(&self, off: u64) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.capacity, "heap word {off} out of range");
+        // SAFETY: in bounds and 8-aligned (checked above); the mapping lives as long as self;
+        // AtomicU64 has the same layout as u64 and all access to heap words is atomic.
+        unsafe { &*(self.data.base.add(off as usize) as *const AtomicU64) }
+    }
+
+    /// Loads the 8-byte word at `off` (8-aligned).
+    #[inline]
+    pub fn load_word(&self, off: u64) -> u64 {
+        self.word(off).load(Ordering::Relaxed)
+    }
+
+    /// Stores the 8-byte word at `off` (8-aligned).
+    #[inline]
+    pub fn store_word(&self, off: u64, value: u64) {
+        self.word(off).store(value, Ordering::Relaxed)
+    }
+
+    /// Stores the bytes of `value` selected by `mask` (bit i = byte i, little-endian) into the
+    /// word at `off`. The caller must be the only writer of that word (it holds its stripe lock,
+    /// or recovery runs single-writer).
+    #[inline]
+    pub fn store_word_masked(&self, off: u64, value: u64, mask: u8) {
+        if mask == 0xFF {
+            self.store_word(off, value);
+            return;
+        }
+        let bits = mask_bits(mask);
+        let old = self.load_word(off);
+        self.store_word(off, (old & !bits) | (value & bits));
+    }
+
+    /// Copies `buf.len()` bytes at `off` into `buf` (no transactional guarantees).
+    pub fn read_bytes(&self, off: u64, buf: &mut [u8]) {
+        self.check_range(off, buf.len() as u64);
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let at = off + pos as u64;
+            let word_off = at & !7;
+            let skip = (at - word_off) as usize;
+            let take = (8 - skip).min(buf.len() - pos);
+            let bytes = self.load_word(word_off).to_le_bytes();
+            buf[pos..pos + take].copy_from_slice(&bytes[skip..skip + take]);
+            pos += take;
+        }
+    }
+
+    /// Writes `data` at `off` (single writer per word assumed, see [`Heap::store_word_masked`]).
+    pub fn write_bytes(&self, off: u64, data: &[u8]) {
+        self.check_range(off, data.len() as u64);
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = off + pos as u64;
+            let word_off = at & !7;
+            let skip = (at - word_off) as usize;
+            let take = (8 - skip).min(data.len() - pos);
+            let mut bytes = [0u8; 8];
+            bytes[skip..skip + take].copy_from_slice(&data[pos..pos + take]);
+            let mask = (((1u16 << take) - 1) << skip) as u8;
+            self.store_word_masked(word_off, u64::from_le_bytes(bytes), mask);
+            pos += take;
+        }
+    }
+
+    fn check_range(&self, off: u64, len: u64) {
+        assert!(off.checked_add(len).is_some_and(|end| end <= self.capacity), "heap range {off}+{len} out of range");
+    }
+
+    /// Whether `[off, off+len)` lies inside the heap.
+    pub fn contains(&self, off: u64, len: u64) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.capacity)
+    }
+
+    /// Stamps every page overlapping `[off, off+len)` with `epoch` (commit write-back).
+    #[inline]
+    pub fn stamp_dirty(&self, off: u64, len: u64, epoch: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = off / PAGE_SIZE;
+        let last = (off + len - 1) / PAGE_SIZE;
+        for page in first..=last {
+            let slot = self.epoch_slot(page);
+            // Skip the store when unchanged: keeps the line shared between cores.
+            if slot.load(Ordering::Relaxed) < epoch {
+                slot.fetch_max(epoch, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The dirty epoch of page `page`.
+    pub fn page_epoch(&self, page: u64) -> u64 {
+        self.epoch_slot(page).load(Ordering::Relaxed)
+    }
+
+    /// Number of dirty-tracking pages.
+    pub fn pages(&self) -> u64 {
+        self.capacity / PAGE_SIZE
+    }
+}
+
+/// The u64 bit mask selecting the bytes named by `mask`.
+#[inline]
+pub fn mask_bits(mask: u8) -> u64 {
+    let mut bits = 0u64;
+    for i in 0..8 {
+        if mask & (1 << i) != 0 {
+            bits |= 0xFFu64 << (8 * i);
+        }
+    }
+    bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_across_word_boundaries() {
+        let heap = Heap::new(1 << 20).unwrap();
+        let data: Vec<u8> = (0..37u8).collect();
+        heap.write_bytes(5, &data);
+        let mut back = vec![0u8; 37];
+        heap.read_bytes(5, &mut back);
+        assert_eq!(back, data);
+        let mut around = [0u8; 5];
+        heap.read_bytes(0, &mut around);
+        assert_eq!(around, [0; 5], "bytes before the write stay zero");
+        heap.read_bytes(42, &mut around);
+        assert_eq!(around, [0; 5], "bytes after the write stay zero");
+    }
+
+    #[test]
+    fn masked_store_keeps_unselected_bytes() {
+        let heap = Heap::new(PAGE_SIZE).unwrap();
+        heap.store_word(8, u64::MAX);
+        heap.store_word_masked(8, 0, 0b0000_0110);
+        assert_eq!(heap.load_word(8), 0xFFFF_FFFF_FF00_00FF);
+    }
+
+    #[test]
+    fn dirty_epochs_cover_every_touched_page() {
+        let heap = Heap::new(16 * PAGE_SIZE).unwrap();
+        heap.stamp_dirty(PAGE_SIZE - 1, 2, 7);
+        assert_eq!(heap.page_epoch(0), 7);
+        assert_eq!(heap.page_epoch(1), 7);
+        assert_eq!(heap.page_epoch(2), 0);
+        heap.stamp_dirty(PAGE_SIZE, 1, 3);
+        assert_eq!(heap.page_epoch(1), 7, "epochs never go back");
+    }
+
+    #[test]
+    fn huge_reservation_is_lazy() {
+        let heap = Heap::new(64 << 30).unwrap();
+        heap.store_word((64 << 30) - 8, 1);
+        assert_eq!(heap.load_word((64 << 30) - 8), 1);
+    }
+}

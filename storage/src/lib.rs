@@ -1,0 +1,19 @@
+//! tusk-storage: the lowest layer of tusk.
+//!
+//! - [`heap`]: one anonymous memory region addressed by u64 offsets ([`HeapPtr`]), with
+//!   per-page dirty epochs shared by checkpoints, snapshots and the GPU mirror.
+//! - [`layout`]: where the heap keeps its own metadata (superblock, allocator heads, roots).
+//! - [`log_format`]: redo-log records and segment headers, framed and checksummed.
+//! - [`io`]: the I/O backends (io_uring, plain pwrite/fdatasync, fault injection).
+//!
+//! `unsafe` lives here and nowhere else above index-gpu (DESIGN.md, Conventions).
+
+pub mod error;
+pub mod heap;
+pub mod io;
+pub mod layout;
+pub mod log_files;
+pub mod log_format;
+
+pub use error::StorageError;
+pub use heap::{Heap, HeapPtr, PAGE_SIZE};

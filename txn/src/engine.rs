@@ -1,0 +1,167 @@
+//! What a store shares between its threads: the heap, the stripe locks, the LSN clock,
+//! the log, and the dirty epoch.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tusk_storage::io::Io;
+use tusk_storage::log_format::{RecordEncoder, RecordHeader};
+use tusk_storage::Heap;
+
+use crate::log::LogManager;
+use crate::stripes::Stripes;
+use crate::transaction::Transaction;
+use crate::TxnError;
+
+/// How the log is written.
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    /// The store directory (segments go to `dir/log/pNNNN/`).
+    pub dir: PathBuf,
+    pub partitions: usize,
+    pub io: Io,
+    /// A partition's buffer is handed to the writer once it holds this many bytes.
+    pub log_buffer_bytes: usize,
+    /// The writer flushes at least this often.
+    pub group_commit_interval: Duration,
+    /// A segment file is closed once it passes this size.
+    pub segment_bytes: u64,
+}
+
+pub struct EngineConfig {
+    /// `2^stripes_log2` stripe locks.
+    pub stripes_log2: u32,
+    /// `None` runs without durability (`Durability::Off`).
+    pub log: Option<LogConfig>,
+}
+
+pub struct Engine {
+    heap: Heap,
+    pub(crate) stripes: Stripes,
+    pub(crate) clock: Arc<AtomicU64>,
+    pub(crate) log: Option<LogManager>,
+    dirty_epoch: AtomicU64,
+    closed: AtomicBool,
+}
+
+static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_SLOT: usize = NEXT_THREAD_SLOT.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Engine {
+    /// Starts an engine over `heap`, whose state includes every LSN ≤ `last_lsn`.
+    pub fn start(config: EngineConfig, heap: Heap, last_lsn: u64) -> Result<Engine, TxnError> {
+        let clock = Arc::new(AtomicU64::new(last_lsn));
+        let log = match config.log {
+            Some(log) => Some(LogManager::start(log, clock.clone())?),
+            None => None,
+        };
+        Ok(Engine {
+            heap,
+            stripes: Stripes::new(config.stripes_log2),
+            clock,
+            log,
+            dirty_epoch: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+
+    /// Starts a transaction.
+    pub fn begin(&self) -> Transaction<'_> {
+        Transaction::new(self)
+    }
+
+    /// The LSN of the last committed update transaction.
+    pub fn last_lsn(&self) -> u64 {
+        self.clock.load(Ordering::SeqCst)
+    }
+
+    /// Every LSN ≤ this is durable (0 without durability).
+    pub fn durable_lsn(&self) -> u64 {
+        self.log.as_ref().map_or(0, |l| l.durable_lsn())
+    }
+
+    /// Whether `lsn` and every lower LSN are durable; with `wait`, blocks until they are
+    /// (returns false at once without durability, or when the log failed).
+    pub fn is_stable(&self, lsn: u64, wait: bool) -> bool {
+        let Some(log) = &self.log else { return false };
+        if log.durable_lsn() >= lsn {
+            return true;
+        }
+        wait && log.wait_durable(lsn).is_ok()
+    }
+
+    /// The log partition the calling thread appends to.
+    pub fn partition_of_current_thread(&self) -> usize {
+        let parts = self.log.as_ref().map_or(1, |l| l.partitions());
+        THREAD_SLOT.with(|s| *s % parts)
+    }
+
+    /// The epoch commit write-back stamps pages with.
+    pub fn dirty_epoch(&self) -> u64 {
+        self.dirty_epoch.load(Ordering::Acquire)
+    }
+
+    /// Starts a new dirty epoch; returns the one that ended. Pages stamped with an epoch ≤ the
+    /// returned one were written before the call returned.
+    pub fn advance_dirty_epoch(&self) -> u64 {
+        self.dirty_epoch.fetch_add(1, Ordering::AcqRel)
+    }
+
+    pub fn log_backend_name(&self) -> Option<String> {
+        self.log.as_ref().map(|l| l.backend_name())
+    }
+
+    pub fn log_partitions(&self) -> usize {
+        self.log.as_ref().map_or(0, |l| l.partitions())
+    }
+
+    pub(crate) fn check_open(&self) -> Result<(), TxnError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(TxnError::Closed);
+        }
+        if let Some(why) = self.log.as_ref().and_then(|l| l.failure()) {
+            return Err(TxnError::LogFailed(why));
+        }
+        Ok(())
+    }
+
+    /// Appends a recovery marker (LSNs in `(from, to]` resolved) and waits until it is
+    /// durable. The clock must stand at `to`, so the marker takes LSN `to + 1`.
+    pub fn append_marker(&self, from: u64, to: u64) -> Result<u64, TxnError> {
+        assert_eq!(self.last_lsn(), to, "a marker directly follows the LSNs it resolves");
+        let Some(log) = &self.log else { return Ok(self.clock.fetch_add(1, Ordering::SeqCst) + 1) };
+        let lsn = log.append(0, |buf, lsn| {
+            RecordEncoder::begin(buf, RecordHeader { lsn, partition: 0, flags: 0, void: Some((from, to)) }).finish(buf);
+        })?;
+        log.wait_durable(lsn)?;
+        Ok(lsn)
+    }
+
+    /// Flushes the log and stops its writer; later commits fail with `Closed`.
+    pub fn close(&self) -> Result<(), TxnError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match &self.log {
+            Some(log) => log.close(),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the log writer without flushing: the on-disk state a crash would leave.
+    pub fn abandon(&self) {
+        self.closed.store(true, Ordering::Release);
+        if let Some(log) = &self.log {
+            log.abandon();
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! tusk-txn: software transactional memory over the heap, LSNs and commit modes, and the
+//! partitioned redo logs that make commits durable.
+//!
+//! - [`stripes`]: versioned stripe locks (one word per 64-byte line, hashed).
+//! - [`write_set`]: a transaction's buffered writes, word-granular with byte masks.
+//! - [`transaction`]: reads with opacity (TL2-style read version with extension), commit.
+//! - [`alloc`], [`roots`]: the allocator and the named roots, both transactional.
+//! - [`log`]: per-partition log buffers, the writer thread, the durable watermark.
+//! - [`engine`]: what a store shares between its threads.
+
+pub mod alloc;
+pub mod engine;
+pub mod error;
+pub mod log;
+pub mod roots;
+pub mod stripes;
+pub mod transaction;
+pub mod write_set;
+
+pub use engine::{Engine, EngineConfig, LogConfig};
+pub use error::TxnError;
+pub use transaction::{Commit, Lsn, Transaction};

@@ -1,0 +1,226 @@
+//! The partitioned redo log.
+//!
+//! Committing threads append records to the buffer of their partition (threads map to
+//! partitions round-robin). One writer thread takes the filled buffers of every partition
+//! and hands them to the I/O backend as one batch (write + fdatasync per partition, all in
+//! flight together), then advances the durable watermark and wakes waiters.
+//!
+//! The watermark rests on one rule: an LSN is drawn and its record appended in the same
+//! critical section of its partition's mutex. So after reading the LSN clock `c`, every LSN
+//! ≤ c is found in some partition (pending or durable), and
+//! `durable = min(c, min over partitions of (first pending LSN - 1))`.
+//! Within a partition, LSNs are appended in ascending order.
+
+pub mod partition;
+mod segments;
+mod writer;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::LogConfig;
+use crate::TxnError;
+use partition::Partition;
+
+/// State shared by committers, waiters and the writer thread.
+pub(crate) struct Shared {
+    pub partitions: Vec<Partition>,
+    /// Last LSN drawn (the STM's version clock).
+    pub clock: Arc<AtomicU64>,
+    /// Every LSN ≤ durable is on disk.
+    pub durable: AtomicU64,
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+    /// The writer stopped: nothing more becomes durable.
+    stopped: AtomicBool,
+    wake: Mutex<()>,
+    progress: Condvar,
+    kick: Sender<()>,
+    pub config: LogConfig,
+}
+
+impl Shared {
+    pub fn kick(&self) {
+        match self.kick.try_send(()) {
+            Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
+        }
+    }
+
+    pub fn fail(&self, why: String) {
+        let mut f = self.failure.lock();
+        if f.is_none() {
+            *f = Some(why);
+        }
+        self.failed.store(true, Ordering::SeqCst);
+        drop(f);
+        self.notify();
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure.lock().clone()
+    }
+
+    /// Wakes every waiter (under the wake mutex, so no waiter misses it).
+    pub fn notify(&self) {
+        let _g = self.wake.lock();
+        self.progress.notify_all();
+    }
+
+    /// Recomputes the durable watermark from the clock and the partitions.
+    pub fn advance_watermark(&self) {
+        let clock = self.clock.load(Ordering::SeqCst);
+        let mut durable = clock;
+        for p in &self.partitions {
+            if let Some(first) = p.first_pending() {
+                durable = durable.min(first - 1);
+            }
+        }
+        self.durable.fetch_max(durable, Ordering::SeqCst);
+    }
+
+    /// Blocks until `done()` holds or the log failed.
+    fn wait_until(&self, done: impl Fn() -> bool) -> Result<(), TxnError> {
+        let mut guard = self.wake.lock();
+        loop {
+            if done() {
+                return Ok(());
+            }
+            if let Some(why) = self.failure() {
+                return Err(TxnError::LogFailed(why));
+            }
+            if self.stopped.load(Ordering::SeqCst) {
+                return Err(TxnError::Closed);
+            }
+            self.kick();
+            self.progress.wait(&mut guard);
+        }
+    }
+}
+
+/// The log of one store.
+pub struct LogManager {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    stop: Arc<writer::Stop>,
+}
+
+impl LogManager {
+    /// Starts the writer. New segments are created after the existing ones (never appended to).
+    pub fn start(config: LogConfig, clock: Arc<AtomicU64>) -> Result<LogManager, TxnError> {
+        let backend = tusk_storage::io::open_backend(&config.io)
+            .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io(&config.dir, e)))?;
+        let partitions = (0..config.partitions).map(|_| Partition::default()).collect();
+        let (kick, kicked): (Sender<()>, Receiver<()>) = crossbeam_channel::bounded(1);
+        let durable = clock.load(Ordering::SeqCst);
+        let shared = Arc::new(Shared {
+            partitions,
+            clock,
+            durable: AtomicU64::new(durable),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            wake: Mutex::new(()),
+            progress: Condvar::new(),
+            kick,
+            config,
+        });
+        let files = segments::SegmentFiles::open(&shared.config)?;
+        let stop = Arc::new(writer::Stop::default());
+        let handle = writer::spawn(shared.clone(), backend, files, kicked, stop.clone())?;
+        Ok(LogManager { shared, writer: Mutex::new(Some(handle)), stop })
+    }
+
+    /// Name of the I/O backend in use.
+    pub fn backend_name(&self) -> String {
+        self.stop.backend_name.lock().clone()
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.shared.partitions.len()
+    }
+
+    /// Draws the next LSN and appends its record to `partition`, atomically with respect to
+    /// the partition (see the module docs). `encode` writes the record for the given LSN.
+    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<u64, TxnError> {
+        let (lsn, len) = self.shared.partitions[partition].append(&self.shared.clock, encode);
+        if len >= self.shared.config.log_buffer_bytes {
+            self.shared.kick();
+        }
+        Ok(lsn)
+    }
+
+    /// After a commit: keeps a partition's buffer from outgrowing its bound when the disk
+    /// cannot keep up (waits for the writer, outside any lock).
+    pub fn throttle(&self, partition: usize, lsn: u64) -> Result<(), TxnError> {
+        let limit = self.shared.config.log_buffer_bytes.saturating_mul(8);
+        if self.shared.partitions[partition].buffered() > limit {
+            self.wait_partition(partition, lsn)?;
+        }
+        Ok(())
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure()
+    }
+
+    pub fn durable_lsn(&self) -> u64 {
+        self.shared.durable.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every LSN ≤ lsn is durable.
+    pub fn wait_durable(&self, lsn: u64) -> Result<(), TxnError> {
+        if self.durable_lsn() >= lsn {
+            return Ok(());
+        }
+        self.shared.wait_until(|| self.durable_lsn() >= lsn)
+    }
+
+    /// Waits until this partition's records up to `lsn` are durable.
+    pub fn wait_partition(&self, partition: usize, lsn: u64) -> Result<(), TxnError> {
+        let p = &self.shared.partitions[partition];
+        if p.durable() >= lsn {
+            return Ok(());
+        }
+        self.shared.wait_until(|| p.durable() >= lsn)
+    }
+
+    /// Flushes everything appended so far and stops the writer.
+    pub fn close(&self) -> Result<(), TxnError> {
+        let target = self.shared.clock.load(Ordering::SeqCst);
+        let flushed = if self.shared.failure().is_none() { self.wait_durable(target) } else { Ok(()) };
+        self.stop_writer(false);
+        flushed?;
+        match self.shared.failure() {
+            Some(why) => Err(TxnError::LogFailed(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the writer without flushing what is buffered: what a crash would leave.
+    pub fn abandon(&self) {
+        self.stop_writer(true);
+    }
+
+    fn stop_writer(&self, abandon: bool) {
+        self.stop.request(abandon);
+        self.shared.kick();
+        if let Some(handle) = self.writer.lock().take() {
+            let _ = handle.join();
+        }
+        self.shared.stopped.store(true, Ordering::SeqCst);
+        self.shared.notify();
+    }
+}
+
+impl Drop for LogManager {
+    fn drop(&mut self) {
+        self.stop_writer(false);
+    }
+}

@@ -1,0 +1,118 @@
+//! One log partition's in-memory side: the buffer committers append to, and what the
+//! writer has in flight.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+#[derive(Default)]
+pub struct Partition {
+    state: Mutex<State>,
+    /// Largest LSN of this partition known durable (its records are appended in LSN order).
+    durable: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    active: Vec<u8>,
+    /// First and last LSN in `active` (0 when empty).
+    active_first: u64,
+    active_last: u64,
+    /// First LSN of the buffer the writer has in flight (0 when none).
+    inflight_first: u64,
+    /// The buffer the writer last returned, kept for reuse.
+    spare: Vec<u8>,
+}
+
+/// A buffer taken by the writer.
+pub struct Taken {
+    pub data: Vec<u8>,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl Partition {
+    /// Draws an LSN from `clock` and appends its record, under this partition's mutex.
+    /// Returns the LSN and the buffered byte count after the append.
+    pub fn append(&self, clock: &AtomicU64, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize) {
+        let mut s = self.state.lock();
+        let lsn = clock.fetch_add(1, Ordering::SeqCst) + 1;
+        encode(&mut s.active, lsn);
+        if s.active_first == 0 {
+            s.active_first = lsn;
+        }
+        debug_assert!(lsn > s.active_last, "LSNs ascend within a partition");
+        s.active_last = lsn;
+        (lsn, s.active.len())
+    }
+
+    /// Bytes waiting in the active buffer.
+    pub fn buffered(&self) -> usize {
+        self.state.lock().active.len()
+    }
+
+    pub fn durable(&self) -> u64 {
+        self.durable.load(Ordering::SeqCst)
+    }
+
+    /// Lowest LSN of this partition not yet durable, if any.
+    pub fn first_pending(&self) -> Option<u64> {
+        let s = self.state.lock();
+        if s.inflight_first != 0 {
+            Some(s.inflight_first)
+        } else if s.active_first != 0 {
+            Some(s.active_first)
+        } else {
+            None
+        }
+    }
+
+    /// Takes the active buffer for writing, unless empty or one is already in flight.
+    pub fn take(&self) -> Option<Taken> {
+        let mut s = self.state.lock();
+        if s.active.is_empty() || s.inflight_first != 0 {
+            return None;
+        }
+        let spare = std::mem::take(&mut s.spare);
+        let data = std::mem::replace(&mut s.active, spare);
+        let taken = Taken { data, first: s.active_first, last: s.active_last };
+        s.inflight_first = s.active_first;
+        s.active_first = 0;
+        s.active_last = 0;
+        Some(taken)
+    }
+
+    /// The writer made `taken` durable.
+    pub fn written(&self, mut taken: Taken) {
+        let mut s = self.state.lock();
+        debug_assert_eq!(s.inflight_first, taken.first);
+        s.inflight_first = 0;
+        self.durable.fetch_max(taken.last, Ordering::SeqCst);
+        taken.data.clear();
+        if s.spare.capacity() < taken.data.capacity() {
+            s.spare = taken.data;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_tracks_active_and_inflight() {
+        let clock = AtomicU64::new(10);
+        let p = Partition::default();
+        assert_eq!(p.first_pending(), None);
+        let (lsn, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        assert_eq!(lsn, 11);
+        assert_eq!(p.first_pending(), Some(11));
+        let taken = p.take().unwrap();
+        assert!(p.take().is_none(), "one buffer in flight at a time");
+        let (lsn2, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        assert_eq!(p.first_pending(), Some(11), "in-flight buffer is older");
+        p.written(taken);
+        assert_eq!(p.durable(), 11);
+        assert_eq!(p.first_pending(), Some(lsn2));
+    }
+}

@@ -1,0 +1,445 @@
+//! Transactions: buffered writes, invisible reads validated against stripe versions
+//! (TL2 with read-version extension), opacity, and the commit protocol.
+//!
+//! Commit: lock the write set's stripes (in index order, try-lock, abort on a held lock);
+//! validate the read set; then, past the point of no return, draw the LSN and append the
+//! redo record (one critical section of the thread's log partition), write back, stamp
+//! dirty pages, and release the stripes with the LSN as their new version. So every LSN
+//! drawn belongs to a committed transaction (no gaps), and a transaction that read another's
+//! writes has a larger LSN (it read them after their stripes were released).
+
+use tusk_storage::layout::{BlockHeader, CLASS_LARGE, DATA_START, HEADER_SIZE, STATE_ALLOCATED};
+use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
+use tusk_storage::HeapPtr;
+
+use crate::engine::Engine;
+use crate::stripes::{is_locked, version};
+use crate::write_set::{WordWrite, WriteSet};
+use crate::TxnError;
+
+/// A log sequence number: the commit order of update transactions, from 1, without gaps.
+pub type Lsn = u64;
+
+/// How long `commit` waits for durability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// Returns once this transaction and every lower LSN are durable.
+    Sync,
+    /// Returns at once; durability follows within the group-commit interval.
+    Async,
+    /// Returns once this thread's log partition holds the record durably; the record is
+    /// flagged so that recovery applies it even beyond an LSN gap.
+    Partition,
+}
+
+/// How often a reader re-reads a locked stripe before giving up with a conflict.
+const LOCKED_SPINS: u32 = 256;
+/// Allocations whose bounds a transaction remembers.
+const BOUNDS_CACHE: usize = 4;
+
+pub struct Transaction<'e> {
+    engine: &'e Engine,
+    /// Read version: every stripe read must carry a version ≤ rv.
+    rv: u64,
+    reads: Vec<u32>,
+    writes: WriteSet,
+    /// (user pointer, length) of recently checked allocations.
+    bounds: [(u64, u64); BOUNDS_CACHE],
+    bounds_next: usize,
+    /// Set once a conflict was seen: every later operation fails (opacity).
+    doomed: bool,
+    locked: Vec<(u32, u64)>,
+    /// Index ranges of the sorted write set that form one logged write each.
+    record: Vec<(usize, usize)>,
+}
+
+impl<'e> Transaction<'e> {
+    pub(crate) fn new(engine: &'e Engine) -> Transaction<'e> {
+        Transaction {
+            engine,
+            rv: engine.last_lsn(),
+            reads: Vec::new(),
+            writes: WriteSet::default(),
+            bounds: [(0, 0); BOUNDS_CACHE],
+            bounds_next: 0,
+            doomed: false,
+            locked: Vec::new(),
+            record: Vec::new(),
+        }
+    }
+
+    /// Starts over (after a conflict), keeping allocated buffers.
+    pub fn restart(&mut self) {
+        self.rv = self.engine.last_lsn();
+        self.reads.clear();
+        self.writes.clear();
+        self.bounds = [(0, 0); BOUNDS_CACHE];
+        self.doomed = false;
+    }
+
+    pub fn engine(&self) -> &'e Engine {
+        self.engine
+    }
+
+    /// Whether the transaction has buffered writes.
+    pub fn is_read_only(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    fn conflict<T>(&mut self) -> Result<T, TxnError> {
+        self.doomed = true;
+        Err(TxnError::Conflict)
+    }
+
+    fn check_range(&self, off: u64, len: u64) -> Result<(), TxnError> {
+        if self.engine.heap().contains(off, len) {
+            Ok(())
+        } else {
+            Err(TxnError::InvalidPointer(off))
+        }
+    }
+
+    // ---- word access (unchecked against allocations; used by the allocator and indexes) ----
+
+    /// Reads the word at `off` (8-aligned) as of this transaction.
+    pub fn load(&mut self, off: u64) -> Result<u64, TxnError> {
+        debug_assert!(off % 8 == 0);
+        if self.doomed {
+            return Err(TxnError::Conflict);
+        }
+        match self.writes.get(off) {
+            Some(w) if w.mask == 0xFF => Ok(w.value),
+            Some(w) => {
+                let shared = self.load_shared(off)?;
+                let bits = tusk_storage::heap::mask_bits(w.mask);
+                Ok((shared & !bits) | (w.value & bits))
+            }
+            None => self.load_shared(off),
+        }
+    }
+
+    /// Buffers a write of the word at `off` (8-aligned).
+    pub fn store(&mut self, off: u64, value: u64) -> Result<(), TxnError> {
+        self.store_masked(off, value, 0xFF)
+    }
+
+    fn store_masked(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
+        debug_assert!(off % 8 == 0);
+        if self.doomed {
+            return Err(TxnError::Conflict);
+        }
+        self.writes.put(off, value, mask);
+        Ok(())
+    }
+
+    fn load_shared(&mut self, off: u64) -> Result<u64, TxnError> {
+        let engine = self.engine;
+        let stripes = &engine.stripes;
+        let s = stripes.index_of(off);
+        let mut spins = 0;
+        loop {
+            let before = stripes.load(s);
+            if is_locked(before) {
+                spins += 1;
+                if spins > LOCKED_SPINS {
+                    return self.conflict();
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            let value = engine.heap().load_word(off);
+            let after = stripes.recheck(s);
+            if before != after {
+                continue;
+            }
+            if version(before) > self.rv {
+                self.extend()?;
+                continue;
+            }
+            self.reads.push(s);
+            return Ok(value);
+        }
+    }
+
+    /// Moves the read version forward if everything read so far is unchanged.
+    fn extend(&mut self) -> Result<(), TxnError> {
+        let now = self.engine.last_lsn();
+        if !self.reads_valid() {
+            return self.conflict();
+        }
+        self.rv = now;
+        Ok(())
+    }
+
+    fn reads_valid(&self) -> bool {
+        let stripes = &self.engine.stripes;
+        self.reads.iter().all(|&s| {
+            let w = stripes.load(s);
+            let w = if is_locked(w) {
+                // Locked by this transaction's commit: judge by the version it locked.
+                match self.locked.binary_search_by_key(&s, |&(i, _)| i) {
+                    Ok(i) => self.locked[i].1,
+                    Err(_) => return false,
+                }
+            } else {
+                w
+            };
+            version(w) <= self.rv
+        })
+    }
+
+    /// Reads `buf.len()` bytes at heap offset `off` (unchecked against allocations).
+    pub fn read_raw(&mut self, off: u64, buf: &mut [u8]) -> Result<(), TxnError> {
+        self.check_range(off, buf.len() as u64)?;
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let at = off + pos as u64;
+            let word_off = at & !7;
+            let skip = (at - word_off) as usize;
+            let take = (8 - skip).min(buf.len() - pos);
+            let bytes = self.load(word_off)?.to_le_bytes();
+            buf[pos..pos + take].copy_from_slice(&bytes[skip..skip + take]);
+            pos += take;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at heap offset `off` (unchecked against allocations).
+    pub fn write_raw(&mut self, off: u64, data: &[u8]) -> Result<(), TxnError> {
+        self.check_range(off, data.len() as u64)?;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = off + pos as u64;
+            let word_off = at & !7;
+            let skip = (at - word_off) as usize;
+            let take = (8 - skip).min(data.len() - pos);
+            let mut bytes = [0u8; 8];
+            bytes[skip..skip + take].copy_from_slice(&data[pos..pos + take]);
+            let mask = (((1u16 << take) - 1) << skip) as u8;
+            self.store_masked(word_off, u64::from_le_bytes(bytes), mask)?;
+            pos += take;
+        }
+        Ok(())
+    }
+
+    // ---- checked access to allocations ----
+
+    /// The length of the live allocation at `p`.
+    pub fn len(&mut self, p: HeapPtr) -> Result<u64, TxnError> {
+        let ptr = p.offset();
+        if let Some(&(_, len)) = self.bounds.iter().find(|&&(start, _)| start == ptr && start != 0) {
+            return Ok(len);
+        }
+        if ptr % 8 != 0 || ptr < DATA_START + HEADER_SIZE || !self.engine.heap().contains(ptr, 0) {
+            return Err(TxnError::InvalidPointer(ptr));
+        }
+        let header = BlockHeader::decode(self.load(ptr - HEADER_SIZE)?).ok_or(TxnError::InvalidPointer(ptr))?;
+        if header.state != STATE_ALLOCATED {
+            return Err(TxnError::InvalidPointer(ptr));
+        }
+        let len = if header.class == CLASS_LARGE { self.load(ptr - 2 * HEADER_SIZE)? } else { header.len as u64 };
+        self.bounds[self.bounds_next] = (ptr, len);
+        self.bounds_next = (self.bounds_next + 1) % BOUNDS_CACHE;
+        Ok(len)
+    }
+
+    pub(crate) fn forget_bounds(&mut self, p: HeapPtr) {
+        for b in &mut self.bounds {
+            if b.0 == p.offset() {
+                *b = (0, 0);
+            }
+        }
+    }
+
+    fn checked(&mut self, p: HeapPtr, offset: u64, len: u64) -> Result<u64, TxnError> {
+        let alloc_len = self.len(p)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= alloc_len => Ok(p.offset() + offset),
+            _ => Err(TxnError::OutOfBounds { ptr: p.offset(), offset, len, alloc_len }),
+        }
+    }
+
+    /// Reads `buf.len()` bytes from the start of the allocation at `p`.
+    pub fn read(&mut self, p: HeapPtr, buf: &mut [u8]) -> Result<(), TxnError> {
+        self.read_at(p, 0, buf)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` within the allocation at `p`.
+    pub fn read_at(&mut self, p: HeapPtr, offset: u64, buf: &mut [u8]) -> Result<(), TxnError> {
+        let at = self.checked(p, offset, buf.len() as u64)?;
+        self.read_raw(at, buf)
+    }
+
+    /// Writes `data` at the start of the allocation at `p`.
+    pub fn write(&mut self, p: HeapPtr, data: &[u8]) -> Result<(), TxnError> {
+        self.write_at(p, 0, data)
+    }
+
+    /// Writes `data` at `offset` within the allocation at `p`.
+    pub fn write_at(&mut self, p: HeapPtr, offset: u64, data: &[u8]) -> Result<(), TxnError> {
+        let at = self.checked(p, offset, data.len() as u64)?;
+        self.write_raw(at, data)
+    }
+
+    /// Reads the little-endian u64 at `offset` within the allocation at `p`.
+    pub fn read_u64_at(&mut self, p: HeapPtr, offset: u64) -> Result<u64, TxnError> {
+        let at = self.checked(p, offset, 8)?;
+        if at % 8 == 0 {
+            return self.load(at);
+        }
+        let mut b = [0u8; 8];
+        self.read_raw(at, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes `value` as a little-endian u64 at `offset` within the allocation at `p`.
+    pub fn write_u64_at(&mut self, p: HeapPtr, offset: u64, value: u64) -> Result<(), TxnError> {
+        let at = self.checked(p, offset, 8)?;
+        if at % 8 == 0 {
+            return self.store(at, value);
+        }
+        self.write_raw(at, &value.to_le_bytes())
+    }
+
+    // ---- commit ----
+
+    /// Commits. Returns the LSN for update transactions, `None` for read-only ones.
+    /// On `Err(Conflict)` nothing was written; the caller may `restart` and retry.
+    pub fn commit(&mut self, mode: Commit) -> Result<Option<Lsn>, TxnError> {
+        if self.doomed {
+            return Err(TxnError::Conflict);
+        }
+        if self.writes.is_empty() {
+            return Ok(None);
+        }
+        let engine = self.engine;
+        engine.check_open()?;
+        self.lock_write_set()?;
+        if !self.reads_valid() {
+            self.unlock_restore();
+            return self.conflict();
+        }
+        // Point of no return: the transaction commits.
+        let partition = engine.partition_of_current_thread();
+        let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
+        let lsn = match &engine.log {
+            Some(log) => {
+                self.collect_runs();
+                let (runs, words) = (&self.record, self.writes.as_slice());
+                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, runs, words))?
+            }
+            None => engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
+        };
+        let heap = engine.heap();
+        let epoch = engine.dirty_epoch();
+        for w in self.writes.iter() {
+            heap.store_word_masked(w.offset, w.value, w.mask);
+            heap.stamp_dirty(w.offset, 8, epoch);
+        }
+        for &(s, _) in &self.locked {
+            engine.stripes.unlock_with(s, lsn);
+        }
+        self.locked.clear();
+        self.writes.clear();
+        self.reads.clear();
+        if let Some(log) = &engine.log {
+            match mode {
+                Commit::Sync => log.wait_durable(lsn)?,
+                Commit::Partition => log.wait_partition(partition, lsn)?,
+                Commit::Async => log.throttle(partition, lsn)?,
+            }
+        }
+        Ok(Some(lsn))
+    }
+
+    /// Abandons the transaction (nothing it wrote becomes visible).
+    pub fn abort(mut self) {
+        self.writes.clear();
+    }
+
+    fn lock_write_set(&mut self) -> Result<(), TxnError> {
+        let stripes = &self.engine.stripes;
+        self.locked.clear();
+        for w in self.writes.iter() {
+            self.locked.push((stripes.index_of(w.offset), 0));
+        }
+        self.locked.sort_unstable_by_key(|&(s, _)| s);
+        self.locked.dedup_by_key(|&mut (s, _)| s);
+        for i in 0..self.locked.len() {
+            let s = self.locked[i].0;
+            let mut spins = 0;
+            loop {
+                let seen = stripes.load(s);
+                if !is_locked(seen) && stripes.try_lock(s, seen) {
+                    self.locked[i].1 = seen;
+                    break;
+                }
+                spins += 1;
+                if spins > LOCKED_SPINS {
+                    self.locked.truncate(i);
+                    self.unlock_restore();
+                    return self.conflict();
+                }
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+
+    fn unlock_restore(&mut self) {
+        for &(s, seen) in &self.locked {
+            self.engine.stripes.unlock_restore(s, seen);
+        }
+        self.locked.clear();
+    }
+
+    /// Groups the sorted write set into runs of adjacent full words, so the record carries
+    /// few, long writes; a partial word is a run of its own.
+    fn collect_runs(&mut self) {
+        self.record.clear();
+        let sorted = self.writes.sorted();
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            if sorted[i].mask == 0xFF {
+                while j < sorted.len() && sorted[j].offset == sorted[j - 1].offset + 8 && sorted[j].mask == 0xFF {
+                    j += 1;
+                }
+            }
+            self.record.push((i, j));
+            i = j;
+        }
+    }
+}
+
+/// Encodes the redo record: full-word runs as one write each; a partial word as one write
+/// per contiguous byte range of its mask.
+fn encode_record(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, runs: &[(usize, usize)], words: &[WordWrite]) {
+    let mut enc = RecordEncoder::begin(buf, RecordHeader { lsn, partition, flags, void: None });
+    let mut bytes = Vec::new();
+    for &(i, j) in runs {
+        let first = words[i];
+        if first.mask == 0xFF {
+            bytes.clear();
+            for w in &words[i..j] {
+                bytes.extend_from_slice(&w.value.to_le_bytes());
+            }
+            enc.push_write(buf, first.offset, &bytes);
+            continue;
+        }
+        let value = first.value.to_le_bytes();
+        let mut b = 0;
+        while b < 8 {
+            if first.mask & (1 << b) == 0 {
+                b += 1;
+                continue;
+            }
+            let from = b;
+            while b < 8 && first.mask & (1 << b) != 0 {
+                b += 1;
+            }
+            enc.push_write(buf, first.offset + from as u64, &value[from..b]);
+        }
+    }
+    enc.finish(buf);
+}
