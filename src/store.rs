@@ -165,6 +165,13 @@ impl Store {
         self.engine.heap().load_word(BRK_OFF)
     }
 
+    /// Backs the allocated part of the heap with memory now, so that first touches do not
+    /// page-fault later (benchmarks call this before measuring).
+    pub fn prefault(&self) {
+        let used = self.heap_used().min(self.engine.heap().capacity());
+        self.engine.heap().prefault(0, used);
+    }
+
     /// Makes everything committed durable and closes the store.
     pub fn close(self) -> Result<(), Error> {
         Ok(self.engine.close()?)

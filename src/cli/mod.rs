@@ -1,0 +1,87 @@
+//! Command-line interface. Everything the user sees is printed here, nowhere below.
+
+mod bench_txn;
+mod crash_child;
+mod demo;
+mod report;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "tusk", version, about = "Embedded, durable, transactional in-memory index store")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load data, run a mixed transactional workload, reopen (recovering) and verify.
+    Demo(demo::DemoArgs),
+    /// Benchmarks (print a table; one JSON object with --json).
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    /// Child process of the kill tests: commits and reports acknowledgements on stdout.
+    #[command(hide = true)]
+    CrashChild(crash_child::ChildArgs),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Transaction throughput and commit latency (the Hathi workload).
+    Txn(bench_txn::TxnArgs),
+}
+
+/// The I/O backend, as a command-line choice.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum IoChoice {
+    Auto,
+    Uring,
+    Sync,
+}
+
+impl IoChoice {
+    pub fn to_io(self) -> tusk::Io {
+        match self {
+            IoChoice::Auto => tusk::Io::Auto,
+            IoChoice::Uring => tusk::Io::Uring,
+            IoChoice::Sync => tusk::Io::Sync,
+        }
+    }
+}
+
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+pub fn run(cli: Cli) -> CliResult {
+    match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Bench { bench: Bench::Txn(args) } => bench_txn::run(args),
+        Command::CrashChild(args) => crash_child::run(args),
+    }
+}
+
+/// A directory for a benchmark: the given one, or a fresh temporary one removed afterwards.
+pub enum BenchDir {
+    Given(PathBuf),
+    Temp(tempfile::TempDir),
+}
+
+impl BenchDir {
+    pub fn new(dir: Option<PathBuf>) -> std::io::Result<BenchDir> {
+        match dir {
+            Some(d) => Ok(BenchDir::Given(d)),
+            None => Ok(BenchDir::Temp(tempfile::Builder::new().prefix("tusk-bench-").tempdir_in(".")?)),
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            BenchDir::Given(p) => p,
+            BenchDir::Temp(t) => t.path(),
+        }
+    }
+}
