@@ -79,6 +79,9 @@ pub struct TxnArgs {
     /// Log partitions (default: one per core).
     #[arg(long)]
     partitions: Option<usize>,
+    /// Issue `Transaction::prefetch` for the words before touching them.
+    #[arg(long)]
+    prefetch: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -117,7 +120,8 @@ pub fn run(args: TxnArgs) -> CliResult {
     let handles: Vec<_> = (0..args.threads)
         .map(|t| {
             let (store, stop, barrier) = (store.clone(), stop.clone(), barrier.clone());
-            let (mode, split, words) = (args.commit.mode(), args.commit == CommitChoice::Split, args.words);
+            let (mode, split, words, prefetch) =
+                (args.commit.mode(), args.commit == CommitChoice::Split, args.words, args.prefetch);
             std::thread::spawn(move || -> Result<ThreadResult, tusk::Error> {
                 let mut rng = SmallRng::seed_from_u64(0x7A5C + t as u64);
                 let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
@@ -133,6 +137,11 @@ pub fn run(args: TxnArgs) -> CliResult {
                     let start = Instant::now();
                     let (_, lsn) = store.transact(mode, |tx| {
                         attempts += 1;
+                        if prefetch {
+                            for &off in &picks {
+                                tx.prefetch(array, off);
+                            }
+                        }
                         for &off in &picks {
                             let v = tx.read_u64_at(array, off)?;
                             tx.write_u64_at(array, off, v + 1)?;
@@ -186,6 +195,7 @@ pub fn run(args: TxnArgs) -> CliResult {
                 "duration_s": elapsed,
                 "heap_mib": args.heap_mib,
                 "words_per_txn": args.words,
+                "prefetch": args.prefetch,
                 "commits": total.commits,
                 "txn_per_s": txn_per_s,
                 "p50_us": p50_us,
@@ -204,7 +214,7 @@ pub fn run(args: TxnArgs) -> CliResult {
                 ("commit latency p50", format!("{p50_us:.2} us")),
                 ("commit latency p99", format!("{p99_us:.2} us")),
                 ("abort rate", format!("{:.4}%", abort_rate * 100.0)),
-                ("heap", format!("{} MiB, {} words/txn", args.heap_mib, args.words)),
+                ("heap", format!("{} MiB, {} words/txn, prefetch {}", args.heap_mib, args.words, args.prefetch)),
                 ("log I/O", io),
                 ("elapsed", format!("{elapsed:.2} s")),
             ],

@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::region::{AnonRegion, AtomicWords};
 use crate::StorageError;
 
 /// Size of a dirty-tracking page.
@@ -31,75 +32,26 @@ impl HeapPtr {
     }
 }
 
-/// An anonymous private mapping reserved with MAP_NORESERVE: zero until touched.
-struct AnonRegion {
-    base: *mut u8,
-    len: usize,
-}
-
-impl AnonRegion {
-    fn reserve(bytes: u64) -> Result<AnonRegion, StorageError> {
-        let len = usize::try_from(bytes).map_err(|_| StorageError::Reserve {
-            capacity: bytes,
-            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        })?;
-        // SAFETY: anonymous private mapping; no file, no aliasing; checked for MAP_FAILED.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(StorageError::Reserve { capacity: bytes, source: std::io::Error::last_os_error() });
-        }
-        Ok(AnonRegion { base: base as *mut u8, len })
-    }
-}
-
-impl Drop for AnonRegion {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the region mapped in `reserve`; no references outlive it.
-        unsafe {
-            libc::munmap(self.base as *mut libc::c_void, self.len);
-        }
-    }
-}
-
 /// One anonymous mmap region, reserved with MAP_NORESERVE and touched lazily.
 pub struct Heap {
     data: AnonRegion,
     capacity: u64,
-    /// Per page: the dirty epoch of the last commit write-back that touched it (an
-    /// `AtomicU64` array in its own lazily touched region).
-    epochs: AnonRegion,
+    /// Per page: the dirty epoch of the last commit write-back that touched it.
+    epochs: AtomicWords,
 }
-
-// SAFETY: the regions are only accessed through atomic word operations, so sharing them
-// between threads is sound.
-unsafe impl Send for Heap {}
-// SAFETY: see above; all shared access is atomic.
-unsafe impl Sync for Heap {}
 
 impl Heap {
     /// Reserves `capacity` bytes (rounded up to a page). Pages are zero until written.
     pub fn new(capacity: u64) -> Result<Heap, StorageError> {
         let capacity = capacity.div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
         let data = AnonRegion::reserve(capacity)?;
-        let epochs = AnonRegion::reserve(capacity / PAGE_SIZE * 8)?;
+        let epochs = AtomicWords::new(capacity / PAGE_SIZE)?;
         Ok(Heap { data, capacity, epochs })
     }
 
     #[inline]
     fn epoch_slot(&self, page: u64) -> &AtomicU64 {
-        assert!(page < self.pages(), "page {page} out of range");
-        // SAFETY: in bounds (checked), 8-aligned (mmap is page-aligned), zero-initialised
-        // memory is a valid AtomicU64, and the mapping lives as long as self.
-        unsafe { &*(self.epochs.base.add(page as usize * 8) as *const AtomicU64) }
+        self.epochs.get(page)
     }
 
     /// Size of the region in bytes.
@@ -112,7 +64,7 @@ impl Heap {
         assert!(off % 8 == 0 && off + 8 <= self.capacity, "heap word {off} out of range");
         // SAFETY: in bounds and 8-aligned (checked above); the mapping lives as long as self;
         // AtomicU64 has the same layout as u64 and all access to heap words is atomic.
-        unsafe { &*(self.data.base.add(off as usize) as *const AtomicU64) }
+        unsafe { &*(self.data.base().add(off as usize) as *const AtomicU64) }
     }
 
     /// Loads the 8-byte word at `off` (8-aligned).
@@ -182,6 +134,14 @@ impl Heap {
         off.checked_add(len).is_some_and(|end| end <= self.capacity)
     }
 
+    /// Hints the CPU to bring the line holding heap offset `off` into cache.
+    #[inline]
+    pub fn prefetch(&self, off: u64) {
+        if off < self.capacity {
+            crate::region::prefetch_ptr(self.data.base().wrapping_add(off as usize));
+        }
+    }
+
     /// Backs `[off, off+len)` with memory now (MADV_POPULATE_WRITE), so that first touches
     /// inside a measurement do not page-fault. Falls back to doing nothing where the kernel
     /// lacks the advice (pages are then populated on first write, as usual).
@@ -193,7 +153,7 @@ impl Heap {
         // SAFETY: the range lies inside our mapping (checked above, rounded to pages within
         // it); populating does not change contents.
         unsafe {
-            libc::madvise(self.data.base.add(start as usize) as *mut libc::c_void, (end - start) as usize, MADV_POPULATE_WRITE);
+            libc::madvise(self.data.base().add(start as usize) as *mut libc::c_void, (end - start) as usize, MADV_POPULATE_WRITE);
         }
     }
 

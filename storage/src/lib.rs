@@ -14,6 +14,7 @@ pub mod io;
 pub mod layout;
 pub mod log_files;
 pub mod log_format;
+pub mod region;
 
 pub use error::StorageError;
 pub use heap::{Heap, HeapPtr, PAGE_SIZE};

@@ -114,6 +114,16 @@ impl RecordEncoder {
         self.writes += 1;
     }
 
+    /// Appends a write whose bytes are the little-endian encodings of `words`.
+    pub fn push_write_words(&mut self, buf: &mut Vec<u8>, offset: u64, words: impl ExactSizeIterator<Item = u64>) {
+        buf.extend_from_slice(&offset.to_le_bytes());
+        buf.extend_from_slice(&((words.len() * 8) as u32).to_le_bytes());
+        for w in words {
+            buf.extend_from_slice(&w.to_le_bytes());
+        }
+        self.writes += 1;
+    }
+
     /// Seals the record; returns its framed length.
     pub fn finish(self, buf: &mut Vec<u8>) -> usize {
         buf[self.count_at..self.count_at + 4].copy_from_slice(&self.writes.to_le_bytes());

@@ -62,7 +62,7 @@ impl Engine {
         };
         Ok(Engine {
             heap,
-            stripes: Stripes::new(config.stripes_log2),
+            stripes: Stripes::new(config.stripes_log2)?,
             clock,
             log,
             dirty_epoch: AtomicU64::new(1),

@@ -3,13 +3,16 @@
 //! Lines map to words by `(offset / 64) mod count`, so distant lines may share a word
 //! (a false conflict, never a missed one).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use tusk_storage::region::AtomicWords;
+use tusk_storage::StorageError;
 
 /// Bytes covered by one stripe.
 pub const STRIPE_BYTES: u64 = 64;
 
 pub struct Stripes {
-    words: Box<[AtomicU64]>,
+    words: AtomicWords,
     mask: u64,
 }
 
@@ -25,9 +28,15 @@ pub fn version(word: u64) -> u64 {
 
 impl Stripes {
     /// `2^log2` lock words.
-    pub fn new(log2: u32) -> Stripes {
-        let count = 1usize << log2;
-        Stripes { words: (0..count).map(|_| AtomicU64::new(0)).collect(), mask: count as u64 - 1 }
+    pub fn new(log2: u32) -> Result<Stripes, StorageError> {
+        let count = 1u64 << log2;
+        Ok(Stripes { words: AtomicWords::new(count)?, mask: count - 1 })
+    }
+
+    /// Hints the CPU to fetch the lock word guarding `heap_offset`.
+    #[inline]
+    pub fn prefetch(&self, heap_offset: u64) {
+        self.words.prefetch(self.index_of(heap_offset) as u64);
     }
 
     #[inline]
@@ -37,7 +46,7 @@ impl Stripes {
 
     #[inline]
     pub fn load(&self, index: u32) -> u64 {
-        self.words[index as usize].load(Ordering::Acquire)
+        self.words.get(index as u64).load(Ordering::Acquire)
     }
 
     /// Re-reads a word after the data it guards (seqlock style): the data loads are ordered
@@ -45,27 +54,27 @@ impl Stripes {
     #[inline]
     pub fn recheck(&self, index: u32) -> u64 {
         std::sync::atomic::fence(Ordering::Acquire);
-        self.words[index as usize].load(Ordering::Relaxed)
+        self.words.get(index as u64).load(Ordering::Relaxed)
     }
 
     /// Tries to lock a word that currently reads `seen` (unlocked).
     #[inline]
     pub fn try_lock(&self, index: u32, seen: u64) -> bool {
         debug_assert!(!is_locked(seen));
-        self.words[index as usize].compare_exchange(seen, seen | 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        self.words.get(index as u64).compare_exchange(seen, seen | 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
     /// Unlocks, publishing the data written under the lock with version `lsn`.
     #[inline]
     pub fn unlock_with(&self, index: u32, lsn: u64) {
-        debug_assert!(is_locked(self.words[index as usize].load(Ordering::Relaxed)));
-        self.words[index as usize].store(lsn << 1, Ordering::Release);
+        debug_assert!(is_locked(self.words.get(index as u64).load(Ordering::Relaxed)));
+        self.words.get(index as u64).store(lsn << 1, Ordering::Release);
     }
 
     /// Unlocks, restoring the word seen before locking (abort).
     #[inline]
     pub fn unlock_restore(&self, index: u32, seen: u64) {
-        self.words[index as usize].store(seen, Ordering::Release);
+        self.words.get(index as u64).store(seen, Ordering::Release);
     }
 }
 
@@ -75,7 +84,7 @@ mod tests {
 
     #[test]
     fn lines_share_a_stripe_and_neighbours_do_not() {
-        let s = Stripes::new(10);
+        let s = Stripes::new(10).unwrap();
         assert_eq!(s.index_of(0), s.index_of(63));
         assert_ne!(s.index_of(63), s.index_of(64));
         assert_eq!(s.index_of(0), s.index_of(64 * 1024), "wraps after 2^log2 lines");
@@ -83,7 +92,7 @@ mod tests {
 
     #[test]
     fn lock_unlock_publishes_version() {
-        let s = Stripes::new(4);
+        let s = Stripes::new(4).unwrap();
         let w = s.load(3);
         assert!(s.try_lock(3, w));
         assert!(is_locked(s.load(3)));

@@ -31,6 +31,10 @@ impl WriteSet {
         self.words.len()
     }
 
+    pub fn capacity(&self) -> usize {
+        self.words.capacity()
+    }
+
     pub fn clear(&mut self) {
         self.words.clear();
         self.index.clear();

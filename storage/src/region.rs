@@ -1,0 +1,108 @@
+//! Anonymous memory regions: reserved with MAP_NORESERVE (zero until touched) and advised
+//! to use transparent huge pages, since everything placed in them is accessed at random.
+
+use std::sync::atomic::AtomicU64;
+
+use crate::StorageError;
+
+pub(crate) struct AnonRegion {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory owned by this value; users access it atomically.
+unsafe impl Send for AnonRegion {}
+// SAFETY: see above.
+unsafe impl Sync for AnonRegion {}
+
+impl AnonRegion {
+    pub(crate) fn reserve(bytes: u64) -> Result<AnonRegion, StorageError> {
+        let len = usize::try_from(bytes.max(1)).map_err(|_| StorageError::Reserve {
+            capacity: bytes,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        // SAFETY: anonymous private mapping; no file, no aliasing; checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(StorageError::Reserve { capacity: bytes, source: std::io::Error::last_os_error() });
+        }
+        // Random access over large regions is dominated by TLB misses with 4 KiB pages; ask
+        // for transparent huge pages (a hint, ignored where THP is off).
+        // SAFETY: advice on our own mapping; contents are unaffected.
+        unsafe {
+            libc::madvise(base, len, libc::MADV_HUGEPAGE);
+        }
+        Ok(AnonRegion { base: base as *mut u8, len })
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base
+    }
+}
+
+impl Drop for AnonRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the region mapped in `reserve`; no references outlive it.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// A fixed array of atomic words in its own lazily touched region.
+pub struct AtomicWords {
+    region: AnonRegion,
+    len: u64,
+}
+
+impl AtomicWords {
+    /// `len` words, all zero.
+    pub fn new(len: u64) -> Result<AtomicWords, StorageError> {
+        Ok(AtomicWords { region: AnonRegion::reserve(len * 8)?, len })
+    }
+
+    #[inline]
+    pub fn get(&self, i: u64) -> &AtomicU64 {
+        assert!(i < self.len, "word {i} of {}", self.len);
+        // SAFETY: in bounds (checked), 8-aligned (mmap is page-aligned), zero memory is a
+        // valid AtomicU64, and the mapping lives as long as self.
+        unsafe { &*(self.region.base.add(i as usize * 8) as *const AtomicU64) }
+    }
+
+    /// Hints the CPU to bring word `i` into cache (no effect on contents).
+    #[inline]
+    pub fn prefetch(&self, i: u64) {
+        if i < self.len {
+            prefetch_ptr(self.region.base.wrapping_add(i as usize * 8));
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Issues a prefetch for the cache line at `p` (a hint; never faults).
+#[inline]
+pub(crate) fn prefetch_ptr(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint and does not fault, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
