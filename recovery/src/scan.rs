@@ -1,14 +1,15 @@
 //! Reading the log: every partition's segments, validated frame by frame.
 //!
 //! A record that fails to decode is a torn tail when it lies in the last segment of its
-//! partition and no valid record follows it: the writer only ever has the end of the last
-//! segment in flight, so a crash can damage nothing else. The tail is cut off (the file is
+//! partition and no later flush follows it (a pad frame, then a valid record): the writer
+//! only ever has the last flush of the last segment in flight, so a crash can damage
+//! nothing else. The tail is cut off (the file is
 //! truncated there) and reported. Damage anywhere else is an error.
 
 use std::path::{Path, PathBuf};
 
 use tusk_storage::log_files::{list_partitions, list_segments};
-use tusk_storage::log_format::{decode_frame, valid_record_after, Frame, SegmentHeader, SEGMENT_HEADER_SIZE};
+use tusk_storage::log_format::{decode_frame, later_flush_after, Frame, SegmentHeader, SEGMENT_HEADER_SIZE};
 use tusk_storage::StorageError;
 
 use crate::RecoveryError;
@@ -103,13 +104,14 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
                         });
                         at = next;
                     }
+                    Frame::Pad(next) => at = next,
                     Frame::End => break data.len(),
                     Frame::Invalid(reason) => {
                         if !is_last {
                             return Err(corrupt(&path, at as u64, format!("{reason} (in a segment that is not the partition's last)")));
                         }
-                        if let Some(valid) = valid_record_after(&data, at + 8) {
-                            return Err(corrupt(&path, at as u64, format!("{reason}; a valid record follows at offset {valid}")));
+                        if let Some(valid) = later_flush_after(&data, at + 8) {
+                            return Err(corrupt(&path, at as u64, format!("{reason}; a later flush follows at offset {valid}")));
                         }
                         out.torn.push(TornTail { path: path.clone(), offset: at as u64, bytes: (data.len() - at) as u64, reason });
                         if repair {

@@ -12,6 +12,11 @@
 //! ```
 //! Records are after-images: replaying one writes its bytes at its offsets. All integers
 //! are little-endian.
+//!
+//! Every flush of a partition is written with O_DIRECT, so it ends on a 4 KiB boundary: the
+//! writer closes it with a pad frame `[PAD_MAGIC u32][pad length u32]` and zeros up to the
+//! boundary (a whole block when already aligned). Pad frames make flush boundaries visible,
+//! which is how recovery tells a torn last flush from damage in an earlier one.
 
 /// The record was committed with `Commit::Partition`: it survives an LSN gap.
 pub const FLAG_PARTITION: u32 = 1;
@@ -21,6 +26,9 @@ pub const FLAG_MARKER: u32 = 2;
 const KNOWN_FLAGS: u32 = FLAG_PARTITION | FLAG_MARKER;
 
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"TKRC");
+pub const PAD_MAGIC: u32 = u32::from_le_bytes(*b"TKPD");
+/// Flushes end on multiples of this (the O_DIRECT block).
+pub const FLUSH_ALIGN: u64 = 4096;
 pub const FRAME_HEADER_SIZE: usize = 16;
 const PAYLOAD_FIXED: usize = 8 + 4 + 4 + 4;
 const WRITE_HEADER: usize = 8 + 4;
@@ -182,11 +190,26 @@ impl<'a> Iterator for WriteIter<'a> {
     }
 }
 
+/// The pad that closes a flush ending at file position `end`: its bytes, to append.
+pub fn pad_frame(end: u64) -> Vec<u8> {
+    debug_assert!(end % 8 == 0);
+    let gap = match FLUSH_ALIGN - end % FLUSH_ALIGN {
+        0 => FLUSH_ALIGN,
+        g => g,
+    } as usize;
+    let mut pad = vec![0u8; gap];
+    pad[0..4].copy_from_slice(&PAD_MAGIC.to_le_bytes());
+    pad[4..8].copy_from_slice(&(gap as u32).to_le_bytes());
+    pad
+}
+
 /// What sits at a position of a segment.
 #[derive(Debug)]
 pub enum Frame<'a> {
     /// A valid record and the position after it.
     Record(RecordView<'a>, usize),
+    /// A valid pad frame (the end of a flush) and the position after it.
+    Pad(usize),
     /// Exactly the end of the data.
     End,
     /// Not a valid record: torn, zeroed, or damaged (which one is decided by the caller from
@@ -198,6 +221,15 @@ pub enum Frame<'a> {
 pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
     if at == data.len() {
         return Frame::End;
+    }
+    if data.len() - at >= 8 && data[at..at + 4] == PAD_MAGIC.to_le_bytes() {
+        let len = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap()) as usize;
+        let end = at + len;
+        let valid = (8..=FLUSH_ALIGN as usize).contains(&len)
+            && end as u64 % FLUSH_ALIGN == 0
+            && end <= data.len()
+            && data[at + 8..end].iter().all(|&b| b == 0);
+        return if valid { Frame::Pad(end) } else { Frame::Invalid("damaged pad frame".into()) };
     }
     if data.len() - at < FRAME_HEADER_SIZE {
         return Frame::Invalid(format!("{} trailing bytes, shorter than a frame header", data.len() - at));
@@ -267,14 +299,27 @@ fn decode_payload(payload: &[u8]) -> Result<RecordView<'_>, String> {
     Ok(RecordView { header: RecordHeader { lsn, partition, flags, void }, writes, count })
 }
 
-/// Whether some valid record starts at an 8-aligned position at or after `from`: used to tell
-/// a torn tail (nothing valid follows) from damage in the middle of a log.
-pub fn valid_record_after(data: &[u8], from: usize) -> Option<usize> {
+/// Looks past damage at `from` for a later flush: a valid pad frame followed by a valid
+/// record. Returns that record's position. Damage with a later flush behind it cannot be a
+/// torn write (only the last flush is ever in flight); damage without one can.
+pub fn later_flush_after(data: &[u8], from: usize) -> Option<usize> {
     let mut at = from.next_multiple_of(8);
-    while at + FRAME_HEADER_SIZE <= data.len() {
-        if data[at..at + 4] == RECORD_MAGIC.to_le_bytes() {
-            if let Frame::Record(..) = decode_frame(data, at) {
-                return Some(at);
+    let mut seen_pad = false;
+    while at + 8 <= data.len() {
+        let magic = &data[at..at + 4];
+        if magic == PAD_MAGIC.to_le_bytes() {
+            if let Frame::Pad(next) = decode_frame(data, at) {
+                seen_pad = true;
+                at = next;
+                continue;
+            }
+        } else if magic == RECORD_MAGIC.to_le_bytes() {
+            if let Frame::Record(_, next) = decode_frame(data, at) {
+                if seen_pad {
+                    return Some(at);
+                }
+                at = next;
+                continue;
             }
         }
         at += 8;
@@ -331,7 +376,7 @@ mod tests {
                     assert_eq!(view.writes().next(), Some((64, &b"abcdefgh"[..])), "bit {bit}");
                 }
                 Frame::Invalid(_) => {}
-                Frame::End => panic!("bit {bit}: end"),
+                Frame::End | Frame::Pad(_) => panic!("bit {bit}: not a record"),
             }
         }
     }
@@ -344,20 +389,40 @@ mod tests {
             match decode_frame(&buf[..len], 0) {
                 Frame::Invalid(_) => assert!(len < payload_end),
                 Frame::Record(..) => assert!(len >= payload_end, "len {len}"),
-                Frame::End => panic!("len {len}: end"),
+                Frame::End | Frame::Pad(_) => panic!("len {len}: not a record"),
             }
         }
     }
 
     #[test]
-    fn finds_valid_records_after_damage() {
+    fn damage_is_torn_only_without_a_later_flush() {
+        // Flush 1: records 1, 2 and a pad; flush 2: record 3 and a pad.
         let mut buf = record(1, 0, &[(8, b"x")]);
-        let second = buf.len();
         buf.extend(record(2, 0, &[(16, b"y")]));
-        buf[20] ^= 0xFF;
-        assert!(matches!(decode_frame(&buf, 0), Frame::Invalid(_)));
-        assert_eq!(valid_record_after(&buf, 1), Some(second));
-        assert_eq!(valid_record_after(&buf, second + 1), None);
+        buf.extend(pad_frame(buf.len() as u64));
+        assert_eq!(buf.len() as u64 % FLUSH_ALIGN, 0);
+        let flush2 = buf.len();
+        buf.extend(record(3, 0, &[(24, b"z")]));
+        buf.extend(pad_frame(buf.len() as u64));
+        let mut damaged = buf.clone();
+        damaged[20] ^= 0xFF;
+        assert!(matches!(decode_frame(&damaged, 0), Frame::Invalid(_)));
+        assert_eq!(later_flush_after(&damaged, 8), Some(flush2), "damage in an earlier flush");
+        let mut torn = buf.clone();
+        torn[flush2 + 20] ^= 0xFF;
+        assert_eq!(later_flush_after(&torn, flush2 + 8), None, "damage in the last flush");
+    }
+
+    #[test]
+    fn pads_end_on_block_boundaries() {
+        for end in (0..3 * FLUSH_ALIGN).step_by(8) {
+            let pad = pad_frame(end);
+            assert!(pad.len() >= 8 && pad.len() as u64 <= FLUSH_ALIGN);
+            assert_eq!((end + pad.len() as u64) % FLUSH_ALIGN, 0);
+            let mut data = vec![0u8; end as usize];
+            data.extend(&pad);
+            assert!(matches!(decode_frame(&data, end as usize), Frame::Pad(n) if n == data.len()));
+        }
     }
 
     #[test]

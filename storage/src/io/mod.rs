@@ -6,6 +6,7 @@
 //! [`sync::SyncIo`] does pwrite + fdatasync one after the other; [`fault::FaultyIo`] wraps
 //! another backend and fails chosen requests (tests and crash runs).
 
+pub mod aligned;
 pub mod fault;
 pub mod sync;
 pub mod uring;
@@ -13,6 +14,7 @@ pub mod uring;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use fault::FaultPlan;
 
 /// One request of a batch: write `data` at `offset` of `fd`, then fdatasync `fd`.
@@ -45,6 +47,31 @@ pub enum Io {
     Sync,
     /// The automatic backend wrapped in fault injection (for tests and crash runs).
     Faulty(Arc<FaultPlan>),
+}
+
+/// Opens `path` for appending log or checkpoint data with O_DIRECT (no page-cache copy),
+/// falling back to buffered I/O where the file system refuses O_DIRECT (tmpfs). Writes to it
+/// must be [`DIRECT_ALIGN`]-aligned in address, length and offset either way.
+pub fn open_direct(path: &std::path::Path, create_new: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |flags: i32| {
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).custom_flags(flags);
+        if create_new {
+            o.create_new(true);
+        }
+        o.open(path)
+    };
+    match open(libc::O_DIRECT) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            if create_new {
+                // The failed attempt may have created the file before refusing O_DIRECT.
+                let _ = std::fs::remove_file(path);
+            }
+            open(0)
+        }
+        other => other,
+    }
 }
 
 /// Opens the backend `io` names.

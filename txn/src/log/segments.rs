@@ -1,11 +1,11 @@
 //! The writer's open segment file per partition: where the next buffer goes, and rolling
 //! over to a new segment once one passes `segment_bytes`.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 
-use tusk_storage::io::sync::pwrite_all;
+use tusk_storage::io::open_direct;
 use tusk_storage::log_files::{list_partitions, list_segments, log_dir, partition_dir, segment_path, sync_dir};
 use tusk_storage::log_format::{SegmentHeader, SEGMENT_HEADER_SIZE};
 use tusk_storage::StorageError;
@@ -16,6 +16,8 @@ use crate::TxnError;
 struct OpenSegment {
     file: File,
     path: PathBuf,
+    seq: u64,
+    /// Bytes written so far (a multiple of the flush alignment).
     len: u64,
 }
 
@@ -42,17 +44,19 @@ impl SegmentFiles {
         Ok(SegmentFiles { dir, segment_bytes: config.segment_bytes, open: (0..count).map(|_| None).collect(), next_seq })
     }
 
-    /// The descriptor and offset where `len` more bytes of `partition` go.
-    pub fn target(&mut self, partition: usize, len: usize) -> Result<(RawFd, u64), StorageError> {
+    /// Where the next flush of `len` bytes of `partition` goes: descriptor, offset, and the
+    /// segment header to put in front when the flush opens a new segment.
+    pub fn target(&mut self, partition: usize, len: usize) -> Result<(RawFd, u64, Option<[u8; SEGMENT_HEADER_SIZE]>), StorageError> {
         let full = match &self.open[partition] {
-            Some(seg) => seg.len > SEGMENT_HEADER_SIZE as u64 && seg.len + len as u64 > self.segment_bytes,
+            Some(seg) => seg.len > 0 && seg.len + len as u64 > self.segment_bytes,
             None => true,
         };
         if full {
             self.roll(partition)?;
         }
         let seg = self.open[partition].as_ref().expect("rolled above");
-        Ok((seg.file.as_raw_fd(), seg.len))
+        let header = (seg.len == 0).then(|| SegmentHeader { partition: partition as u32, seq: seg.seq }.encode());
+        Ok((seg.file.as_raw_fd(), seg.len, header))
     }
 
     /// `len` bytes landed at the end of `partition`'s segment.
@@ -75,18 +79,11 @@ impl SegmentFiles {
         }
         let seq = self.next_seq[partition];
         let path = segment_path(&self.dir, p, seq);
-        let file = OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| StorageError::io(&path, e))?;
-        // The header becomes durable with the first data's fdatasync; the new name with this.
-        pwrite_all(file.as_raw_fd(), 0, &SegmentHeader { partition: p, seq }.encode())
-            .map_err(|e| StorageError::io(&path, e))?;
+        let file: File = open_direct(&path, true).map_err(|e| StorageError::io(&path, e))?;
+        // The header goes out with the segment's first flush; the new name is durable now.
         sync_dir(&pdir)?;
         self.next_seq[partition] = seq + 1;
-        self.open[partition] = Some(OpenSegment { file, path, len: SEGMENT_HEADER_SIZE as u64 });
+        self.open[partition] = Some(OpenSegment { file, path, seq, len: 0 });
         Ok(())
     }
 }
