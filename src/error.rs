@@ -13,10 +13,24 @@ pub enum Error {
     Conflict,
     /// No room left in the heap (raise [`crate::Options::heap_capacity`]).
     #[error("heap exhausted: cannot allocate {requested} bytes in a heap of {capacity} bytes")]
-    HeapExhausted { requested: u64, capacity: u64 },
+    HeapExhausted {
+        /// Bytes asked for.
+        requested: u64,
+        /// The heap's capacity in bytes.
+        capacity: u64,
+    },
     /// An access outside the allocation it names.
     #[error("out of bounds: {len} bytes at offset {offset} of the allocation at {ptr} ({alloc_len} bytes)")]
-    OutOfBounds { ptr: u64, offset: u64, len: u64, alloc_len: u64 },
+    OutOfBounds {
+        /// The allocation's pointer.
+        ptr: u64,
+        /// Offset of the access inside the allocation.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Length of the allocation.
+        alloc_len: u64,
+    },
     /// The pointer is not the start of a live allocation.
     #[error("invalid heap pointer {0}: not the start of a live allocation")]
     InvalidPointer(u64),
@@ -25,7 +39,12 @@ pub enum Error {
     DoubleFree(u64),
     /// A root name longer than [`crate::ROOT_NAME_MAX`] bytes.
     #[error("root name of {len} bytes is longer than the maximum of {max}")]
-    RootNameTooLong { len: usize, max: usize },
+    RootNameTooLong {
+        /// Length of the given name in bytes.
+        len: usize,
+        /// The longest name allowed.
+        max: usize,
+    },
     /// An empty root name.
     #[error("root names must not be empty")]
     RootNameEmpty,
@@ -47,16 +66,42 @@ pub enum Error {
     Locked(PathBuf),
     /// A file of the store is damaged beyond what recovery may repair.
     #[error("{path}: corrupt at offset {offset}: {reason}")]
-    Corrupt { path: PathBuf, offset: u64, reason: String },
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// Where in the file the damage starts.
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
     /// Two log records claim the same LSN.
     #[error("LSN {lsn} appears twice: {first} and {second}")]
-    DuplicateLsn { lsn: u64, first: PathBuf, second: PathBuf },
+    DuplicateLsn {
+        /// The LSN.
+        lsn: u64,
+        /// One file holding it.
+        first: PathBuf,
+        /// The other file holding it.
+        second: PathBuf,
+    },
     /// The store needs a larger heap than [`crate::Options::heap_capacity`].
     #[error("{path}: the store needs {needed} bytes of heap, the options give {capacity}; open with a larger heap_capacity")]
-    CapacityTooSmall { path: PathBuf, needed: u64, capacity: u64 },
+    CapacityTooSmall {
+        /// The store (or log file) that needs more.
+        path: PathBuf,
+        /// Heap bytes needed.
+        needed: u64,
+        /// Heap bytes the options give.
+        capacity: u64,
+    },
     /// An I/O error on a file of the store.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
 }
 
 impl From<StorageError> for Error {

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! tusk: an embedded, durable, transactional in-memory index store.
 //!
 //! An application opens a directory, runs serializable transactions over an in-memory heap

@@ -15,8 +15,11 @@ use crate::RecoveryError;
 /// What recovery did.
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
+    /// Log segment files read.
     pub segments: usize,
+    /// Bytes of log read.
     pub log_bytes: u64,
+    /// Valid records found (replayed or not).
     pub records_scanned: u64,
     /// Records applied to the heap (markers excluded).
     pub records_replayed: u64,
@@ -33,6 +36,7 @@ pub struct RecoveryReport {
     pub torn_tails: Vec<TornTail>,
     /// When set, the caller must append a marker resolving `(from, to]` before new commits.
     pub marker_needed: Option<(u64, u64)>,
+    /// Wall time of the scan and replay.
     pub elapsed: Duration,
 }
 

@@ -17,11 +17,13 @@ use crate::RecoveryError;
 /// A torn tail found (and, when repairing, cut off) during the scan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TornTail {
+    /// The segment file.
     pub path: PathBuf,
     /// Where the damaged bytes start (the file's new length after the cut).
     pub offset: u64,
     /// How many bytes were cut.
     pub bytes: u64,
+    /// What made the tail invalid.
     pub reason: String,
 }
 
