@@ -365,13 +365,13 @@ impl<'e> Transaction<'e> {
         // Point of no return: the transaction commits.
         let partition = engine.partition_of_current_thread();
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
-        let lsn = match &engine.log {
+        let (lsn, over_bound) = match &engine.log {
             Some(log) => {
                 self.collect_runs();
                 let (runs, words) = (&self.bufs.record, self.bufs.writes.as_slice());
-                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, runs, words))?
+                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, runs, words))
             }
-            None => engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
+            None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         let heap = engine.heap();
         let epoch = engine.dirty_epoch();
@@ -389,7 +389,8 @@ impl<'e> Transaction<'e> {
             match mode {
                 Commit::Sync => log.wait_durable(lsn)?,
                 Commit::Partition => log.wait_partition(partition, lsn)?,
-                Commit::Async => log.throttle(partition, lsn)?,
+                Commit::Async if over_bound => log.throttle(partition, lsn)?,
+                Commit::Async => {}
             }
         }
         Ok(Some(lsn))

@@ -148,22 +148,20 @@ impl LogManager {
 
     /// Draws the next LSN and appends its record to `partition`, atomically with respect to
     /// the partition (see the module docs). `encode` writes the record for the given LSN.
-    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> Result<u64, TxnError> {
+    /// Returns the LSN and whether the partition's buffer has outgrown its bound (the
+    /// committer should then [`LogManager::throttle`] once it has released its locks).
+    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, bool) {
         let (lsn, len) = self.shared.partitions[partition].append(&self.shared.clock, encode);
         if len >= self.shared.config.log_buffer_bytes {
             self.shared.kick();
         }
-        Ok(lsn)
+        (lsn, len > self.shared.config.log_buffer_bytes.saturating_mul(8))
     }
 
-    /// After a commit: keeps a partition's buffer from outgrowing its bound when the disk
-    /// cannot keep up (waits for the writer, outside any lock).
+    /// Keeps a partition's buffer from outgrowing its bound when the disk cannot keep up:
+    /// waits until the committer's own record is durable.
     pub fn throttle(&self, partition: usize, lsn: u64) -> Result<(), TxnError> {
-        let limit = self.shared.config.log_buffer_bytes.saturating_mul(8);
-        if self.shared.partitions[partition].buffered() > limit {
-            self.wait_partition(partition, lsn)?;
-        }
-        Ok(())
+        self.wait_partition(partition, lsn)
     }
 
     pub fn failure(&self) -> Option<String> {

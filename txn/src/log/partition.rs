@@ -46,11 +46,6 @@ impl Partition {
         (lsn, s.active.len())
     }
 
-    /// Bytes waiting in the active buffer.
-    pub fn buffered(&self) -> usize {
-        self.state.lock().active.len()
-    }
-
     pub fn durable(&self) -> u64 {
         self.durable.load(Ordering::SeqCst)
     }
