@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tusk::{Commit, Durability, Options, Store};
 
-use super::report::{rate, table};
+use super::report::rate;
 use super::{BenchDir, CliResult, IoChoice};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -60,8 +60,13 @@ pub struct TxnArgs {
     workload: Workload,
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    #[arg(long, value_enum, default_value = "async")]
-    commit: CommitChoice,
+    /// Commit mode; several (comma-separated) are run interleaved, `--rounds` times each,
+    /// and reported with their ratios.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "async")]
+    commit: Vec<CommitChoice>,
+    /// Runs per commit mode (the median run is reported).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Seconds to run.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -93,13 +98,13 @@ struct ThreadResult {
     latency: Histogram<u64>,
 }
 
-pub fn run(args: TxnArgs) -> CliResult {
-    let Workload::Hathi = args.workload;
+/// One run of one commit mode on a fresh store.
+fn run_once(args: &TxnArgs, commit: CommitChoice) -> Result<ModeResult, Box<dyn std::error::Error>> {
     let dir = BenchDir::new(args.dir.clone())?;
     let mut options = Options {
         heap_capacity: (args.heap_mib + 64) << 20,
         io: args.io.to_io(),
-        durability: if args.commit == CommitChoice::Off { Durability::Off } else { Durability::On },
+        durability: if commit == CommitChoice::Off { Durability::Off } else { Durability::On },
         ..Options::default()
     };
     if let Some(p) = args.partitions {
@@ -121,7 +126,7 @@ pub fn run(args: TxnArgs) -> CliResult {
         .map(|t| {
             let (store, stop, barrier) = (store.clone(), stop.clone(), barrier.clone());
             let (mode, split, words, prefetch) =
-                (args.commit.mode(), args.commit == CommitChoice::Split, args.words, args.prefetch);
+                (commit.mode(), commit == CommitChoice::Split, args.words, args.prefetch);
             std::thread::spawn(move || -> Result<ThreadResult, tusk::Error> {
                 let mut rng = SmallRng::seed_from_u64(0x7A5C + t as u64);
                 let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
@@ -180,45 +185,117 @@ pub fn run(args: TxnArgs) -> CliResult {
         Err(_) => return Err("store still shared after the run".into()),
     }
 
-    let txn_per_s = total.commits as f64 / elapsed;
-    let p50_us = total.latency.value_at_quantile(0.50) as f64 / 1000.0;
-    let p99_us = total.latency.value_at_quantile(0.99) as f64 / 1000.0;
-    let abort_rate = 1.0 - total.commits as f64 / total.attempts.max(1) as f64;
+    Ok(ModeResult {
+        commit,
+        txn_per_s: total.commits as f64 / elapsed,
+        commits: total.commits,
+        elapsed,
+        p50_us: total.latency.value_at_quantile(0.50) as f64 / 1000.0,
+        p99_us: total.latency.value_at_quantile(0.99) as f64 / 1000.0,
+        abort_rate: 1.0 - total.commits as f64 / total.attempts.max(1) as f64,
+        io,
+        durable_lsn: durable,
+    })
+}
+
+struct ModeResult {
+    commit: CommitChoice,
+    txn_per_s: f64,
+    commits: u64,
+    elapsed: f64,
+    p50_us: f64,
+    p99_us: f64,
+    abort_rate: f64,
+    io: String,
+    durable_lsn: u64,
+}
+
+impl ModeResult {
+    fn json(&self, args: &TxnArgs) -> serde_json::Value {
+        serde_json::json!({
+            "bench": "txn",
+            "workload": "hathi",
+            "commit": self.commit.name(),
+            "threads": args.threads,
+            "duration_s": self.elapsed,
+            "heap_mib": args.heap_mib,
+            "words_per_txn": args.words,
+            "prefetch": args.prefetch,
+            "commits": self.commits,
+            "txn_per_s": self.txn_per_s,
+            "p50_us": self.p50_us,
+            "p99_us": self.p99_us,
+            "abort_rate": self.abort_rate,
+            "io": self.io,
+            "durable_lsn": self.durable_lsn,
+        })
+    }
+}
+
+pub fn run(args: TxnArgs) -> CliResult {
+    let Workload::Hathi = args.workload;
+    let mut runs: Vec<Vec<ModeResult>> = args.commit.iter().map(|_| Vec::new()).collect();
+    for _ in 0..args.rounds.max(1) {
+        for (i, &commit) in args.commit.iter().enumerate() {
+            runs[i].push(run_once(&args, commit)?);
+        }
+    }
+    // The median run of each mode.
+    let results: Vec<ModeResult> = runs
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by(|a, b| a.txn_per_s.total_cmp(&b.txn_per_s));
+            r.swap_remove(r.len() / 2)
+        })
+        .collect();
+    let rate_of = |c: CommitChoice| results.iter().find(|r| r.commit == c).map(|r| r.txn_per_s);
+    let mut ratios = Vec::new();
+    for (name, num, den) in [
+        ("async/off", CommitChoice::Async, CommitChoice::Off),
+        ("split/async", CommitChoice::Split, CommitChoice::Async),
+        ("partition/async", CommitChoice::Partition, CommitChoice::Async),
+        ("sync/async", CommitChoice::Sync, CommitChoice::Async),
+    ] {
+        if let (Some(a), Some(b)) = (rate_of(num), rate_of(den)) {
+            ratios.push((name, a / b));
+        }
+    }
     if args.json {
+        if results.len() == 1 {
+            println!("{}", results[0].json(&args));
+        } else {
+            let ratios: serde_json::Map<String, serde_json::Value> =
+                ratios.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "txn",
+                    "rounds": args.rounds,
+                    "modes": results.iter().map(|r| r.json(&args)).collect::<Vec<_>>(),
+                    "ratios": ratios,
+                })
+            );
+        }
+        return Ok(());
+    }
+    println!(
+        "tusk bench txn: hathi, {} threads, {} MiB, {} words/txn, prefetch {}, median of {} round(s)",
+        args.threads, args.heap_mib, args.words, args.prefetch, args.rounds.max(1)
+    );
+    println!("{:<10} {:>12} {:>10} {:>10} {:>9} {:>9}", "commit", "txn/s", "p50 us", "p99 us", "aborts", "log I/O");
+    for r in &results {
         println!(
-            "{}",
-            serde_json::json!({
-                "bench": "txn",
-                "workload": "hathi",
-                "commit": args.commit.name(),
-                "threads": args.threads,
-                "duration_s": elapsed,
-                "heap_mib": args.heap_mib,
-                "words_per_txn": args.words,
-                "prefetch": args.prefetch,
-                "commits": total.commits,
-                "txn_per_s": txn_per_s,
-                "p50_us": p50_us,
-                "p99_us": p99_us,
-                "abort_rate": abort_rate,
-                "io": io,
-                "durable_lsn": durable,
-            })
+            "{:<10} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9}",
+            r.commit.name(),
+            rate(r.txn_per_s),
+            r.p50_us,
+            r.p99_us,
+            r.abort_rate * 100.0,
+            r.io
         );
-    } else {
-        table(
-            &format!("tusk bench txn: hathi, {} commit, {} threads", args.commit.name(), args.threads),
-            &[
-                ("txn/s", rate(txn_per_s)),
-                ("commits", total.commits.to_string()),
-                ("commit latency p50", format!("{p50_us:.2} us")),
-                ("commit latency p99", format!("{p99_us:.2} us")),
-                ("abort rate", format!("{:.4}%", abort_rate * 100.0)),
-                ("heap", format!("{} MiB, {} words/txn, prefetch {}", args.heap_mib, args.words, args.prefetch)),
-                ("log I/O", io),
-                ("elapsed", format!("{elapsed:.2} s")),
-            ],
-        );
+    }
+    for (name, v) in ratios {
+        println!("{name:<16} {v:.3}");
     }
     Ok(())
 }
