@@ -402,11 +402,16 @@ impl<'e> Transaction<'e> {
     fn lock_write_set(&mut self) -> Result<(), TxnError> {
         let stripes = &self.engine.stripes;
         self.bufs.locked.clear();
-        for w in self.bufs.writes.iter() {
+        // Sorted by offset (the record needs that too), the stripes come out ascending unless
+        // the write set spans the stripe table's wrap-around; only then sort them again.
+        for w in self.bufs.writes.sorted() {
             self.bufs.locked.push((stripes.index_of(w.offset), 0));
         }
-        self.bufs.locked.sort_unstable_by_key(|&(s, _)| s);
         self.bufs.locked.dedup_by_key(|&mut (s, _)| s);
+        if !self.bufs.locked.windows(2).all(|p| p[0].0 < p[1].0) {
+            self.bufs.locked.sort_unstable_by_key(|&(s, _)| s);
+            self.bufs.locked.dedup_by_key(|&mut (s, _)| s);
+        }
         for i in 0..self.bufs.locked.len() {
             let s = self.bufs.locked[i].0;
             let mut spins = 0;
@@ -439,7 +444,8 @@ impl<'e> Transaction<'e> {
     /// few, long writes; a partial word is a run of its own.
     fn collect_runs(&mut self) {
         self.bufs.record.clear();
-        let sorted = self.bufs.writes.sorted();
+        let sorted = self.bufs.writes.as_slice();
+        debug_assert!(sorted.windows(2).all(|p| p[0].offset < p[1].offset), "sorted by lock_write_set");
         let mut i = 0;
         while i < sorted.len() {
             let mut j = i + 1;
