@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod checkpoints;
 mod error;
 mod options;
 mod store;
@@ -41,7 +42,7 @@ pub use transaction::Transaction;
 pub use tusk_recovery::{RecoveryReport, TornTail};
 pub use tusk_storage::io::{FaultPlan, Io};
 pub use tusk_storage::HeapPtr;
-pub use tusk_txn::{Commit, Lsn};
+pub use tusk_txn::{CheckpointReport, Commit, Lsn};
 
 /// Longest root name, in bytes.
 pub const ROOT_NAME_MAX: usize = tusk_storage::layout::ROOT_NAME_MAX;

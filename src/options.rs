@@ -33,6 +33,17 @@ pub struct Options {
     pub segment_bytes: u64,
     /// log2 of the number of stripe locks, each guarding 64-byte lines (default 20).
     pub stripes_log2: u32,
+    /// A checkpoint is taken this often in the background (default 10 s; `None`: only on
+    /// [`crate::Store::checkpoint`]).
+    pub checkpoint_interval: Option<Duration>,
+    /// Checkpoints copy and write the heap in chunks of this many bytes (default 1 MiB).
+    pub chunk_size: u64,
+    /// Log space the checkpointer aims to stay under: clean chunks whose image would pin more
+    /// than half of it are rewritten (default 1 GiB).
+    pub max_log_bytes: u64,
+    /// Fails checkpoint I/O on purpose (tests of crashes during checkpoints).
+    #[doc(hidden)]
+    pub checkpoint_faults: Option<std::sync::Arc<tusk_storage::io::FaultPlan>>,
 }
 
 impl Default for Options {
@@ -46,6 +57,10 @@ impl Default for Options {
             group_commit_interval: Duration::from_millis(1),
             segment_bytes: 64 << 20,
             stripes_log2: 20,
+            checkpoint_interval: Some(Duration::from_secs(10)),
+            chunk_size: 1 << 20,
+            max_log_bytes: 1 << 30,
+            checkpoint_faults: None,
         }
     }
 }

@@ -4,7 +4,12 @@ use std::path::{Path, PathBuf};
 use tusk_recovery::RecoveryReport;
 use tusk_storage::layout::{BRK_OFF, MAGIC, MAGIC_OFF, VERSION_OFF, FORMAT_VERSION};
 use tusk_storage::Heap;
-use tusk_txn::{Commit, Engine, EngineConfig, LogConfig, Lsn};
+use std::sync::Arc;
+
+use tusk_storage::PAGE_SIZE;
+use tusk_txn::{CheckpointConfig, CheckpointReport, Checkpointer, Commit, Engine, EngineConfig, LogConfig, Lsn};
+
+use crate::checkpoints::CheckpointService;
 
 use crate::options::{Durability, Options};
 use crate::transaction::Transaction;
@@ -38,7 +43,8 @@ use crate::Error;
 /// # Ok(()) }
 /// ```
 pub struct Store {
-    engine: Engine,
+    engine: Arc<Engine>,
+    checkpoints: Option<CheckpointService>,
     dir: PathBuf,
     recovery: RecoveryReport,
     _lock: File,
@@ -88,11 +94,34 @@ impl Store {
             }),
             Durability::Off => None,
         };
-        let engine = Engine::start(EngineConfig { stripes_log2: options.stripes_log2.clamp(4, 28), log }, heap, recovery.max_lsn)?;
+        let config = EngineConfig {
+            stripes_log2: options.stripes_log2.clamp(4, 28),
+            log,
+            existing_segments: recovery.segment_files.clone(),
+        };
+        let engine = Arc::new(Engine::start(config, heap, recovery.max_lsn)?);
         if let Some((from, to)) = recovery.marker_needed {
             engine.append_marker(from, to)?;
         }
-        let store = Store { engine, dir, recovery, _lock: lock };
+        let checkpoints = match options.durability {
+            Durability::On => {
+                let loaded = recovery.checkpoint.as_ref().filter(|c| c.manifest.epoch > 0);
+                let checkpointer = Checkpointer::new(
+                    CheckpointConfig {
+                        dir: dir.clone(),
+                        chunk_size: options.chunk_size.next_multiple_of(PAGE_SIZE).max(PAGE_SIZE),
+                        max_log_bytes: options.max_log_bytes,
+                        io: options.io.clone(),
+                        faults: options.checkpoint_faults.clone(),
+                    },
+                    loaded.map(|c| c.manifest.clone()),
+                    loaded.and_then(|c| c.previous.clone()),
+                )?;
+                Some(CheckpointService::start(engine.clone(), checkpointer, options.checkpoint_interval)?)
+            }
+            Durability::Off => None,
+        };
+        let store = Store { engine, checkpoints, dir, recovery, _lock: lock };
         if fresh {
             store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
         }
@@ -172,20 +201,49 @@ impl Store {
         self.engine.heap().prefault(0, used);
     }
 
+    /// Takes a checkpoint now: afterwards recovery starts from it, and the log it no
+    /// longer needs is deleted. Also runs every `checkpoint_interval` in the background.
+    pub fn checkpoint(&self) -> Result<CheckpointReport, Error> {
+        match &self.checkpoints {
+            Some(service) => service.run_now(&self.engine),
+            None => Err(Error::LogFailed("checkpoints need Durability::On".into())),
+        }
+    }
+
+    /// The last checkpoint taken since open (by the background thread or
+    /// [`Store::checkpoint`]), the last error of a background checkpoint, and how many were taken.
+    pub fn checkpoint_status(&self) -> (Option<CheckpointReport>, Option<String>, u64) {
+        self.checkpoints.as_ref().map_or((None, None, 0), |s| s.status())
+    }
+
+    /// Bytes of log on disk.
+    pub fn log_bytes(&self) -> u64 {
+        self.engine.log().map_or(0, |l| l.catalog().total_bytes())
+    }
+
     /// Makes everything committed durable and closes the store.
-    pub fn close(self) -> Result<(), Error> {
+    pub fn close(mut self) -> Result<(), Error> {
+        if let Some(mut c) = self.checkpoints.take() {
+            c.stop();
+        }
         Ok(self.engine.close()?)
     }
 
     /// Stops the store as a crash would: what is not yet durable is lost. For tests.
     #[doc(hidden)]
-    pub fn crash(self) {
+    pub fn crash(mut self) {
+        if let Some(mut c) = self.checkpoints.take() {
+            c.stop();
+        }
         self.engine.abandon();
     }
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
+        if let Some(mut c) = self.checkpoints.take() {
+            c.stop();
+        }
         let _ = self.engine.close();
     }
 }

@@ -5,10 +5,12 @@
 //! - [`replay`]: orders the records by LSN, applies them up to the first gap, then the
 //!   Partition-flagged records beyond it (DESIGN.md, Recovery).
 
+pub mod checkpoint;
 pub mod error;
 pub mod replay;
 pub mod scan;
 
+pub use checkpoint::{Fallback, LoadedCheckpoint};
 pub use error::RecoveryError;
 pub use replay::{recover, RecoveryReport};
 pub use scan::TornTail;

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use tusk_storage::log_format::{decode_frame, Frame, FLAG_PARTITION};
 use tusk_storage::Heap;
 
+use crate::checkpoint::{load_checkpoint, LoadedCheckpoint};
 use crate::scan::{scan, RecordRef, Scan, TornTail};
+use tusk_storage::log_files::log_dir;
 use crate::RecoveryError;
 
 /// What recovery did.
@@ -21,7 +23,7 @@ pub struct RecoveryReport {
     pub log_bytes: u64,
     /// Valid records found (replayed or not).
     pub records_scanned: u64,
-    /// Records applied to the heap (markers excluded).
+    /// Records applied to the heap (markers and checkpoint records excluded).
     pub records_replayed: u64,
     /// Every LSN ≤ this is in the recovered state.
     pub recovered_lsn: u64,
@@ -31,12 +33,20 @@ pub struct RecoveryReport {
     pub partition_records_after_gap: u64,
     /// Records beyond the gap that were dropped (asynchronous commits lost in the crash).
     pub lost_after_gap: u64,
-    /// The largest LSN in the log; new LSNs continue after it.
+    /// The largest LSN in the log or the checkpoint; new LSNs continue after it.
     pub max_lsn: u64,
     pub torn_tails: Vec<TornTail>,
+    /// The segment files read, with their LSN ranges.
+    pub segment_files: Vec<tusk_storage::log_files::SegmentInfo>,
+    /// The checkpoint recovery started from, if any.
+    pub checkpoint: Option<LoadedCheckpoint>,
+    /// Time spent loading the checkpoint's chunk images.
+    pub checkpoint_load: Duration,
+    /// Time spent replaying the log.
+    pub replay: Duration,
     /// When set, the caller must append a marker resolving `(from, to]` before new commits.
     pub marker_needed: Option<(u64, u64)>,
-    /// Wall time of the scan and replay.
+    /// Wall time of the whole recovery.
     pub elapsed: Duration,
 }
 
@@ -44,9 +54,13 @@ fn is_void(voids: &[(u64, u64)], lsn: u64) -> Option<u64> {
     voids.iter().find(|&&(from, to)| from < lsn && lsn <= to).map(|&(_, to)| to)
 }
 
-/// Recovers `dir`'s log into `heap` (which must be zero). With `repair`, torn tails are cut.
+/// Recovers `dir` into `heap` (which must be zero): the newest usable checkpoint, then the
+/// log. With `repair`, torn log tails are cut off.
 pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, RecoveryError> {
     let started = Instant::now();
+    let checkpoint = load_checkpoint(dir, heap)?;
+    let checkpoint_load = started.elapsed();
+    let replay_started = Instant::now();
     let mut scan = scan(dir, repair)?;
     scan.records.sort_unstable_by_key(|r| r.lsn);
     for pair in scan.records.windows(2) {
@@ -58,16 +72,21 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
             });
         }
     }
+    // Records at or below the oldest chunk LSN are in every image already.
+    let base = checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
+    let checkpoint_max = checkpoint.as_ref().map_or(0, |c| c.manifest.max_lsn());
     let voids: Vec<(u64, u64)> = scan.records.iter().filter_map(|r| r.void).collect();
     let mut report = RecoveryReport {
         segments: scan.segments.len(),
         log_bytes: scan.log_bytes,
         records_scanned: scan.records.len() as u64,
-        max_lsn: scan.records.last().map_or(0, |r| r.lsn),
+        max_lsn: scan.records.last().map_or(0, |r| r.lsn).max(checkpoint_max),
+        checkpoint_load,
         ..RecoveryReport::default()
     };
-    let mut expected = 1u64;
-    for r in &scan.records {
+    let mut to_apply: Vec<RecordRef> = Vec::new();
+    let mut expected = base + 1;
+    for r in scan.records.iter().filter(|r| r.lsn > base) {
         if report.gap_at.is_none() {
             while expected < r.lsn {
                 match is_void(&voids, expected) {
@@ -79,47 +98,98 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
                 expected += 1;
                 let skipped = is_void(&voids, r.lsn).is_some() && r.flags & FLAG_PARTITION == 0;
                 if r.void.is_none() && !skipped {
-                    apply(&scan, r, heap)?;
-                    report.records_replayed += 1;
+                    to_apply.push(*r);
                 }
                 continue;
             }
             report.gap_at = Some(expected);
         }
         if r.flags & FLAG_PARTITION != 0 {
-            apply(&scan, r, heap)?;
-            report.records_replayed += 1;
+            to_apply.push(*r);
             report.partition_records_after_gap += 1;
         } else if r.void.is_none() {
             report.lost_after_gap += 1;
         }
     }
     report.recovered_lsn = expected - 1;
+    // Every LSN up to the checkpoint's newest chunk LSN was durable before the checkpoint
+    // became valid; a log that stops short of it has lost records.
+    let required = checkpoint.as_ref().map_or(0, |c| checkpoint_max.max(c.fallback.as_ref().map_or(0, |f| f.required_lsn)));
+    if report.recovered_lsn < required {
+        let (path, why) = match checkpoint.as_ref().and_then(|c| c.fallback.as_ref()) {
+            Some(f) => (f.path.clone(), format!("{}; the log needed to recover without it ends at LSN {}", f.reason, report.recovered_lsn)),
+            None => (log_dir(dir), format!("the log ends at LSN {} but the checkpoint needs it through LSN {required}", report.recovered_lsn)),
+        };
+        return Err(RecoveryError::Corrupt { path, offset: 0, reason: why });
+    }
+    let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
+    apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+    report.records_replayed = to_apply.len() as u64;
     if report.max_lsn > report.recovered_lsn {
         report.marker_needed = Some((report.recovered_lsn, report.max_lsn));
     }
     report.torn_tails = std::mem::take(&mut scan.torn);
+    report.segment_files = std::mem::take(&mut scan.infos);
+    report.checkpoint = checkpoint;
+    report.replay = replay_started.elapsed();
     report.elapsed = started.elapsed();
     Ok(report)
 }
 
-fn apply(scan: &Scan, r: &RecordRef, heap: &Heap) -> Result<(), RecoveryError> {
+/// Applies `records` (in LSN order) on all cores: worker `t` owns the chunks `c` with
+/// `c % workers == t` and applies, in LSN order, every write piece that lands in them and is
+/// newer than the chunk's image. Pages written are stamped dirty (epoch 1).
+fn apply_parallel(
+    scan: &Scan,
+    records: &[RecordRef],
+    heap: &Heap,
+    chunk_size: u64,
+    chunk_lsn: impl Fn(u64) -> u64 + Sync,
+) -> Result<(), RecoveryError> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let results: Vec<Result<(), RecoveryError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|t| {
+                let chunk_lsn = &chunk_lsn;
+                s.spawn(move || {
+                    for r in records {
+                        apply(scan, r, heap, |chunk| chunk % workers == t && r.lsn > chunk_lsn(chunk), chunk_size)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("replay worker panicked")).collect()
+    });
+    results.into_iter().collect()
+}
+
+fn apply(scan: &Scan, r: &RecordRef, heap: &Heap, mine: impl Fn(u64) -> bool, chunk_size: u64) -> Result<(), RecoveryError> {
     let segment = &scan.segments[r.segment as usize];
     let Frame::Record(view, _) = decode_frame(&segment.data, r.offset as usize) else {
         unreachable!("the scan validated this record");
     };
     for (offset, bytes) in view.writes() {
         let end = offset.checked_add(bytes.len() as u64);
-        match end {
-            Some(end) if end <= heap.capacity() => heap.write_bytes(offset, bytes),
-            _ => {
-                return Err(RecoveryError::CapacityTooSmall {
-                    path: segment.path.clone(),
-                    offset: r.offset as u64,
-                    needed: end.unwrap_or(u64::MAX),
-                    capacity: heap.capacity(),
-                })
+        if !end.is_some_and(|end| end <= heap.capacity()) {
+            return Err(RecoveryError::CapacityTooSmall {
+                path: segment.path.clone(),
+                offset: r.offset as u64,
+                needed: end.unwrap_or(u64::MAX),
+                capacity: heap.capacity(),
+            });
+        }
+        let mut at = offset;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let chunk = at / chunk_size;
+            let take = ((chunk + 1) * chunk_size - at).min(rest.len() as u64) as usize;
+            if mine(chunk) {
+                heap.write_bytes(at, &rest[..take]);
+                heap.stamp_dirty(at, take as u64, 1);
             }
+            at += take as u64;
+            rest = &rest[take..];
         }
     }
     Ok(())

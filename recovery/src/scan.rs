@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tusk_storage::log_files::{list_partitions, list_segments};
+use tusk_storage::log_files::{list_partitions, list_segments, SegmentInfo};
 use tusk_storage::log_format::{decode_frame, later_flush_after, Frame, SegmentHeader, SEGMENT_HEADER_SIZE};
 use tusk_storage::StorageError;
 
@@ -47,6 +47,8 @@ pub struct RecordRef {
 #[derive(Default)]
 pub struct Scan {
     pub segments: Vec<Segment>,
+    /// Per segment read: its LSN range and size, in `segments` order.
+    pub infos: Vec<SegmentInfo>,
     pub records: Vec<RecordRef>,
     pub torn: Vec<TornTail>,
     pub log_bytes: u64,
@@ -127,6 +129,16 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
             };
             let mut data = data;
             data.truncate(end);
+            let mine = &out.records[out.records.iter().rposition(|r| r.segment != segment_index).map_or(0, |i| i + 1)..];
+            out.infos.push(SegmentInfo {
+                partition,
+                seq,
+                path: path.clone(),
+                min_lsn: mine.iter().map(|r| r.lsn).min().unwrap_or(0),
+                max_lsn: mine.iter().map(|r| r.lsn).max().unwrap_or(0),
+                bytes: data.len() as u64,
+                open: false,
+            });
             out.segments.push(Segment { path, partition, data });
         }
     }

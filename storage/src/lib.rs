@@ -8,6 +8,7 @@
 //!
 //! `unsafe` lives here and nowhere else above index-gpu (DESIGN.md, Conventions).
 
+pub mod checkpoint_format;
 pub mod error;
 pub mod heap;
 pub mod io;

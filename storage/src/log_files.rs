@@ -65,3 +65,17 @@ pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     let f = std::fs::File::open(dir).map_err(|e| StorageError::io(dir, e))?;
     f.sync_all().map_err(|e| StorageError::io(dir, e))
 }
+
+/// What is known of one segment file: enough to decide whether it may be deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub partition: u32,
+    pub seq: u64,
+    pub path: PathBuf,
+    /// LSN range of its records (0, 0 when it holds none).
+    pub min_lsn: u64,
+    pub max_lsn: u64,
+    pub bytes: u64,
+    /// The writer still appends to it.
+    pub open: bool,
+}

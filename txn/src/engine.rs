@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tusk_storage::io::Io;
+use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
 use crate::log::LogManager;
-use crate::stripes::Stripes;
+use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
 use crate::transaction::Transaction;
 use crate::TxnError;
 
@@ -35,6 +36,8 @@ pub struct EngineConfig {
     pub stripes_log2: u32,
     /// `None` runs without durability (`Durability::Off`).
     pub log: Option<LogConfig>,
+    /// The log segments already on disk (from recovery).
+    pub existing_segments: Vec<SegmentInfo>,
 }
 
 pub struct Engine {
@@ -57,7 +60,7 @@ impl Engine {
     pub fn start(config: EngineConfig, heap: Heap, last_lsn: u64) -> Result<Engine, TxnError> {
         let clock = Arc::new(AtomicU64::new(last_lsn));
         let log = match config.log {
-            Some(log) => Some(LogManager::start(log, clock.clone())?),
+            Some(log) => Some(LogManager::start(log, clock.clone(), config.existing_segments)?),
             None => None,
         };
         Ok(Engine {
@@ -144,6 +147,51 @@ impl Engine {
         });
         log.wait_durable(lsn)?;
         Ok(lsn)
+    }
+
+    /// Copies `out.len()` bytes at `off` consistently with all transactions and returns the
+    /// LSN that orders the copy: it holds every write of LSNs below and none above (Hathi's
+    /// chunk copy). The lines' stripes are locked for the copy (writers of the range wait or
+    /// retry; readers elsewhere are untouched), and the LSN is drawn and logged, as an
+    /// empty record, while they are held, so it is gapless like any other.
+    pub fn copy_consistent(&self, off: u64, out: &mut [u8]) -> Result<u64, TxnError> {
+        self.check_open()?;
+        let lines = (out.len() as u64).div_ceil(STRIPE_BYTES);
+        let mut stripes: Vec<u32> = (0..lines).map(|i| self.stripes.index_of(off + i * STRIPE_BYTES)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut seen = Vec::with_capacity(stripes.len());
+        for &s in &stripes {
+            loop {
+                let w = self.stripes.load(s);
+                if !is_locked(w) && self.stripes.try_lock(s, w) {
+                    seen.push(w);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.heap.read_bytes(off, out);
+        let lsn = match &self.log {
+            Some(log) => {
+                let partition = self.partition_of_current_thread();
+                log.append(partition, |buf, lsn| {
+                    RecordEncoder::begin(buf, RecordHeader { lsn, partition: partition as u32, flags: 0, void: None }).finish(buf);
+                })
+                .0
+            }
+            None => self.clock.fetch_add(1, Ordering::SeqCst) + 1,
+        };
+        // Nothing was written: the stripes keep their versions, so no reader is disturbed.
+        for (&s, &w) in stripes.iter().zip(&seen) {
+            self.stripes.unlock_restore(s, w);
+        }
+        Ok(lsn)
+    }
+
+    /// The log, when durability is on.
+    pub fn log(&self) -> Option<&LogManager> {
+        self.log.as_ref()
     }
 
     /// Flushes the log and stops its writer; later commits fail with `Closed`.

@@ -9,6 +9,7 @@
 //! - [`engine`]: what a store shares between its threads.
 
 pub mod alloc;
+pub mod checkpoint;
 pub mod engine;
 pub mod error;
 pub mod log;
@@ -17,6 +18,7 @@ pub mod stripes;
 pub mod transaction;
 pub mod write_set;
 
+pub use checkpoint::{CheckpointConfig, CheckpointReport, Checkpointer};
 pub use engine::{Engine, EngineConfig, LogConfig};
 pub use error::TxnError;
 pub use transaction::{Commit, Lsn, Transaction};

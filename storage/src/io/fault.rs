@@ -31,6 +31,12 @@ impl FaultPlan {
         self.failures.load(Ordering::SeqCst)
     }
 
+    /// Counts one I/O step done outside a backend (create, rename, directory sync): Ok while
+    /// the plan allows it, the planned error once it does not.
+    pub fn check(&self) -> Result<(), std::io::Error> {
+        self.admit()
+    }
+
     fn admit(&self) -> Result<(), std::io::Error> {
         let prev = self.allowed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
             u64::MAX => Some(u64::MAX),

@@ -11,6 +11,7 @@
 //! `durable = min(c, min over partitions of (first pending LSN - 1))`.
 //! Within a partition, LSNs are appended in ascending order.
 
+pub mod catalog;
 pub mod partition;
 mod segments;
 mod writer;
@@ -24,7 +25,9 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::engine::LogConfig;
 use crate::TxnError;
+use catalog::SegmentCatalog;
 use partition::Partition;
+use tusk_storage::log_files::SegmentInfo;
 
 /// State shared by committers, waiters and the writer thread.
 pub(crate) struct Shared {
@@ -41,6 +44,7 @@ pub(crate) struct Shared {
     progress: Condvar,
     kick: Sender<()>,
     pub config: LogConfig,
+    pub catalog: SegmentCatalog,
 }
 
 impl Shared {
@@ -113,7 +117,8 @@ pub struct LogManager {
 
 impl LogManager {
     /// Starts the writer. New segments are created after the existing ones (never appended to).
-    pub fn start(config: LogConfig, clock: Arc<AtomicU64>) -> Result<LogManager, TxnError> {
+    /// `existing` lists the segments already on disk (from recovery), for trimming.
+    pub fn start(config: LogConfig, clock: Arc<AtomicU64>, existing: Vec<SegmentInfo>) -> Result<LogManager, TxnError> {
         let backend = tusk_storage::io::open_backend(&config.io)
             .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io(&config.dir, e)))?;
         let partitions = (0..config.partitions).map(|_| Partition::default()).collect();
@@ -130,6 +135,7 @@ impl LogManager {
             progress: Condvar::new(),
             kick,
             config,
+            catalog: SegmentCatalog::new(existing),
         });
         let files = segments::SegmentFiles::open(&shared.config)?;
         let stop = Arc::new(writer::Stop::default());
@@ -140,6 +146,11 @@ impl LogManager {
     /// Name of the I/O backend in use.
     pub fn backend_name(&self) -> String {
         self.stop.backend_name.lock().clone()
+    }
+
+    /// The segments on disk.
+    pub fn catalog(&self) -> &SegmentCatalog {
+        &self.shared.catalog
     }
 
     pub fn partitions(&self) -> usize {

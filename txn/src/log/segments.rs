@@ -10,6 +10,7 @@ use tusk_storage::log_files::{list_partitions, list_segments, log_dir, partition
 use tusk_storage::log_format::{SegmentHeader, SEGMENT_HEADER_SIZE};
 use tusk_storage::StorageError;
 
+use super::catalog::SegmentCatalog;
 use crate::engine::LogConfig;
 use crate::TxnError;
 
@@ -46,13 +47,20 @@ impl SegmentFiles {
 
     /// Where the next flush of `len` bytes of `partition` goes: descriptor, offset, and the
     /// segment header to put in front when the flush opens a new segment.
-    pub fn target(&mut self, partition: usize, len: usize) -> Result<(RawFd, u64, Option<[u8; SEGMENT_HEADER_SIZE]>), StorageError> {
+    pub fn target(
+        &mut self,
+        partition: usize,
+        len: usize,
+        catalog: &SegmentCatalog,
+    ) -> Result<(RawFd, u64, Option<[u8; SEGMENT_HEADER_SIZE]>), StorageError> {
         let full = match &self.open[partition] {
             Some(seg) => seg.len > 0 && seg.len + len as u64 > self.segment_bytes,
             None => true,
         };
         if full {
             self.roll(partition)?;
+            let seg = self.open[partition].as_ref().expect("just rolled");
+            catalog.opened(partition as u32, seg.seq, seg.path.clone());
         }
         let seg = self.open[partition].as_ref().expect("rolled above");
         let header = (seg.len == 0).then(|| SegmentHeader { partition: partition as u32, seq: seg.seq }.encode());

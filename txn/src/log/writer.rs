@@ -86,7 +86,7 @@ impl Writer {
         }
         let mut targets = Vec::with_capacity(taken.len());
         for (i, t) in &taken {
-            let (fd, offset, header) = match self.files.target(*i, t.data.len()) {
+            let (fd, offset, header) = match self.files.target(*i, t.data.len(), &shared.catalog) {
                 Ok(target) => target,
                 Err(e) => {
                     shared.fail(e.to_string());
@@ -114,6 +114,7 @@ impl Writer {
             match result {
                 Ok(()) => {
                     self.files.advance(i, self.staging[i].len());
+                    shared.catalog.flushed(i as u32, t.first, t.last, self.staging[i].len() as u64);
                     shared.partitions[i].written(t);
                 }
                 // The buffer stays in flight: the watermark cannot pass it, and nothing later
