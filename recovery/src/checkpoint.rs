@@ -49,8 +49,9 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, RecoveryError> {
     Manifest::decode(&bytes).map_err(|reason| corrupt(path, reason))
 }
 
-/// Loads the newest usable checkpoint into `heap` (zero on entry). `None` when there is none.
-pub fn load_checkpoint(dir: &Path, heap: &Heap) -> Result<Option<LoadedCheckpoint>, RecoveryError> {
+/// Loads the newest usable checkpoint into `heap` (zero on entry); without a heap, only
+/// checks its images (what `inspect` does). `None` when there is none.
+pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedCheckpoint>, RecoveryError> {
     let manifests = list_manifests(dir).map_err(|e| StorageError::io(dir, e))?;
     let mut fallback: Option<Fallback> = None;
     for (i, (_, path)) in manifests.iter().enumerate() {
@@ -63,7 +64,7 @@ pub fn load_checkpoint(dir: &Path, heap: &Heap) -> Result<Option<LoadedCheckpoin
                 continue;
             }
         };
-        if manifest.covered > heap.capacity() {
+        if let Some(heap) = heap.filter(|h| manifest.covered > h.capacity()) {
             return Err(RecoveryError::CapacityTooSmall { path: path.clone(), offset: 0, needed: manifest.covered, capacity: heap.capacity() });
         }
         match load_images(dir, &manifest, heap) {
@@ -72,7 +73,9 @@ pub fn load_checkpoint(dir: &Path, heap: &Heap) -> Result<Option<LoadedCheckpoin
                 return Ok(Some(LoadedCheckpoint { manifest, path: path.clone(), previous, fallback }));
             }
             Err((image, reason)) => {
-                zero(heap, manifest.covered.min(heap.capacity()));
+                if let Some(heap) = heap {
+                    zero(heap, manifest.covered.min(heap.capacity()));
+                }
                 let required_lsn = manifest.max_lsn().max(fallback.as_ref().map_or(0, |f| f.required_lsn));
                 fallback = Some(Fallback { path: image, reason, required_lsn });
             }
@@ -97,7 +100,7 @@ fn zero(heap: &Heap, len: u64) {
 }
 
 /// Loads every image of `manifest` in parallel. On failure: the image's path and why.
-fn load_images(dir: &Path, manifest: &Manifest, heap: &Heap) -> Result<(), (PathBuf, String)> {
+fn load_images(dir: &Path, manifest: &Manifest, heap: Option<&Heap>) -> Result<(), (PathBuf, String)> {
     let next = AtomicUsize::new(0);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(manifest.chunks.len().max(1));
     let failures: Vec<(PathBuf, String)> = std::thread::scope(|s| {
@@ -127,7 +130,7 @@ fn load_image(
     index: u64,
     entry: &tusk_storage::checkpoint_format::ChunkEntry,
     chunk_size: u64,
-    heap: &Heap,
+    heap: Option<&Heap>,
 ) -> Result<(), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
     let header = ChunkHeader::decode(&bytes)?;
@@ -145,6 +148,7 @@ fn load_image(
     if crc != header.crc || crc != entry.crc {
         return Err("chunk image checksum mismatch".into());
     }
+    let Some(heap) = heap else { return Ok(()) };
     let start = index * chunk_size;
     let end = (start + chunk_size).min(heap.capacity());
     for (i, word) in data[..(end - start) as usize].chunks_exact(8).enumerate() {

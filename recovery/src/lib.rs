@@ -12,5 +12,5 @@ pub mod scan;
 
 pub use checkpoint::{Fallback, LoadedCheckpoint};
 pub use error::RecoveryError;
-pub use replay::{recover, RecoveryReport};
+pub use replay::{plan, recover, Plan, RecoveryReport};
 pub use scan::TornTail;

@@ -54,13 +54,22 @@ fn is_void(voids: &[(u64, u64)], lsn: u64) -> Option<u64> {
     voids.iter().find(|&&(from, to)| from < lsn && lsn <= to).map(|&(_, to)| to)
 }
 
-/// Recovers `dir` into `heap` (which must be zero): the newest usable checkpoint, then the
-/// log. With `repair`, torn log tails are cut off.
-pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, RecoveryError> {
+/// What replaying the log would do, decided before touching the heap.
+pub struct Plan {
+    pub scan: Scan,
+    pub checkpoint: Option<LoadedCheckpoint>,
+    /// Records to apply, in LSN order.
+    pub to_apply: Vec<RecordRef>,
+    pub report: RecoveryReport,
+}
+
+/// Scans the log and decides what recovery does: from which checkpoint, which records up to
+/// the first gap, which Partition records beyond it. With `heap`, the checkpoint is loaded
+/// into it; with `repair`, torn tails are cut off on disk.
+pub fn plan(dir: &Path, heap: Option<&Heap>, repair: bool) -> Result<Plan, RecoveryError> {
     let started = Instant::now();
     let checkpoint = load_checkpoint(dir, heap)?;
     let checkpoint_load = started.elapsed();
-    let replay_started = Instant::now();
     let mut scan = scan(dir, repair)?;
     scan.records.sort_unstable_by_key(|r| r.lsn);
     for pair in scan.records.windows(2) {
@@ -122,14 +131,23 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
         };
         return Err(RecoveryError::Corrupt { path, offset: 0, reason: why });
     }
-    let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
-    apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
     report.records_replayed = to_apply.len() as u64;
     if report.max_lsn > report.recovered_lsn {
         report.marker_needed = Some((report.recovered_lsn, report.max_lsn));
     }
     report.torn_tails = std::mem::take(&mut scan.torn);
-    report.segment_files = std::mem::take(&mut scan.infos);
+    report.segment_files = scan.infos.clone();
+    Ok(Plan { scan, checkpoint, to_apply, report })
+}
+
+/// Recovers `dir` into `heap` (which must be zero): the newest usable checkpoint, then the
+/// log. With `repair`, torn log tails are cut off.
+pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, RecoveryError> {
+    let started = Instant::now();
+    let Plan { scan, checkpoint, to_apply, mut report } = plan(dir, Some(heap), repair)?;
+    let replay_started = Instant::now();
+    let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
+    apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
     report.checkpoint = checkpoint;
     report.replay = replay_started.elapsed();
     report.elapsed = started.elapsed();

@@ -52,7 +52,11 @@ fn prepare_dir(dir: &Path) -> CliResult {
 }
 
 fn options(accounts: u64) -> Options {
-    Options { heap_capacity: (accounts * 8 + (256 << 20)).next_power_of_two(), ..Options::default() }
+    Options {
+        heap_capacity: (accounts * 8 + (256 << 20)).next_power_of_two(),
+        checkpoint_interval: Some(Duration::from_secs(1)),
+        ..Options::default()
+    }
 }
 
 pub fn run(args: DemoArgs) -> CliResult {
@@ -94,6 +98,15 @@ pub fn run(args: DemoArgs) -> CliResult {
     bar.finish();
     let load_s = load_started.elapsed().as_secs_f64();
     assert!(store.is_stable(lsn.unwrap_or(0), false), "a Sync commit returns once durable");
+    let first = store.checkpoint()?;
+    println!(
+        "ckpt   epoch {}: {} chunks written ({:.1} MiB) in {:.3} s, log trimmed to {:.1} MiB",
+        first.epoch,
+        first.written,
+        first.bytes_written as f64 / (1 << 20) as f64,
+        first.elapsed.as_secs_f64(),
+        first.log_bytes as f64 / (1 << 20) as f64
+    );
 
     // Mixed workload.
     let committed = Arc::new(AtomicU64::new(0));
@@ -114,7 +127,11 @@ pub fn run(args: DemoArgs) -> CliResult {
         std::thread::sleep(Duration::from_millis(250));
         let now = (Instant::now(), committed.load(Ordering::Relaxed));
         let tps = (now.1 - last.1) as f64 / (now.0 - last.0).as_secs_f64();
-        spinner.set_message(format!("{} txn/s, {} committed, durable LSN {}", rate(tps), now.1, store.durable_lsn()));
+        let (last_ckpt, _, taken) = store.checkpoint_status();
+        let ckpt = last_ckpt.map_or(String::new(), |c| {
+            format!(", checkpoint {} ({} written, {} clean chunks, log {:.1} MiB)", c.epoch, c.written, c.reused, c.log_bytes as f64 / (1 << 20) as f64)
+        });
+        spinner.set_message(format!("{} txn/s, {} committed, durable LSN {}, {taken} checkpoints{ckpt}", rate(tps), now.1, store.durable_lsn()));
         spinner.tick();
         last = now;
     }
@@ -128,6 +145,10 @@ pub fn run(args: DemoArgs) -> CliResult {
     let transfers: u64 = per_thread.iter().sum();
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
     let last_lsn = store.last_lsn();
+    let (_, ckpt_error, checkpoints) = store.checkpoint_status();
+    if let Some(e) = ckpt_error {
+        return Err(format!("background checkpoint failed: {e}").into());
+    }
     store.close()?;
 
     // Reopen: recovery replays the log.
@@ -159,13 +180,16 @@ pub fn run(args: DemoArgs) -> CliResult {
             ("transfers committed", format!("{transfers} in {run_s:.2} s ({} txn/s)", rate(transfers as f64 / run_s))),
             ("read-only audits", audits.load(Ordering::Relaxed).to_string()),
             ("last LSN", last_lsn.to_string()),
+            ("checkpoints", format!("{} during the run, after the one after loading", checkpoints)),
             (
                 "reopen",
                 format!(
-                    "{reopen_s:.3} s: {} records replayed from {:.1} MiB of log in {:.3} s",
+                    "{reopen_s:.3} s: checkpoint {} loaded in {:.3} s, {} records replayed from {:.1} MiB of log in {:.3} s",
+                    report.checkpoint.as_ref().map_or("none".to_string(), |c| c.manifest.epoch.to_string()),
+                    report.checkpoint_load.as_secs_f64(),
                     report.records_replayed,
                     report.log_bytes as f64 / (1 << 20) as f64,
-                    report.elapsed.as_secs_f64()
+                    report.replay.as_secs_f64()
                 ),
             ),
             ("recovered LSN", report.recovered_lsn.to_string()),
@@ -181,7 +205,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     }
 }
 
-/// One worker: transfers (every 16th with Sync commit), counting its own transfers in the
+/// One worker: transfers (every 64th with Sync commit), counting its own transfers in the
 /// heap in the same transaction; every 64th iteration a read-only audit of 256 accounts.
 #[allow(clippy::too_many_arguments)]
 fn work(
@@ -213,7 +237,7 @@ fn work(
         }
         let (from, to) = (rng.random_range(0..accounts), rng.random_range(0..accounts));
         let amount = rng.random_range(1..=50);
-        let mode = if i % 16 == 0 { Commit::Sync } else { Commit::Async };
+        let mode = if i % 64 == 0 { Commit::Sync } else { Commit::Async };
         store.transact(mode, |tx| {
             let a = tx.read_u64_at(bank, from * 8)?;
             if a >= amount && from != to {

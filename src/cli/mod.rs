@@ -3,6 +3,7 @@
 mod bench_txn;
 mod crash_child;
 mod demo;
+mod inspect;
 mod report;
 
 use std::path::PathBuf;
@@ -20,6 +21,10 @@ pub struct Cli {
 enum Command {
     /// Load data, run a mixed transactional workload, reopen (recovering) and verify.
     Demo(demo::DemoArgs),
+    /// Show what is on disk and what recovery would do, changing nothing.
+    Inspect(inspect::InspectArgs),
+    /// Run recovery on a store directory and report it.
+    Recover(inspect::RecoverArgs),
     /// Benchmarks (print a table; one JSON object with --json).
     Bench {
         #[command(subcommand)]
@@ -59,6 +64,8 @@ pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 pub fn run(cli: Cli) -> CliResult {
     match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Inspect(args) => inspect::inspect(args),
+        Command::Recover(args) => inspect::recover(args),
         Command::Bench { bench: Bench::Txn(args) } => bench_txn::run(args),
         Command::CrashChild(args) => crash_child::run(args),
     }
