@@ -581,3 +581,28 @@ fn durability_off_still_locks_the_directory() {
     store.close().unwrap();
     Store::open(dir.path(), opts_off()).unwrap().close().unwrap();
 }
+
+/// A `Transaction` from `begin` may be used again after a successful commit: it then runs as
+/// a new transaction, and must not trust what it learned about allocations before.
+#[test]
+fn transaction_reused_after_commit_checks_pointers_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    let p = alloc_root(&store, "p", 32);
+    let mut tx = store.begin();
+    tx.write_u64(p, 1).unwrap();
+    assert!(tx.commit(Commit::Sync).unwrap().is_some());
+    // Another transaction frees the block.
+    store.transact(Commit::Sync, |t| t.free(p)).unwrap();
+    // The first transaction, reused, must see that p is no longer an allocation.
+    let err = tx.write_u64(p, 2).and_then(|()| tx.commit(Commit::Sync).map(|_| ())).unwrap_err();
+    assert!(matches!(err, Error::InvalidPointer(x) if x == p.offset()), "{err:?}");
+    drop(tx);
+    // The free list is intact: the next allocation of that class gets p back, zeroed.
+    let (q, _) = store.transact(Commit::Sync, |t| t.alloc(32)).unwrap();
+    assert_eq!(q, p);
+    assert_eq!(read_word(&store, q, 0), 0, "a write through a stale pointer reached freed memory");
+    let (r, _) = store.transact(Commit::Sync, |t| t.alloc(32)).unwrap();
+    assert_ne!(r, q, "the allocator handed out the same block twice");
+    store.close().unwrap();
+}
