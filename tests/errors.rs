@@ -606,3 +606,25 @@ fn transaction_reused_after_commit_checks_pointers_again() {
     assert_ne!(r, q, "the allocator handed out the same block twice");
     store.close().unwrap();
 }
+
+#[test]
+fn reopen_with_a_heap_too_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    let p = alloc_root(&store, "big", 3 << 20);
+    store.close().unwrap();
+    // brk lies beyond 1 MiB although no logged write does: the superblock check refuses.
+    let err = Store::open(dir.path(), Options { heap_capacity: 1 << 20, ..small_opts() }).err().expect("too small");
+    assert!(matches!(&err, Error::CapacityTooSmall { needed, capacity: 1048576, .. } if *needed > 3 << 20), "{err:?}");
+
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    store.transact(Commit::Sync, |tx| tx.write_u64_at(p, (3 << 20) - 8, 1)).unwrap();
+    store.close().unwrap();
+    // Now a logged write lies beyond 1 MiB: replay refuses.
+    let err = Store::open(dir.path(), Options { heap_capacity: 1 << 20, ..small_opts() }).err().expect("too small");
+    assert!(matches!(&err, Error::CapacityTooSmall { capacity: 1048576, .. }), "{err:?}");
+    // A large enough heap still opens it, with everything in place.
+    let store = Store::open(dir.path(), Options { heap_capacity: 8 << 20, ..small_opts() }).unwrap();
+    assert_eq!(store.transact(Commit::Async, |tx| tx.read_u64_at(p, (3 << 20) - 8)).unwrap().0, 1);
+    store.close().unwrap();
+}

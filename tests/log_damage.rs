@@ -406,6 +406,16 @@ fn commits_after_gap_survive(dir: &Path, opts: &Options, after_first: Vec<u64>, 
 /// while higher LSNs remain in the other partition.
 #[test]
 fn gap_from_a_truncated_partition() {
+    gap_from_cut_partition(false);
+}
+
+/// The same, with the missing record torn (half written) rather than cut cleanly.
+#[test]
+fn gap_from_a_torn_partition_tail() {
+    gap_from_cut_partition(true);
+}
+
+fn gap_from_cut_partition(torn: bool) {
     let dir = tempfile::tempdir().unwrap();
     let opts = Options { log_partitions: 2, ..small_opts() };
     let store = Store::open(dir.path(), opts.clone()).unwrap();
@@ -436,7 +446,7 @@ fn gap_from_a_truncated_partition() {
     let recs = records(&seg0);
     let victim = *recs.last().unwrap();
     assert_eq!(victim.lsn, g, "LSN {g} is partition 0's last record");
-    truncate(&seg0, victim.offset);
+    truncate(&seg0, if torn { victim.offset + victim.len / 2 } else { victim.offset });
 
     let store = Store::open(dir.path(), opts.clone()).unwrap();
     let report = store.recovery_report().clone();
@@ -446,7 +456,13 @@ fn gap_from_a_truncated_partition() {
     assert_eq!(report.partition_records_after_gap, 2, "{report:?}");
     assert_eq!(report.lost_after_gap, 2, "{report:?}");
     assert_eq!(report.marker_needed, Some((g - 1, g + 4)), "{report:?}");
-    assert!(report.torn_tails.is_empty(), "a cut at a record boundary is a clean end: {report:?}");
+    if torn {
+        assert_eq!(report.torn_tails.len(), 1, "{report:?}");
+        assert_eq!((&report.torn_tails[0].path, report.torn_tails[0].offset), (&seg0, victim.offset));
+        assert_eq!(file_len(&seg0), victim.offset);
+    } else {
+        assert!(report.torn_tails.is_empty(), "a cut at a record boundary is a clean end: {report:?}");
+    }
     let mut want = vec![0u64; SLOTS as usize];
     for i in 0..8 {
         want[i as usize] = 100 + i;
