@@ -38,6 +38,8 @@ enum Op {
     Alloc(u16),
     /// Free one of the thread's blocks (index modulo their number).
     Free(u8),
+    /// Spin a little inside the transaction, widening the window for conflicts.
+    Pause(u8),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +69,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..REGION, 1..=24u8).prop_map(|(s, l)| Op::WriteBytes(s, l)),
         1 => (1..6000u16).prop_map(Op::Alloc),
         1 => any::<u8>().prop_map(Op::Free),
+        2 => any::<u8>().prop_map(Op::Pause),
     ]
 }
 
@@ -92,7 +95,7 @@ fn txn_plan_with(sync: u32, partition: u32) -> impl Strategy<Value = TxnPlan> {
 }
 
 fn plans() -> impl Strategy<Value = Vec<Vec<TxnPlan>>> {
-    prop::collection::vec(prop::collection::vec(txn_plan(), 5..30), 2)
+    prop::collection::vec(prop::collection::vec(txn_plan(), 20..80), 2)
 }
 
 /// Fresh values per byte position.
@@ -230,6 +233,11 @@ fn run_ops(tx: &mut Transaction<'_>, ops: &[Op], ctx: &Ctx<'_>, att: &mut Attemp
                 if !att.blocks.is_empty() {
                     let b = att.blocks.remove(k as usize % att.blocks.len());
                     tx.free(b.p).map_err(fail_unexpected)?;
+                }
+            }
+            Op::Pause(n) => {
+                for _ in 0..(n as u32) * 32 {
+                    std::hint::spin_loop();
                 }
             }
         }
