@@ -17,7 +17,8 @@ use crate::TxnError;
 
 /// Size class for a small allocation of `len` user bytes, if it fits one.
 fn small_class(len: u64) -> Option<usize> {
-    let need = (len + HEADER_SIZE).max(SMALL_MIN_BLOCK);
+    // checked: a length within 8 of u64::MAX must not wrap around into the smallest class.
+    let need = len.checked_add(HEADER_SIZE)?.max(SMALL_MIN_BLOCK);
     (need <= SMALL_MAX_BLOCK).then(|| (need.next_power_of_two() / SMALL_MIN_BLOCK).trailing_zeros() as usize)
 }
 
@@ -174,6 +175,8 @@ mod tests {
         assert_eq!(small_class(9), Some(1));
         assert_eq!(small_class(2040), Some(7));
         assert_eq!(small_class(2041), None);
+        assert_eq!(small_class(u64::MAX), None);
+        assert_eq!(small_class(u64::MAX - 7), None);
         for len in 0..2041 {
             let c = small_class(len).unwrap();
             assert!(block_size(c) >= len + HEADER_SIZE);

@@ -353,6 +353,8 @@ impl<'e> Transaction<'e> {
             return Err(TxnError::Conflict);
         }
         if self.bufs.writes.is_empty() {
+            // The transaction may be used again: it starts over as a new one.
+            self.restart();
             return Ok(None);
         }
         let engine = self.engine;
@@ -383,8 +385,9 @@ impl<'e> Transaction<'e> {
             engine.stripes.unlock_with(s, lsn);
         }
         self.bufs.locked.clear();
-        self.bufs.writes.clear();
-        self.bufs.reads.clear();
+        // The transaction may be used again: it starts over as a new one, re-checking every
+        // allocation it touches (its bounds cache may name blocks freed since).
+        self.restart();
         if let Some(log) = &engine.log {
             match mode {
                 Commit::Sync => log.wait_durable(lsn)?,

@@ -1,0 +1,69 @@
+//! Helpers shared by the integration tests (each test file includes this module).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use tusk::{Durability, Options};
+use tusk_storage::log_format::{decode_frame, Frame, SEGMENT_HEADER_SIZE};
+
+/// Small heap, few stripes, one log partition unless a test says otherwise.
+pub fn small_opts() -> Options {
+    Options { heap_capacity: 64 << 20, stripes_log2: 14, log_partitions: 1, ..Options::default() }
+}
+
+pub fn opts_off() -> Options {
+    Options { durability: Durability::Off, ..small_opts() }
+}
+
+/// The segments of partition `p` under `dir/log/pNNNN/`, in name order.
+pub fn segments(dir: &Path, p: u32) -> Vec<PathBuf> {
+    let pdir = dir.join("log").join(format!("p{p:04}"));
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(&pdir) {
+        Ok(rd) => rd
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+/// A record found in a segment file: its offset, framed length, LSN and flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rec {
+    pub offset: u64,
+    pub len: u64,
+    pub lsn: u64,
+    pub flags: u32,
+    pub marker: bool,
+}
+
+/// Decodes every record of a segment file (panics on damage: only for intact files).
+pub fn records(path: &Path) -> Vec<Rec> {
+    let data = std::fs::read(path).unwrap();
+    let mut at = SEGMENT_HEADER_SIZE;
+    let mut out = Vec::new();
+    loop {
+        match decode_frame(&data, at) {
+            Frame::Record(view, next) => {
+                out.push(Rec {
+                    offset: at as u64,
+                    len: (next - at) as u64,
+                    lsn: view.header.lsn,
+                    flags: view.header.flags,
+                    marker: view.header.void.is_some(),
+                });
+                at = next;
+            }
+            Frame::Pad(next) => at = next,
+            Frame::End => return out,
+            Frame::Invalid(why) => panic!("{}: invalid record at {at}: {why}", path.display()),
+        }
+    }
+}
+
+/// The partition (0 or 1 ...) whose log holds `lsn`, if any.
+pub fn partition_of_lsn(dir: &Path, partitions: u32, lsn: u64) -> Option<u32> {
+    (0..partitions).find(|&p| segments(dir, p).iter().any(|s| records(s).iter().any(|r| r.lsn == lsn)))
+}
