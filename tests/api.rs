@@ -1,6 +1,6 @@
 //! The public API end to end: create, write, close, reopen, and every documented error.
 
-use tusk::{Commit, Durability, Error, HeapPtr, Options, Store};
+use tusk::{Commit, Options, Store};
 
 fn small() -> Options {
     Options { heap_capacity: 64 << 20, ..Options::default() }

@@ -343,14 +343,14 @@ fn log_failure_under_concurrent_commits() {
                 .map(|t| {
                     let store = &store;
                     s.spawn(move || {
-                        let (mut acked, mut attempted) = (0u64, 0u64);
+                        let mut acked = 0u64;
                         for v in 1..10_000u64 {
                             let mode = match v % 5 {
                                 0 => Commit::Async,
                                 1 => Commit::Partition,
                                 _ => Commit::Sync,
                             };
-                            attempted = v;
+                            let attempted = v;
                             match store.transact(mode, |tx| tx.write_u64_at(p, 8 * t, v)) {
                                 Ok(_) if mode == Commit::Sync => acked = v,
                                 Ok(_) => {}
