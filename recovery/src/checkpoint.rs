@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tusk_storage::checkpoint_format::{chunk_path, list_manifests, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
+use std::os::fd::AsRawFd;
+
+use tusk_storage::io::sync::pread_full;
+use tusk_storage::io::{open_direct_read, AlignedBuf};
 use tusk_storage::{Heap, StorageError};
 
 use crate::RecoveryError;
@@ -106,13 +110,17 @@ fn load_images(dir: &Path, manifest: &Manifest, heap: Option<&Heap>) -> Result<(
     let failures: Vec<(PathBuf, String)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
-                s.spawn(|| loop {
+                s.spawn(|| {
+                    let mut buf = AlignedBuf::new();
+                    buf.extend_zeros(CHUNK_HEADER_SIZE + manifest.chunk_size as usize);
+                    loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(entry) = manifest.chunks.get(i) else { return None };
                     let path = chunk_path(dir, i as u64, entry.image_epoch);
-                    if let Err(reason) = load_image(&path, i as u64, entry, manifest.chunk_size, heap) {
+                    if let Err(reason) = load_image(&path, i as u64, entry, manifest.chunk_size, heap, &mut buf) {
                         next.store(usize::MAX / 2, Ordering::Relaxed);
                         return Some((path, reason));
+                    }
                     }
                 })
             })
@@ -131,9 +139,16 @@ fn load_image(
     entry: &tusk_storage::checkpoint_format::ChunkEntry,
     chunk_size: u64,
     heap: Option<&Heap>,
+    buf: &mut AlignedBuf,
 ) -> Result<(), String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let header = ChunkHeader::decode(&bytes)?;
+    let file = open_direct_read(path).map_err(|e| format!("cannot open: {e}"))?;
+    let file_len = file.metadata().map_err(|e| format!("cannot stat: {e}"))?.len();
+    if file_len != buf.len() as u64 {
+        return Err(format!("image file of {file_len} bytes, expected {}", buf.len()));
+    }
+    let got = pread_full(file.as_raw_fd(), 0, buf.as_mut_slice()).map_err(|e| format!("cannot read: {e}"))?;
+    let bytes = &buf.as_slice()[..got];
+    let header = ChunkHeader::decode(bytes)?;
     let data = &bytes[CHUNK_HEADER_SIZE..];
     if header.index != index || header.epoch != entry.image_epoch || header.lsn != entry.lsn {
         return Err(format!(

@@ -71,7 +71,8 @@ pub fn plan(dir: &Path, heap: Option<&Heap>, repair: bool) -> Result<Plan, Recov
     let checkpoint = load_checkpoint(dir, heap)?;
     let checkpoint_load = started.elapsed();
     let mut scan = scan(dir, repair)?;
-    scan.records.sort_unstable_by_key(|r| r.lsn);
+    // Each partition's records ascend already: a stable sort merges the runs in linear time.
+    scan.records.sort_by_key(|r| r.lsn);
     for pair in scan.records.windows(2) {
         if pair[0].lsn == pair[1].lsn {
             return Err(RecoveryError::DuplicateLsn {
@@ -184,7 +185,7 @@ fn apply_parallel(
 
 fn apply(scan: &Scan, r: &RecordRef, heap: &Heap, mine: impl Fn(u64) -> bool, chunk_size: u64) -> Result<(), RecoveryError> {
     let segment = &scan.segments[r.segment as usize];
-    let Frame::Record(view, _) = decode_frame(&segment.data, r.offset as usize) else {
+    let Frame::Record(view, _) = decode_frame(segment.data(), r.offset as usize) else {
         unreachable!("the scan validated this record");
     };
     for (offset, bytes) in view.writes() {

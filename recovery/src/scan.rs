@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use tusk_storage::log_files::{list_partitions, list_segments, SegmentInfo};
 use tusk_storage::log_format::{decode_frame, later_flush_after, Frame, SegmentHeader, SEGMENT_HEADER_SIZE};
+use tusk_storage::mapped::MappedFile;
 use tusk_storage::StorageError;
 
 use crate::RecoveryError;
@@ -31,7 +32,15 @@ pub struct TornTail {
 pub struct Segment {
     pub path: PathBuf,
     pub partition: u32,
-    pub data: Vec<u8>,
+    map: MappedFile,
+    /// Valid bytes (a torn tail is cut off).
+    len: usize,
+}
+
+impl Segment {
+    pub fn data(&self) -> &[u8] {
+        &self.map.as_slice()[..self.len]
+    }
 }
 
 /// Where a record lies.
@@ -66,7 +75,8 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
         let count = segments.len();
         for (i, (seq, path)) in segments.into_iter().enumerate() {
             let is_last = i + 1 == count;
-            let data = std::fs::read(&path).map_err(|e| StorageError::io(&path, e))?;
+            let map = MappedFile::open(&path)?;
+            let data = map.as_slice();
             out.log_bytes += data.len() as u64;
             let header = SegmentHeader::decode(&data);
             let header = match header {
@@ -84,6 +94,7 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
                 }
                 Err(reason) => return Err(corrupt(&path, 0, reason)),
             };
+            let data = map.as_slice();
             if header.partition != partition || header.seq != seq {
                 return Err(corrupt(
                     &path,
@@ -94,7 +105,7 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
             let segment_index = out.segments.len() as u32;
             let mut at = SEGMENT_HEADER_SIZE;
             let end = loop {
-                match decode_frame(&data, at) {
+                match decode_frame(data, at) {
                     Frame::Record(view, next) => {
                         if view.header.partition != partition {
                             return Err(corrupt(&path, at as u64, format!("record of partition {} in partition {partition}", view.header.partition)));
@@ -114,7 +125,7 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
                         if !is_last {
                             return Err(corrupt(&path, at as u64, format!("{reason} (in a segment that is not the partition's last)")));
                         }
-                        if let Some(valid) = later_flush_after(&data, at + 8) {
+                        if let Some(valid) = later_flush_after(data, at + 8) {
                             return Err(corrupt(&path, at as u64, format!("{reason}; a later flush follows at offset {valid}")));
                         }
                         out.torn.push(TornTail { path: path.clone(), offset: at as u64, bytes: (data.len() - at) as u64, reason });
@@ -127,8 +138,6 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
                     }
                 }
             };
-            let mut data = data;
-            data.truncate(end);
             let mine = &out.records[out.records.iter().rposition(|r| r.segment != segment_index).map_or(0, |i| i + 1)..];
             out.infos.push(SegmentInfo {
                 partition,
@@ -136,10 +145,10 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
                 path: path.clone(),
                 min_lsn: mine.iter().map(|r| r.lsn).min().unwrap_or(0),
                 max_lsn: mine.iter().map(|r| r.lsn).max().unwrap_or(0),
-                bytes: data.len() as u64,
+                bytes: end as u64,
                 open: false,
             });
-            out.segments.push(Segment { path, partition, data });
+            out.segments.push(Segment { path, partition, map, len: end });
         }
     }
     Ok(out)

@@ -1,5 +1,6 @@
 //! Command-line interface. Everything the user sees is printed here, nowhere below.
 
+mod bench_store;
 mod bench_txn;
 mod crash_child;
 mod demo;
@@ -39,6 +40,10 @@ enum Command {
 enum Bench {
     /// Transaction throughput and commit latency (the Hathi workload).
     Txn(bench_txn::TxnArgs),
+    /// Recovery time of a checkpointed heap plus log.
+    Recovery(bench_store::RecoveryArgs),
+    /// Checkpoint write rate, its cost to transactions, and log space under skew.
+    Checkpoint(bench_store::CheckpointArgs),
 }
 
 /// The I/O backend, as a command-line choice.
@@ -67,6 +72,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Inspect(args) => inspect::inspect(args),
         Command::Recover(args) => inspect::recover(args),
         Command::Bench { bench: Bench::Txn(args) } => bench_txn::run(args),
+        Command::Bench { bench: Bench::Recovery(args) } => bench_store::recovery(args),
+        Command::Bench { bench: Bench::Checkpoint(args) } => bench_store::checkpoint(args),
         Command::CrashChild(args) => crash_child::run(args),
     }
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod heap;
 pub mod io;
 pub mod layout;
+pub mod mapped;
 pub mod log_files;
 pub mod log_format;
 pub mod region;

@@ -74,6 +74,16 @@ pub fn open_direct(path: &std::path::Path, create_new: bool) -> std::io::Result<
     }
 }
 
+/// Opens `path` for reading with O_DIRECT (straight from the device into an aligned
+/// buffer), or buffered where the file system refuses O_DIRECT.
+pub fn open_direct_read(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => std::fs::File::open(path),
+        other => other,
+    }
+}
+
 /// Opens the backend `io` names.
 pub fn open_backend(io: &Io) -> std::io::Result<Box<dyn IoBackend>> {
     match io {

@@ -28,6 +28,30 @@ pub fn pwrite_all(fd: RawFd, mut offset: u64, mut data: &[u8]) -> std::io::Resul
     Ok(())
 }
 
+/// Fills `buf` from `offset` of `fd`; returns how many bytes were read (less only at the
+/// end of the file). Retries short reads and EINTR.
+pub fn pread_full(fd: RawFd, mut offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: `rest` is a valid writable slice for its length.
+        let n = unsafe { libc::pread(fd, rest.as_mut_ptr() as *mut libc::c_void, rest.len(), offset as libc::off_t) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+        offset += n as u64;
+    }
+    Ok(done)
+}
+
 /// fdatasync, retrying EINTR.
 pub fn fdatasync(fd: RawFd) -> std::io::Result<()> {
     loop {

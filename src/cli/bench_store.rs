@@ -1,0 +1,318 @@
+//! `tusk bench recovery` and `tusk bench checkpoint`: how long recovery takes, how fast
+//! checkpoints write, what they cost running transactions, and whether log space stays
+//! bounded.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tusk::{Commit, HeapPtr, Options, Store};
+
+use super::report::table;
+use super::{BenchDir, CliResult};
+
+const MIB: f64 = (1 << 20) as f64;
+
+#[derive(Args, Debug)]
+pub struct RecoveryArgs {
+    /// Heap covered by the checkpoint, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    heap_mib: u64,
+    /// Log written after the checkpoint, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    log_mib: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    #[arg(long, default_value_t = 1024)]
+    heap_mib: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Seconds of Hathi workload with and without a running checkpoint.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Seconds of the skewed run that watches log space.
+    #[arg(long, default_value_t = 60.0)]
+    log_seconds: f64,
+    /// The log bound the checkpointer aims for in the skewed run, in MiB.
+    #[arg(long, default_value_t = 256)]
+    max_log_mib: u64,
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+fn options(heap_mib: u64) -> Options {
+    Options { heap_capacity: (heap_mib + 64) << 20, checkpoint_interval: None, max_log_bytes: u64::MAX / 4, ..Options::default() }
+}
+
+/// Allocates the array and fills it with non-zero words (1 MiB per transaction).
+fn make_array(store: &Store, heap_mib: u64) -> Result<HeapPtr, tusk::Error> {
+    let bytes = heap_mib << 20;
+    let (array, _) = store.transact(Commit::Sync, |tx| {
+        let p = tx.alloc(bytes)?;
+        tx.set_root("bench", p)?;
+        Ok(p)
+    })?;
+    store.prefault();
+    let block: Vec<u8> = (0..1u64 << 20).map(|i| (i * 2654435761 >> 7) as u8 | 1).collect();
+    for mib in 0..heap_mib {
+        store.transact(Commit::Async, |tx| tx.write_at(array, mib << 20, &block))?;
+    }
+    Ok(array)
+}
+
+/// Hathi transactions (6 random words read and written, async commit) on `threads` threads
+/// until `stop`; with `hot`, 90% of the words fall in the first `hot` words of the array.
+fn hathi(store: &Arc<Store>, array: HeapPtr, words: u64, threads: usize, hot: Option<u64>, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>> {
+    (0..threads)
+        .map(|t| {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(99 + t as u64);
+                let mut commits = 0u64;
+                let mut picks = [0u64; 6];
+                while !stop.load(Ordering::Relaxed) {
+                    for w in picks.iter_mut() {
+                        let range = match hot {
+                            Some(h) if rng.random_bool(0.9) => h,
+                            _ => words,
+                        };
+                        *w = rng.random_range(0..range) * 8;
+                    }
+                    store.transact(Commit::Async, |tx| {
+                        for &off in &picks {
+                            let v = tx.read_u64_at(array, off)?;
+                            tx.write_u64_at(array, off, v + 1)?;
+                        }
+                        Ok(())
+                    })?;
+                    commits += 1;
+                }
+                Ok(commits)
+            })
+        })
+        .collect()
+}
+
+fn join(handles: Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>>) -> Result<u64, Box<dyn std::error::Error>> {
+    let mut total = 0;
+    for h in handles {
+        total += h.join().map_err(|_| "workload thread panicked")??;
+    }
+    Ok(total)
+}
+
+fn timed_open(dir: &Path, heap_mib: u64) -> Result<(Store, f64), tusk::Error> {
+    let started = Instant::now();
+    let store = Store::open(dir, options(heap_mib))?;
+    Ok((store, started.elapsed().as_secs_f64()))
+}
+
+pub fn recovery(args: RecoveryArgs) -> CliResult {
+    let dir = BenchDir::new(args.dir.clone())?;
+    let store = Arc::new(Store::open(dir.path(), options(args.heap_mib))?);
+    let array = make_array(&store, args.heap_mib)?;
+    let ckpt = store.checkpoint()?;
+    // Log after the checkpoint until it holds `log_mib`.
+    let base_log = store.log_bytes();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = hathi(&store, array, (args.heap_mib << 20) / 8, args.threads, None, &stop);
+    while store.log_bytes().saturating_sub(base_log) < args.log_mib << 20 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let commits = join(workers)?;
+    let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
+    store.close()?;
+
+    let (store, recovery_s) = timed_open(dir.path(), args.heap_mib)?;
+    let r = store.recovery_report().clone();
+    // Now a checkpoint covers everything: recovery from the checkpoint alone.
+    store.checkpoint()?;
+    store.close()?;
+    let (store, checkpoint_only_s) = timed_open(dir.path(), args.heap_mib)?;
+    let r2 = store.recovery_report().clone();
+    store.close()?;
+
+    let log_mib = r.log_bytes as f64 / MIB;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "recovery",
+                "heap_mib": args.heap_mib,
+                "log_mib": log_mib,
+                "recovery_s": recovery_s,
+                "checkpoint_load_s": r.checkpoint_load.as_secs_f64(),
+                "replay_s": r.replay.as_secs_f64(),
+                "records_replayed": r.records_replayed,
+                "commits_after_checkpoint": commits,
+                "checkpoint_mib": ckpt.bytes_written as f64 / MIB,
+                "recovery_s_checkpoint_only": checkpoint_only_s,
+                "records_replayed_checkpoint_only": r2.records_replayed,
+            })
+        );
+        return Ok(());
+    }
+    table(
+        "tusk bench recovery",
+        &[
+            ("heap", format!("{} MiB (checkpoint of {:.0} MiB)", args.heap_mib, ckpt.bytes_written as f64 / MIB)),
+            ("log after the checkpoint", format!("{log_mib:.0} MiB, {commits} transactions")),
+            ("recovery", format!("{recovery_s:.3} s (open to ready)")),
+            ("  checkpoint load", format!("{:.3} s", r.checkpoint_load.as_secs_f64())),
+            ("  log scan + replay", format!("{:.3} s, {} records", (r.elapsed - r.checkpoint_load).as_secs_f64(), r.records_replayed)),
+            ("recovery, checkpoint only", format!("{checkpoint_only_s:.3} s ({} records replayed)", r2.records_replayed)),
+        ],
+    );
+    Ok(())
+}
+
+/// Sequential write rate of the disk under `dir`: 1 MiB O_DIRECT writes, 8 in flight, then
+/// fdatasync, through the same backend the store uses.
+fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    use tusk_storage::io::{open_backend, open_direct, AlignedBuf, Io, WriteSync};
+    let path = dir.join("disk-rate.tmp");
+    let file = open_direct(&path, true)?;
+    let mut backend = open_backend(&Io::Auto)?;
+    let mut buf = AlignedBuf::new();
+    buf.extend_zeros(1 << 20);
+    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let started = Instant::now();
+    let mut off = 0u64;
+    while off < mib << 20 {
+        let reqs: Vec<WriteSync> =
+            (0..8).map(|i| WriteSync { fd: file.as_raw_fd(), offset: off + (i << 20), data: buf.as_slice() }).collect();
+        for r in backend.write_and_sync(&reqs) {
+            r?;
+        }
+        off += 8 << 20;
+    }
+    let rate = (off as f64 / MIB) / started.elapsed().as_secs_f64();
+    drop(file);
+    std::fs::remove_file(&path)?;
+    Ok(rate)
+}
+
+pub fn checkpoint(args: CheckpointArgs) -> CliResult {
+    let dir = BenchDir::new(args.dir.clone())?;
+    let disk_mb_per_s = disk_rate(dir.path(), args.heap_mib.min(1024))?;
+    let store = Arc::new(Store::open(dir.path(), options(args.heap_mib))?);
+    let array = make_array(&store, args.heap_mib)?;
+    let words = (args.heap_mib << 20) / 8;
+    // A full checkpoint (every chunk is new).
+    let full = store.checkpoint()?;
+    let checkpoint_mb_per_s = full.bytes_written as f64 / MIB / full.elapsed.as_secs_f64();
+
+    // Throughput without, then with checkpoints running back to back.
+    let run = |with_checkpoints: bool| -> Result<(f64, u64), Box<dyn std::error::Error>> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = hathi(&store, array, words, args.threads, None, &stop);
+        let started = Instant::now();
+        let mut taken = 0;
+        if with_checkpoints {
+            while started.elapsed().as_secs_f64() < args.duration {
+                store.checkpoint()?;
+                taken += 1;
+            }
+        } else {
+            std::thread::sleep(Duration::from_secs_f64(args.duration));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let commits = join(workers)?;
+        Ok((commits as f64 / started.elapsed().as_secs_f64(), taken))
+    };
+    let (without, _) = run(false)?;
+    let (with, checkpoints_during) = run(true)?;
+    let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
+    store.close()?;
+
+    // Skewed updates for `log_seconds` with background checkpoints every second: log space
+    // must stay near `max_log_mib` although most chunks stay clean.
+    let skew_dir = dir.path().join("skew");
+    let opts = Options { checkpoint_interval: Some(Duration::from_secs(1)), max_log_bytes: args.max_log_mib << 20, segment_bytes: 16 << 20, ..options(args.heap_mib) };
+    let store = Arc::new(Store::open(&skew_dir, opts)?);
+    let array = make_array(&store, args.heap_mib)?;
+    store.checkpoint()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = hathi(&store, array, words, args.threads, Some(words / 100), &stop);
+    let started = Instant::now();
+    let max_seen = AtomicU64::new(0);
+    while started.elapsed().as_secs_f64() < args.log_seconds {
+        std::thread::sleep(Duration::from_millis(100));
+        max_seen.fetch_max(store.log_bytes(), Ordering::Relaxed);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let skew_commits = join(workers)?;
+    let (last, ckpt_error, skew_checkpoints) = store.checkpoint_status();
+    let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
+    store.close()?;
+    if let Some(e) = ckpt_error {
+        return Err(format!("background checkpoint failed: {e}").into());
+    }
+    let max_log_bytes_seen = max_seen.load(Ordering::Relaxed);
+
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "checkpoint",
+                "heap_mib": args.heap_mib,
+                "checkpoint_mb_per_s": checkpoint_mb_per_s,
+                "disk_mb_per_s": disk_mb_per_s,
+                "checkpoint_vs_disk": checkpoint_mb_per_s / disk_mb_per_s,
+                "full_checkpoint_s": full.elapsed.as_secs_f64(),
+                "txn_per_s_without_checkpoint": without,
+                "txn_per_s_during_checkpoint": with,
+                "txn_ratio_during_checkpoint": with / without,
+                "checkpoints_during": checkpoints_during,
+                "log_seconds": args.log_seconds,
+                "max_log_bytes": args.max_log_mib << 20,
+                "max_log_bytes_seen": max_log_bytes_seen,
+                "skewed_commits": skew_commits,
+                "skewed_checkpoints": skew_checkpoints,
+                "last_checkpoint_reused_chunks": last.as_ref().map(|c| c.reused),
+                "last_checkpoint_rewritten_for_log": last.as_ref().map(|c| c.rewritten_for_log),
+            })
+        );
+        return Ok(());
+    }
+    table(
+        "tusk bench checkpoint",
+        &[
+            ("heap", format!("{} MiB", args.heap_mib)),
+            ("full checkpoint", format!("{:.0} MB/s ({:.3} s)", checkpoint_mb_per_s, full.elapsed.as_secs_f64())),
+            ("disk sequential write", format!("{disk_mb_per_s:.0} MB/s")),
+            ("checkpoint / disk", format!("{:.2}", checkpoint_mb_per_s / disk_mb_per_s)),
+            ("txn/s without checkpoint", format!("{without:.0}")),
+            ("txn/s during checkpoints", format!("{with:.0} ({checkpoints_during} checkpoints)")),
+            ("ratio", format!("{:.3}", with / without)),
+            (
+                "skewed run log space",
+                format!(
+                    "max {:.1} MiB seen over {:.0} s (bound {} MiB), {skew_checkpoints} checkpoints",
+                    max_log_bytes_seen as f64 / MIB,
+                    args.log_seconds,
+                    args.max_log_mib
+                ),
+            ),
+        ],
+    );
+    Ok(())
+}
