@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tusk_storage::log_format::{decode_frame, Frame, FLAG_PARTITION};
+use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
 use tusk_storage::Heap;
 
 use crate::checkpoint::{load_checkpoint, LoadedCheckpoint};
@@ -185,7 +185,7 @@ fn apply_parallel(
 
 fn apply(scan: &Scan, r: &RecordRef, heap: &Heap, mine: impl Fn(u64) -> bool, chunk_size: u64) -> Result<(), RecoveryError> {
     let segment = &scan.segments[r.segment as usize];
-    let Frame::Record(view, _) = decode_frame(segment.data(), r.offset as usize) else {
+    let Some(view) = decode_validated(segment.data(), r.offset as usize) else {
         unreachable!("the scan validated this record");
     };
     for (offset, bytes) in view.writes() {

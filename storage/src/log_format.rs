@@ -256,6 +256,14 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
     }
 }
 
+/// Decodes the record at `at` that [`decode_frame`] already validated (no checksum pass:
+/// replay reads every record again, on every worker). `None` if it is not a valid record.
+pub fn decode_validated(data: &[u8], at: usize) -> Option<RecordView<'_>> {
+    let len = u32::from_le_bytes(data.get(at + 4..at + 8)?.try_into().ok()?) as usize;
+    let payload = data.get(at + FRAME_HEADER_SIZE..at + FRAME_HEADER_SIZE + len)?;
+    decode_payload(payload).ok()
+}
+
 fn decode_payload(payload: &[u8]) -> Result<RecordView<'_>, String> {
     let lsn = u64::from_le_bytes(payload[0..8].try_into().unwrap());
     let partition = u32::from_le_bytes(payload[8..12].try_into().unwrap());
