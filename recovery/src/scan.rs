@@ -67,10 +67,30 @@ fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> RecoveryError
     RecoveryError::Corrupt { path: path.to_path_buf(), offset, reason: reason.into() }
 }
 
-/// Reads all segments under `dir/log`. With `repair`, torn tails are cut off on disk.
+/// Reads all segments under `dir/log`, one thread per partition. With `repair`, torn tails
+/// are cut off on disk.
 pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
+    let partitions = list_partitions(dir)?;
+    let scans: Vec<Result<Scan, RecoveryError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = partitions.iter().map(|&p| s.spawn(move || scan_partition(dir, p, repair))).collect();
+        handles.into_iter().map(|h| h.join().expect("log scan thread panicked")).collect()
+    });
     let mut out = Scan::default();
-    for partition in list_partitions(dir)? {
+    for part in scans {
+        let part = part?;
+        let shift = out.segments.len() as u32;
+        out.records.extend(part.records.into_iter().map(|r| RecordRef { segment: r.segment + shift, ..r }));
+        out.segments.extend(part.segments);
+        out.infos.extend(part.infos);
+        out.torn.extend(part.torn);
+        out.log_bytes += part.log_bytes;
+    }
+    Ok(out)
+}
+
+fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, RecoveryError> {
+    let mut out = Scan::default();
+    {
         let segments = list_segments(dir, partition)?;
         let count = segments.len();
         for (i, (seq, path)) in segments.into_iter().enumerate() {

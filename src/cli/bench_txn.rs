@@ -84,6 +84,9 @@ pub struct TxnArgs {
     /// Log partitions (default: one per core).
     #[arg(long)]
     partitions: Option<usize>,
+    /// Group-commit interval in microseconds (default: the library's).
+    #[arg(long)]
+    group_commit_us: Option<u64>,
     /// Issue `Transaction::prefetch` for the words before touching them.
     #[arg(long)]
     prefetch: bool,
@@ -109,6 +112,9 @@ fn run_once(args: &TxnArgs, commit: CommitChoice) -> Result<ModeResult, Box<dyn 
     };
     if let Some(p) = args.partitions {
         options.log_partitions = p;
+    }
+    if let Some(us) = args.group_commit_us {
+        options.group_commit_interval = Duration::from_micros(us);
     }
     let store = Arc::new(Store::open(dir.path(), options)?);
     let bytes = args.heap_mib << 20;
