@@ -45,6 +45,7 @@ pub struct CheckpointConfig {
 /// What one checkpoint did.
 #[derive(Clone, Debug, Default)]
 pub struct CheckpointReport {
+    /// The checkpoint's number (its manifest is `MANIFEST-<epoch>`).
     pub epoch: u64,
     /// Chunks the checkpoint covers.
     pub chunks: u64,
@@ -54,14 +55,20 @@ pub struct CheckpointReport {
     pub reused: u64,
     /// Clean chunks rewritten because their image pinned too much log.
     pub rewritten_for_log: u64,
+    /// Bytes of chunk images written (headers included).
     pub bytes_written: u64,
+    /// Oldest chunk LSN: recovery replays the log after it.
     pub min_lsn: u64,
+    /// Newest chunk LSN: the checkpoint became valid once it was durable.
     pub max_lsn: u64,
+    /// Chunk images no kept checkpoint refers to any more, deleted.
     pub deleted_images: u64,
+    /// Log segments deleted, and their bytes.
     pub trimmed_segments: u64,
     pub trimmed_bytes: u64,
     /// Log bytes on disk after trimming.
     pub log_bytes: u64,
+    /// Wall time of the whole checkpoint.
     pub elapsed: Duration,
 }
 
