@@ -106,7 +106,9 @@ fn zero(heap: &Heap, len: u64) {
 /// Loads every image of `manifest` in parallel. On failure: the image's path and why.
 fn load_images(dir: &Path, manifest: &Manifest, heap: Option<&Heap>) -> Result<(), (PathBuf, String)> {
     let next = AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(manifest.chunks.len().max(1));
+    // Loads wait on the disk as much as they use the CPU: twice as many loaders as cores
+    // keep the device busy.
+    let workers = (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(4).min(manifest.chunks.len().max(1));
     let failures: Vec<(PathBuf, String)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {

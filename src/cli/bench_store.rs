@@ -29,6 +29,9 @@ pub struct RecoveryArgs {
     threads: usize,
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Only build the store (checkpoint + log) in --dir and stop, for profiling recovery.
+    #[arg(long, requires = "dir")]
+    prepare_only: bool,
     #[arg(long)]
     json: bool,
 }
@@ -137,6 +140,9 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
     let commits = join(workers)?;
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
     store.close()?;
+    if args.prepare_only {
+        return Ok(());
+    }
 
     let (store, recovery_s) = timed_open(dir.path(), args.heap_mib)?;
     let r = store.recovery_report().clone();

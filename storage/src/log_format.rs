@@ -261,7 +261,20 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
 pub fn decode_validated(data: &[u8], at: usize) -> Option<RecordView<'_>> {
     let len = u32::from_le_bytes(data.get(at + 4..at + 8)?.try_into().ok()?) as usize;
     let payload = data.get(at + FRAME_HEADER_SIZE..at + FRAME_HEADER_SIZE + len)?;
-    decode_payload(payload).ok()
+    if payload.len() < PAYLOAD_FIXED {
+        return None;
+    }
+    let lsn = u64::from_le_bytes(payload[0..8].try_into().ok()?);
+    let partition = u32::from_le_bytes(payload[8..12].try_into().ok()?);
+    let flags = u32::from_le_bytes(payload[12..16].try_into().ok()?);
+    let count = u32::from_le_bytes(payload[16..20].try_into().ok()?);
+    let (void, writes) = if flags & FLAG_MARKER != 0 {
+        let v = payload.get(PAYLOAD_FIXED..PAYLOAD_FIXED + 16)?;
+        (Some((u64::from_le_bytes(v[0..8].try_into().ok()?), u64::from_le_bytes(v[8..16].try_into().ok()?))), &payload[PAYLOAD_FIXED + 16..])
+    } else {
+        (None, &payload[PAYLOAD_FIXED..])
+    };
+    Some(RecordView { header: RecordHeader { lsn, partition, flags, void }, writes, count })
 }
 
 fn decode_payload(payload: &[u8]) -> Result<RecordView<'_>, String> {
