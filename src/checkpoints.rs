@@ -1,9 +1,11 @@
 //! The background checkpoint service of a store: one thread that takes a checkpoint every
-//! `checkpoint_interval`, sharing one [`Checkpointer`] with [`crate::Store::checkpoint`].
+//! `checkpoint_interval`, and sooner when the log passes half of `max_log_bytes`, sharing one
+//! [`Checkpointer`] with [`crate::Store::checkpoint`]. While it runs, the log carries the
+//! space bound `max_log_bytes` (committers stall above it until a checkpoint trims the log).
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tusk_txn::{CheckpointReport, Checkpointer, Engine};
 
@@ -25,27 +27,42 @@ pub(crate) struct CheckpointService {
 }
 
 impl CheckpointService {
-    pub fn start(engine: Arc<Engine>, checkpointer: Checkpointer, interval: Option<Duration>) -> Result<CheckpointService, Error> {
+    /// How often the service looks at the log's size between interval checkpoints.
+    const LOG_POLL: Duration = Duration::from_millis(20);
+
+    pub fn start(engine: Arc<Engine>, checkpointer: Checkpointer, interval: Option<Duration>, max_log_bytes: u64, stall_at: u64) -> Result<CheckpointService, Error> {
         let checkpointer = Arc::new(Mutex::new(checkpointer));
         let status = Arc::new(Mutex::new(Status::default()));
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread = match interval {
             None => None,
             Some(interval) => {
+                if let Some(log) = engine.log() {
+                    log.catalog().set_limit(stall_at);
+                }
                 let (checkpointer, status, stop) = (checkpointer.clone(), status.clone(), stop.clone());
                 let handle = std::thread::Builder::new()
                     .name("tusk-checkpointer".into())
-                    .spawn(move || loop {
-                        {
-                            let (lock, cv) = &*stop;
-                            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-                            let (guard, _) = cv.wait_timeout_while(guard, interval, |stopped| !*stopped).unwrap_or_else(|e| e.into_inner());
-                            if *guard {
-                                return;
+                    .spawn(move || {
+                        let mut last = Instant::now();
+                        loop {
+                            {
+                                let (lock, cv) = &*stop;
+                                let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+                                let poll = Self::LOG_POLL.min(interval);
+                                let (guard, _) = cv.wait_timeout_while(guard, poll, |stopped| !*stopped).unwrap_or_else(|e| e.into_inner());
+                                if *guard {
+                                    return;
+                                }
                             }
+                            let log_bytes = engine.log().map_or(0, |l| l.catalog().total_bytes());
+                            if last.elapsed() < interval && log_bytes <= max_log_bytes / 2 {
+                                continue;
+                            }
+                            let result = checkpointer.lock().unwrap_or_else(|e| e.into_inner()).run(&engine);
+                            record(&status, result.map_err(Error::from));
+                            last = Instant::now();
                         }
-                        let result = checkpointer.lock().unwrap_or_else(|e| e.into_inner()).run(&engine);
-                        record(&status, result.map_err(Error::from));
                     })
                     .map_err(|source| Error::Io { path: "tusk-checkpointer thread".into(), source })?;
                 Some(handle)

@@ -68,6 +68,25 @@ fn lock_dir(dir: &Path) -> Result<File, Error> {
     }
 }
 
+/// The segment size the writer rolls over at. Trimming deletes whole closed segments, so
+/// under a log space bound segments are kept small enough that a few per partition fit in it.
+fn segment_bytes(options: &Options) -> u64 {
+    let segment = options.segment_bytes.max(1 << 16);
+    if options.checkpoint_interval.is_none() {
+        return segment;
+    }
+    let partitions = options.log_partitions.max(1) as u64;
+    segment.min((options.max_log_bytes / (16 * partitions)).max(1 << 16))
+}
+
+/// The log size at which committers stall: below `max_log_bytes` by what the partitions
+/// may still have buffered when the stall begins (per partition, a buffer in flight and an
+/// active one, each up to the Async throttle bound of 8 buffers, plus padding).
+fn stall_at(options: &Options) -> u64 {
+    let buffered = options.log_partitions.max(1) as u64 * options.log_buffer_bytes.max(4096) as u64 * 17;
+    options.max_log_bytes.saturating_sub(buffered).max(options.max_log_bytes / 2)
+}
+
 impl Store {
     /// Opens (creating or recovering) the store in `dir`.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, Error> {
@@ -90,7 +109,7 @@ impl Store {
                 io: options.io.clone(),
                 log_buffer_bytes: options.log_buffer_bytes.max(4096),
                 group_commit_interval: options.group_commit_interval,
-                segment_bytes: options.segment_bytes.max(1 << 16),
+                segment_bytes: segment_bytes(&options),
             }),
             Durability::Off => None,
         };
@@ -117,7 +136,7 @@ impl Store {
                     loaded.map(|c| c.manifest.clone()),
                     loaded.and_then(|c| c.previous.clone()),
                 )?;
-                Some(CheckpointService::start(engine.clone(), checkpointer, options.checkpoint_interval)?)
+                Some(CheckpointService::start(engine.clone(), checkpointer, options.checkpoint_interval, options.max_log_bytes, stall_at(&options))?)
             }
             Durability::Off => None,
         };

@@ -266,6 +266,7 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
     }
     stop.store(true, Ordering::Relaxed);
     let skew_commits = join(workers)?;
+    let skew_txn_per_s = skew_commits as f64 / started.elapsed().as_secs_f64();
     let (last, ckpt_error, skew_checkpoints) = store.checkpoint_status();
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
     store.close()?;
@@ -292,6 +293,7 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
                 "max_log_bytes": args.max_log_mib << 20,
                 "max_log_bytes_seen": max_log_bytes_seen,
                 "skewed_commits": skew_commits,
+                "skewed_txn_per_s": skew_txn_per_s,
                 "skewed_checkpoints": skew_checkpoints,
                 "last_checkpoint_reused_chunks": last.as_ref().map(|c| c.reused),
                 "last_checkpoint_rewritten_for_log": last.as_ref().map(|c| c.rewritten_for_log),
@@ -312,7 +314,7 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
             (
                 "skewed run log space",
                 format!(
-                    "max {:.1} MiB seen over {:.0} s (bound {} MiB), {skew_checkpoints} checkpoints",
+                    "max {:.1} MiB seen over {:.0} s (bound {} MiB), {skew_checkpoints} checkpoints, {skew_txn_per_s:.0} txn/s",
                     max_log_bytes_seen as f64 / MIB,
                     args.log_seconds,
                     args.max_log_mib

@@ -115,8 +115,17 @@ impl Checkpointer {
         }
     }
 
-    /// Takes one checkpoint.
+    /// Takes one checkpoint. Its outcome also tells committers stalled on the log space
+    /// bound whether to keep waiting.
     pub fn run(&mut self, engine: &Engine) -> Result<CheckpointReport, TxnError> {
+        let result = self.take(engine);
+        if let Some(log) = engine.log() {
+            log.catalog().set_trim_failure(result.as_ref().err().map(|e| e.to_string()));
+        }
+        result
+    }
+
+    fn take(&mut self, engine: &Engine) -> Result<CheckpointReport, TxnError> {
         let started = Instant::now();
         let Some(log) = engine.log() else {
             return Err(TxnError::LogFailed("checkpoints need durability on".into()));

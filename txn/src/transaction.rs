@@ -395,6 +395,7 @@ impl<'e> Transaction<'e> {
                 Commit::Async if over_bound => log.throttle(partition, lsn)?,
                 Commit::Async => {}
             }
+            log.respect_space_limit()?;
         }
         Ok(Some(lsn))
     }

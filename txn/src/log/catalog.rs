@@ -1,20 +1,88 @@
 //! The catalog of log segments on disk: their LSN ranges and sizes, kept up to date by the
 //! writer, read by the checkpointer to trim the log and to bound its size.
 
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
 use tusk_storage::log_files::{sync_dir, SegmentInfo};
 use tusk_storage::StorageError;
 
+/// How long a committer stalled on log space sleeps before it looks at the log's health again.
+const SPACE_POLL: Duration = Duration::from_millis(10);
+
+/// The log space bound: committers stall while the log on disk is over `limit`, until a
+/// checkpoint trims it. The bound holds under any update pattern because the log cannot
+/// grow while it is over (by more than one record per committing thread).
 #[derive(Default)]
 pub struct SegmentCatalog {
     segments: Mutex<Vec<SegmentInfo>>,
+    /// Log bytes above which committers stall (0: no bound).
+    limit: AtomicU64,
+    /// The log is over `limit`: committers look only at this flag on their fast path.
+    over: AtomicBool,
+    /// Signalled when trimming brings the log under its bound.
+    under: Condvar,
+    /// Why the checkpointer could not trim the log: stalled committers fail with it
+    /// instead of waiting for a checkpoint that may never come.
+    trim_failure: Mutex<Option<String>>,
 }
 
 impl SegmentCatalog {
     /// Starts from the segments recovery found (all closed: the writer opens new ones).
     pub fn new(found: Vec<SegmentInfo>) -> SegmentCatalog {
         let segments = found.into_iter().map(|s| SegmentInfo { open: false, ..s }).collect();
-        SegmentCatalog { segments: Mutex::new(segments) }
+        SegmentCatalog { segments: Mutex::new(segments), ..SegmentCatalog::default() }
+    }
+
+    /// Sets the log space bound (0: none). Only a store that checkpoints on its own sets
+    /// one: without a checkpointer nothing would ever lift a stall.
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::SeqCst);
+        let segs = self.segments.lock();
+        self.update_pressure(&segs);
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Whether committers should stall (one relaxed load: the commit fast path).
+    #[inline]
+    pub fn over_limit(&self) -> bool {
+        self.over.load(Ordering::Relaxed)
+    }
+
+    /// Records whether the last checkpoint failed (`None`: it succeeded).
+    pub fn set_trim_failure(&self, why: Option<String>) {
+        *self.trim_failure.lock() = why;
+    }
+
+    /// Blocks while the log is over its bound. `give_up` is asked every poll and ends the
+    /// wait with its error (log failure, store closed); a failed checkpoint ends it with
+    /// `on_trim_failure`.
+    pub fn wait_for_space<E>(&self, give_up: impl Fn() -> Option<E>, on_trim_failure: impl Fn(String) -> E) -> Result<(), E> {
+        let mut segs = self.segments.lock();
+        while self.over.load(Ordering::SeqCst) {
+            if let Some(e) = give_up() {
+                return Err(e);
+            }
+            if let Some(why) = self.trim_failure.lock().clone() {
+                let limit = self.limit.load(Ordering::Relaxed);
+                return Err(on_trim_failure(format!("the log is over its bound of {limit} bytes and the checkpoint that would trim it failed: {why}")));
+            }
+            self.under.wait_for(&mut segs, SPACE_POLL);
+        }
+        Ok(())
+    }
+
+    fn update_pressure(&self, segs: &[SegmentInfo]) {
+        let limit = self.limit.load(Ordering::SeqCst);
+        let over = limit != 0 && segs.iter().map(|s| s.bytes).sum::<u64>() > limit;
+        if !self.over.swap(over, Ordering::SeqCst) || over {
+            return;
+        }
+        self.under.notify_all();
     }
 
     pub(crate) fn opened(&self, partition: u32, seq: u64, path: std::path::PathBuf) {
@@ -34,6 +102,7 @@ impl SegmentCatalog {
             s.max_lsn = s.max_lsn.max(last);
             s.bytes += bytes;
         }
+        self.update_pressure(&segs);
     }
 
     pub fn snapshot(&self) -> Vec<SegmentInfo> {
@@ -57,6 +126,7 @@ impl SegmentCatalog {
             let mut segs = self.segments.lock();
             let (gone, keep): (Vec<_>, Vec<_>) = segs.drain(..).partition(|s| !s.open && s.max_lsn <= lsn);
             *segs = keep;
+            self.update_pressure(&segs);
             gone
         };
         let mut dirs = Vec::new();

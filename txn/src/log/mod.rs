@@ -179,6 +179,23 @@ impl LogManager {
         self.shared.failure()
     }
 
+    /// Stalls the caller while the log is over its space bound (see
+    /// [`SegmentCatalog::set_limit`]); returns at once when it is not.
+    pub fn respect_space_limit(&self) -> Result<(), TxnError> {
+        if !self.shared.catalog.over_limit() {
+            return Ok(());
+        }
+        self.shared.catalog.wait_for_space(|| {
+            if let Some(why) = self.shared.failure() {
+                Some(TxnError::LogFailed(why))
+            } else if self.shared.stopped.load(Ordering::SeqCst) {
+                Some(TxnError::Closed)
+            } else {
+                None
+            }
+        }, TxnError::LogFailed)
+    }
+
     pub fn durable_lsn(&self) -> u64 {
         self.shared.durable.load(Ordering::SeqCst)
     }

@@ -1,0 +1,134 @@
+//! The log space bound: with background checkpoints on, the log on disk stays under
+//! `max_log_bytes` under any update pattern (committers stall until a checkpoint trims it),
+//! and a stall ends in an error, never a hang, when the checkpoint cannot run.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tusk::{Commit, Error, HeapPtr, Options, Store};
+use tusk_storage::io::FaultPlan;
+
+const WORDS: u64 = 512 * 1024; // 4 MiB of u64 words
+const MAX_LOG: u64 = 4 << 20;
+
+fn options() -> Options {
+    Options {
+        heap_capacity: 32 << 20,
+        chunk_size: 64 << 10,
+        log_partitions: 2,
+        log_buffer_bytes: 64 << 10,
+        checkpoint_interval: Some(Duration::from_secs(3600)),
+        max_log_bytes: MAX_LOG,
+        ..Options::default()
+    }
+}
+
+fn setup(store: &Store) -> HeapPtr {
+    let (p, _) = store
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(WORDS * 8)?;
+            tx.set_root("data", p)?;
+            Ok(p)
+        })
+        .unwrap();
+    p
+}
+
+/// Two threads update the first 1% of the words (skewed: most chunks stay clean, so their
+/// old images pin the log unless the checkpointer rewrites them). Each word holds a count of
+/// the updates made to it; returns the per-word counts the threads committed.
+fn skewed_updates(store: &Arc<Store>, p: HeapPtr, run_for: Duration, max_seen: &AtomicU64) -> Vec<u64> {
+    let hot = WORDS / 100;
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut counts = vec![0u64; hot as usize];
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Each thread owns every other hot word: counts stay exact without conflicts.
+                    let w = (x % (hot / 2)) * 2 + t;
+                    store
+                        .transact(Commit::Async, |tx| {
+                            let v = tx.read_u64_at(p, w * 8)?;
+                            tx.write_u64_at(p, w * 8, v + 1)
+                        })
+                        .unwrap();
+                    counts[w as usize] += 1;
+                }
+                counts
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    while started.elapsed() < run_for {
+        max_seen.fetch_max(store.log_bytes(), Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total = vec![0u64; hot as usize];
+    for w in workers {
+        for (t, c) in total.iter_mut().zip(w.join().unwrap()) {
+            *t += c;
+        }
+    }
+    total
+}
+
+#[test]
+fn log_stays_under_its_bound_with_skewed_updates_and_recovers_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), options()).unwrap());
+    let p = setup(&store);
+    let max_seen = AtomicU64::new(0);
+    let counts = skewed_updates(&store, p, Duration::from_secs(3), &max_seen);
+    let (_, error, taken) = store.checkpoint_status();
+    assert_eq!(error, None);
+    let max_seen = max_seen.into_inner();
+    let updates: u64 = counts.iter().sum();
+    // The run must write many times the bound, or it proves nothing.
+    assert!(updates * 40 > 4 * MAX_LOG, "only {updates} updates");
+    assert!(taken >= 2, "log pressure must start checkpoints ({taken} taken)");
+    assert!(max_seen <= MAX_LOG, "log reached {max_seen} bytes, bound {MAX_LOG}");
+    Arc::try_unwrap(store).ok().unwrap().close().unwrap();
+
+    let store = Store::open(dir.path(), options()).unwrap();
+    store
+        .transact(Commit::Async, |tx| {
+            for (w, &c) in counts.iter().enumerate() {
+                assert_eq!(tx.read_u64_at(p, w as u64 * 8)?, c, "word {w}");
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn failing_checkpoints_turn_a_log_space_stall_into_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = FaultPlan::new();
+    let opts = Options { checkpoint_faults: Some(faults.clone()), ..options() };
+    let store = Store::open(dir.path(), opts).unwrap();
+    let p = setup(&store);
+    faults.fail_after(0, libc::ENOSPC);
+    let started = Instant::now();
+    let mut committed = 0u64;
+    let err = loop {
+        match store.transact(Commit::Async, |tx| tx.write_u64_at(p, (committed % WORDS) * 8, committed)) {
+            Ok(_) => committed += 1,
+            Err(e) => break e,
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "commits neither stalled nor failed");
+    };
+    match &err {
+        Error::LogFailed(why) => assert!(why.contains("over its bound"), "{why}"),
+        other => panic!("expected LogFailed, got {other:?}"),
+    }
+    assert!(committed > 0);
+    assert!(store.log_bytes() > MAX_LOG / 2);
+}
