@@ -30,6 +30,10 @@ use crate::TxnError;
 /// Chunk images written together (in flight at once).
 const BATCH: usize = 8;
 
+/// Chunk buffers kept between checkpoints: two batches, one being copied while the other
+/// is written.
+const POOL_BUFFERS: usize = 2 * BATCH + 1;
+
 #[derive(Clone, Debug)]
 pub struct CheckpointConfig {
     pub dir: PathBuf,
@@ -80,6 +84,8 @@ pub struct Checkpointer {
     previous: Option<Manifest>,
     /// Pages whose dirty epoch is ≤ this are unchanged since `last`'s images.
     clean_through: Option<u64>,
+    /// Chunk buffers reused across chunks and checkpoints (no zeroing, no page faults).
+    pool: Vec<AlignedBuf>,
 }
 
 fn io_err(path: &std::path::Path, e: std::io::Error) -> TxnError {
@@ -99,20 +105,15 @@ impl Checkpointer {
         let dir = checkpoint_dir(&config.dir);
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
         let clean_through = last.as_ref().map(|_| 0);
-        Ok(Checkpointer { config, backend, last, previous, clean_through })
+        Ok(Checkpointer { config, backend, last, previous, clean_through, pool: Vec::new() })
     }
 
     pub fn last(&self) -> Option<&Manifest> {
         self.last.as_ref()
     }
 
-    /// An I/O step outside the backend (file creation, rename, directory sync) that the
-    /// fault plan may fail.
     fn step(&self, path: &std::path::Path) -> Result<(), TxnError> {
-        match &self.config.faults {
-            Some(plan) => plan.check().map_err(|e| io_err(path, e)),
-            None => Ok(()),
-        }
+        fault_step(&self.config, path)
     }
 
     /// Takes one checkpoint. Its outcome also tells committers stalled on the log space
@@ -134,21 +135,20 @@ impl Checkpointer {
         let epoch = self.last.as_ref().map_or(0, |m| m.epoch).max(self.newest_manifest_on_disk()) + 1;
         let ended = engine.advance_dirty_epoch();
         let mut report = CheckpointReport { epoch, ..CheckpointReport::default() };
+        let catalog = log.catalog();
+        let heap = engine.heap();
 
         // Chunk 0 first: its copy fixes how much of the heap this checkpoint covers.
-        let mut pending: Vec<(u64, AlignedBuf, u64)> = Vec::new();
-        let mut first = AlignedBuf::new();
-        first.extend_zeros(CHUNK_HEADER_SIZE + chunk as usize);
-        let lsn0 = engine.copy_consistent(0, &mut first.as_mut_slice()[CHUNK_HEADER_SIZE..])?;
+        let mut first = self.pool.pop().unwrap_or_else(|| chunk_buffer(chunk));
+        let lsn0 = copy_chunk(engine, 0, chunk, &mut first)?;
         let brk_at = CHUNK_HEADER_SIZE + BRK_OFF as usize;
         let covered = u64::from_le_bytes(first.as_slice()[brk_at..brk_at + 8].try_into().unwrap()).max(chunk);
         let count = covered.div_ceil(chunk);
+
+        // Which earlier images stay: decided up front, so the copy loop below needs only the
+        // engine while the image writer owns the I/O backend.
         let mut entries: Vec<ChunkEntry> = Vec::with_capacity(count as usize);
         entries.push(ChunkEntry { image_epoch: epoch, lsn: lsn0, crc: 0 });
-        pending.push((0, first, lsn0));
-
-        let catalog = log.catalog();
-        let heap = engine.heap();
         for index in 1..count {
             let reuse = self.reusable(index, heap).filter(|old| {
                 let pinned = catalog.bytes_needed_after(old.lsn);
@@ -159,22 +159,73 @@ impl Checkpointer {
                     true
                 }
             });
-            if let Some(old) = reuse {
-                entries.push(old);
-                report.reused += 1;
-                continue;
-            }
-            let mut buf = AlignedBuf::new();
-            buf.extend_zeros(CHUNK_HEADER_SIZE + chunk as usize);
-            let len = chunk.min(heap.capacity() - index * chunk) as usize;
-            let lsn = engine.copy_consistent(index * chunk, &mut buf.as_mut_slice()[CHUNK_HEADER_SIZE..CHUNK_HEADER_SIZE + len])?;
-            entries.push(ChunkEntry { image_epoch: epoch, lsn, crc: 0 });
-            pending.push((index, buf, lsn));
-            if pending.len() == BATCH {
-                self.write_images(epoch, &mut pending, &mut entries, &mut report)?;
+            match reuse {
+                Some(old) => {
+                    entries.push(old);
+                    report.reused += 1;
+                }
+                // Filled in when the chunk is copied.
+                None => entries.push(ChunkEntry { image_epoch: epoch, lsn: 0, crc: 0 }),
             }
         }
-        self.write_images(epoch, &mut pending, &mut entries, &mut report)?;
+
+        // Copying overlaps writing: this thread copies the next batch of chunks while the
+        // image writer thread has the previous one in flight.
+        let mut pool = std::mem::take(&mut self.pool);
+        let config = &self.config;
+        let backend = &mut self.backend;
+        let written = std::thread::scope(|scope| -> Result<(u64, u64), TxnError> {
+            let (to_writer, batches) = crossbeam_channel::bounded::<Vec<(u64, AlignedBuf)>>(1);
+            let (to_copier, returned) = crossbeam_channel::unbounded::<Vec<(u64, AlignedBuf)>>();
+            let writer = scope.spawn(move || -> Result<(u64, u64), TxnError> {
+                let (mut images, mut bytes) = (0, 0);
+                for batch in batches {
+                    write_images(backend.as_mut(), config, epoch, &batch)?;
+                    images += batch.len() as u64;
+                    bytes += batch.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+                    // The copier may be gone after an error of its own; the buffers then just drop.
+                    let _ = to_copier.send(batch);
+                }
+                Ok((images, bytes))
+            });
+            let mut batch: Vec<(u64, AlignedBuf)> = Vec::with_capacity(BATCH);
+            seal_image(&mut first, 0, epoch, lsn0, &mut entries[0]);
+            batch.push((0, first));
+            let copied = (|| -> Result<(), TxnError> {
+                for index in 1..count {
+                    if entries[index as usize].image_epoch != epoch {
+                        continue;
+                    }
+                    for (_, buf) in returned.try_iter().flatten() {
+                        pool.push(buf);
+                    }
+                    let mut buf = pool.pop().unwrap_or_else(|| chunk_buffer(chunk));
+                    let lsn = copy_chunk(engine, index, chunk, &mut buf)?;
+                    seal_image(&mut buf, index, epoch, lsn, &mut entries[index as usize]);
+                    batch.push((index, buf));
+                    if batch.len() == BATCH && to_writer.send(std::mem::take(&mut batch)).is_err() {
+                        // The writer stopped on an error, which join reports below.
+                        break;
+                    }
+                }
+                if !batch.is_empty() {
+                    let _ = to_writer.send(std::mem::take(&mut batch));
+                }
+                Ok(())
+            })();
+            drop(to_writer);
+            let written = writer.join().expect("the image writer does not panic");
+            for (_, buf) in returned.try_iter().flatten() {
+                pool.push(buf);
+            }
+            copied?;
+            written
+        });
+        pool.truncate(POOL_BUFFERS);
+        self.pool = pool;
+        let (images, bytes) = written?;
+        report.written = images;
+        report.bytes_written = bytes;
         report.chunks = count;
 
         let manifest = Manifest { epoch, chunk_size: chunk, covered, chunks: entries };
@@ -208,49 +259,6 @@ impl Checkpointer {
         let pages = self.config.chunk_size / PAGE_SIZE;
         let clean = (first_page..(first_page + pages).min(heap.pages())).all(|p| heap.page_epoch(p) <= clean_through);
         clean.then_some(entry)
-    }
-
-    fn write_images(
-        &mut self,
-        epoch: u64,
-        pending: &mut Vec<(u64, AlignedBuf, u64)>,
-        entries: &mut [ChunkEntry],
-        report: &mut CheckpointReport,
-    ) -> Result<(), TxnError> {
-        if pending.is_empty() {
-            return Ok(());
-        }
-        let mut files = Vec::with_capacity(pending.len());
-        for (index, buf, lsn) in pending.iter_mut() {
-            let data = &buf.as_slice()[CHUNK_HEADER_SIZE..];
-            let crc = crc32fast::hash(data);
-            let header = ChunkHeader { index: *index, epoch, lsn: *lsn, len: data.len() as u64, crc };
-            buf.as_mut_slice()[..CHUNK_HEADER_SIZE].copy_from_slice(&header.encode());
-            entries[*index as usize].crc = crc;
-            let path = chunk_path(&self.config.dir, *index, epoch);
-            self.step(&path)?;
-            // A failed earlier attempt at this epoch may have left the file behind.
-            let _ = std::fs::remove_file(&path);
-            files.push((open_direct(&path, true).map_err(|e| io_err(&path, e))?, path));
-        }
-        let reqs: Vec<WriteSync> = pending
-            .iter()
-            .zip(&files)
-            .map(|((_, buf, _), (f, _))| WriteSync { fd: std::os::fd::AsRawFd::as_raw_fd(f), offset: 0, data: buf.as_slice() })
-            .collect();
-        let results = self.backend.write_and_sync(&reqs);
-        for (r, (_, path)) in results.into_iter().zip(&files) {
-            r.map_err(|e| io_err(path, e))?;
-        }
-        for (_, buf, _) in pending.iter() {
-            report.bytes_written += buf.len() as u64;
-        }
-        report.written += pending.len() as u64;
-        pending.clear();
-        let dir = checkpoint_dir(&self.config.dir);
-        self.step(&dir)?;
-        sync_dir(&dir)?;
-        Ok(())
     }
 
     fn write_manifest(&self, manifest: &Manifest) -> Result<(), TxnError> {
@@ -299,4 +307,65 @@ impl Checkpointer {
         report.trimmed_bytes = bytes;
         Ok(())
     }
+}
+
+/// An I/O step outside the backend (file creation, rename, directory sync) that the fault
+/// plan may fail.
+fn fault_step(config: &CheckpointConfig, path: &std::path::Path) -> Result<(), TxnError> {
+    match &config.faults {
+        Some(plan) => plan.check().map_err(|e| io_err(path, e)),
+        None => Ok(()),
+    }
+}
+
+/// A buffer for one chunk image: header plus a whole chunk.
+fn chunk_buffer(chunk: u64) -> AlignedBuf {
+    let mut buf = AlignedBuf::new();
+    buf.extend_zeros(CHUNK_HEADER_SIZE + chunk as usize);
+    buf
+}
+
+/// Copies chunk `index` into `buf` (after the header room) and returns its chunk LSN. The
+/// part of a last chunk beyond the heap's capacity is zero.
+fn copy_chunk(engine: &Engine, index: u64, chunk: u64, buf: &mut AlignedBuf) -> Result<u64, TxnError> {
+    debug_assert_eq!(buf.len(), CHUNK_HEADER_SIZE + chunk as usize);
+    let len = chunk.min(engine.heap().capacity() - index * chunk) as usize;
+    let body = &mut buf.as_mut_slice()[CHUNK_HEADER_SIZE..];
+    body[len..].fill(0);
+    engine.copy_consistent(index * chunk, &mut body[..len])
+}
+
+/// Writes the header (with the body's crc) into a copied image and records it in `entry`.
+fn seal_image(buf: &mut AlignedBuf, index: u64, epoch: u64, lsn: u64, entry: &mut ChunkEntry) {
+    let crc = crc32fast::hash(&buf.as_slice()[CHUNK_HEADER_SIZE..]);
+    let len = (buf.len() - CHUNK_HEADER_SIZE) as u64;
+    let header = ChunkHeader { index, epoch, lsn, len, crc };
+    buf.as_mut_slice()[..CHUNK_HEADER_SIZE].copy_from_slice(&header.encode());
+    *entry = ChunkEntry { image_epoch: epoch, lsn, crc };
+}
+
+/// Writes a batch of sealed images, one file each, and makes them and their directory
+/// entries durable.
+fn write_images(backend: &mut dyn IoBackend, config: &CheckpointConfig, epoch: u64, batch: &[(u64, AlignedBuf)]) -> Result<(), TxnError> {
+    let mut files = Vec::with_capacity(batch.len());
+    for (index, _) in batch {
+        let path = chunk_path(&config.dir, *index, epoch);
+        fault_step(config, &path)?;
+        // A failed earlier attempt at this epoch may have left the file behind.
+        let _ = std::fs::remove_file(&path);
+        files.push((open_direct(&path, true).map_err(|e| io_err(&path, e))?, path));
+    }
+    let reqs: Vec<WriteSync> = batch
+        .iter()
+        .zip(&files)
+        .map(|((_, buf), (f, _))| WriteSync { fd: std::os::fd::AsRawFd::as_raw_fd(f), offset: 0, data: buf.as_slice() })
+        .collect();
+    let results = backend.write_and_sync(&reqs);
+    for (r, (_, path)) in results.into_iter().zip(&files) {
+        r.map_err(|e| io_err(path, e))?;
+    }
+    let dir = checkpoint_dir(&config.dir);
+    fault_step(config, &dir)?;
+    sync_dir(&dir)?;
+    Ok(())
 }
