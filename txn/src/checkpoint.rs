@@ -139,10 +139,14 @@ impl Checkpointer {
         let mut pending: Vec<(u64, AlignedBuf, u64)> = Vec::new();
         let mut first = AlignedBuf::new();
         first.extend_zeros(CHUNK_HEADER_SIZE + chunk as usize);
-        let lsn0 = engine.copy_consistent(0, &mut first.as_mut_slice()[CHUNK_HEADER_SIZE..])?;
+        // A heap smaller than one chunk: the image's tail past the heap's end stays zero.
+        let len0 = chunk.min(engine.heap().capacity()) as usize;
+        let lsn0 = engine.copy_consistent(0, &mut first.as_mut_slice()[CHUNK_HEADER_SIZE..CHUNK_HEADER_SIZE + len0])?;
         let brk_at = CHUNK_HEADER_SIZE + BRK_OFF as usize;
-        let covered = u64::from_le_bytes(first.as_slice()[brk_at..brk_at + 8].try_into().unwrap()).max(chunk);
-        let count = covered.div_ceil(chunk);
+        // Exactly the allocated bytes (not rounded up to a chunk), so that a reopen with any
+        // heap that holds them is accepted.
+        let covered = u64::from_le_bytes(first.as_slice()[brk_at..brk_at + 8].try_into().unwrap());
+        let count = covered.div_ceil(chunk).max(1);
         let mut entries: Vec<ChunkEntry> = Vec::with_capacity(count as usize);
         entries.push(ChunkEntry { image_epoch: epoch, lsn: lsn0, crc: 0 });
         pending.push((0, first, lsn0));
