@@ -232,3 +232,23 @@ fn only_the_last_two_checkpoints_and_their_images_stay_on_disk() {
         .collect();
     assert!(stray.is_empty(), "temp files left: {stray:?}");
 }
+
+/// A fallback leaves the unusable checkpoint's manifest behind, and the next checkpoint's
+/// garbage collection deletes its own images. When the newest checkpoint fails later too,
+/// recovery skips both, and the report must name the newest one's damage, not the stale one's.
+#[test]
+fn second_fallback_names_the_newest_checkpoints_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    std::fs::remove_file(image_of(dir.path(), p, CHANGED[0], second)).unwrap();
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_eq!(store.recovery_report().checkpoint.as_ref().unwrap().manifest.epoch, first);
+    store.transact(Commit::Sync, |tx| tx.write_u64_at(p, CHANGED[1] * 8, expected(CHANGED[1]))).unwrap();
+    let third = store.checkpoint().unwrap();
+    store.close().unwrap();
+
+    let victim = image_of(dir.path(), p, CHANGED[1], third.epoch);
+    assert!(victim.to_string_lossy().ends_with(&format!("-e{:010}.chunk", third.epoch)));
+    std::fs::remove_file(&victim).unwrap();
+    assert_falls_back(dir.path(), first, &victim);
+}

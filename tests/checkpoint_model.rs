@@ -9,10 +9,12 @@
 //! the state at the reopen plus every change with an LSN at or below it, plus every
 //! Partition commit beyond it (DESIGN.md, Recovery). The test checks that the recovered LSN
 //! covers everything acknowledged as durable, and that every allocation equals the model
-//! byte for byte, its length included.
+//! byte for byte, its length included. A crash may also damage an image of the newest
+//! checkpoint: recovery must then fall back to the previous one and still match the model.
 
 use proptest::prelude::*;
 use tusk::{Commit, HeapPtr, Lsn, Options, Store};
+use tusk_storage::checkpoint_format::{chunk_path, list_manifests, Manifest, CHUNK_HEADER_SIZE};
 
 const REGIONS: usize = 3;
 /// Small chunks and a small log bound: allocations span several chunks, checkpoints are
@@ -52,6 +54,9 @@ enum Op {
     /// Waits until everything committed so far is durable.
     WaitDurable,
     Crash,
+    /// Crashes, then flips a byte of an image the newest checkpoint wrote (the number picks
+    /// which image and byte), when an older checkpoint is there to fall back to.
+    CrashAndDamageImage(u64),
     CloseAndReopen,
 }
 
@@ -107,8 +112,27 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => Just(Op::Checkpoint),
         1 => Just(Op::WaitDurable),
         2 => Just(Op::Crash),
+        1 => any::<u64>().prop_map(Op::CrashAndDamageImage),
         1 => Just(Op::CloseAndReopen),
     ]
+}
+
+/// Flips one byte of a chunk image that the newest manifest's own checkpoint wrote, if an
+/// older manifest exists; returns the image's path.
+fn damage_newest_image(dir: &std::path::Path, pick: u64) -> Option<std::path::PathBuf> {
+    let manifests = list_manifests(dir).unwrap();
+    if manifests.len() < 2 {
+        return None;
+    }
+    let newest = Manifest::decode(&std::fs::read(&manifests[0].1).unwrap()).ok()?;
+    let own: Vec<usize> = (0..newest.chunks.len()).filter(|&i| newest.chunks[i].image_epoch == newest.epoch).collect();
+    let index = own[(pick % own.len() as u64) as usize];
+    let path = chunk_path(dir, index as u64, newest.epoch);
+    let mut bytes = std::fs::read(&path).ok()?;
+    let at = CHUNK_HEADER_SIZE + ((pick >> 16) % newest.chunk_size) as usize;
+    bytes[at] ^= 0x5A;
+    std::fs::write(&path, bytes).unwrap();
+    Some(path)
 }
 
 fn root_name(region: usize) -> String {
@@ -126,6 +150,8 @@ struct Harness {
     current: Vec<Vec<u8>>,
     /// The largest LSN acknowledged durable (a Sync commit, a wait, a checkpoint).
     durable: Lsn,
+    /// Images damaged so far.
+    damaged: Vec<std::path::PathBuf>,
 }
 
 impl Harness {
@@ -143,7 +169,7 @@ impl Harness {
             })
             .unwrap();
         let current: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0; n]).collect();
-        Harness { dir, store: Some(store), base: current.clone(), history: Vec::new(), current, durable: lsn.unwrap() }
+        Harness { dir, store: Some(store), base: current.clone(), history: Vec::new(), current, durable: lsn.unwrap(), damaged: Vec::new() }
     }
 
     fn store(&self) -> &Store {
@@ -215,6 +241,22 @@ impl Harness {
                 let durable = self.store().durable_lsn().max(self.durable);
                 self.store.take().unwrap().crash();
                 self.reopen(durable, false)?;
+            }
+            Op::CrashAndDamageImage(pick) => {
+                let durable = self.store().durable_lsn().max(self.durable);
+                self.store.take().unwrap().crash();
+                let damaged = damage_newest_image(self.dir.path(), *pick);
+                self.reopen(durable, false)?;
+                if let Some(victim) = damaged {
+                    self.damaged.push(victim);
+                    let loaded = self.store().recovery_report().checkpoint.as_ref();
+                    // The newest checkpoint may hold an image damaged earlier too: either is named.
+                    let named = loaded.and_then(|c| c.fallback.as_ref()).map(|f| f.path.clone());
+                    prop_assert!(
+                        named.as_ref().is_some_and(|p| self.damaged.contains(p)),
+                        "recovery fell back naming {:?}, damaged: {:?}", named, self.damaged
+                    );
+                }
             }
             Op::CloseAndReopen => {
                 let last = self.store().last_lsn();
