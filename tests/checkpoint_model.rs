@@ -11,9 +11,13 @@
 //! covers everything acknowledged as durable, and that every allocation equals the model
 //! byte for byte, its length included. A crash may also damage an image of the newest
 //! checkpoint: recovery must then fall back to the previous one and still match the model.
+//! A checkpoint may also fail at a random I/O step (fault injection); that changes nothing
+//! the model sees.
 
 use proptest::prelude::*;
-use tusk::{Commit, HeapPtr, Lsn, Options, Store};
+use std::sync::Arc;
+
+use tusk::{Commit, FaultPlan, HeapPtr, Lsn, Options, Store};
 use tusk_storage::checkpoint_format::{chunk_path, list_manifests, Manifest, CHUNK_HEADER_SIZE};
 
 const REGIONS: usize = 3;
@@ -21,8 +25,9 @@ const REGIONS: usize = 3;
 /// incremental, and clean chunks get rewritten because their images pin too much log.
 const CHUNK: u64 = 8 << 10;
 
-fn options() -> Options {
+fn options(faults: &Arc<FaultPlan>) -> Options {
     Options {
+        checkpoint_faults: Some(faults.clone()),
         heap_capacity: 8 << 20,
         stripes_log2: 12,
         log_partitions: 2,
@@ -51,6 +56,8 @@ enum Op {
     /// Frees a region and allocates it anew (zeroed) with another length.
     Realloc { region: usize, len: u32, mode: Commit },
     Checkpoint,
+    /// A checkpoint whose I/O fails after this many steps (it may also finish first).
+    FaultedCheckpoint(u64),
     /// Waits until everything committed so far is durable.
     WaitDurable,
     Crash,
@@ -110,6 +117,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(writes, mode, other_thread)| Op::Txn { writes, mode, other_thread }),
         1 => (0..REGIONS, 1..24_000u32, mode_strategy()).prop_map(|(region, len, mode)| Op::Realloc { region, len, mode }),
         3 => Just(Op::Checkpoint),
+        1 => (0..24u64).prop_map(Op::FaultedCheckpoint),
         1 => Just(Op::WaitDurable),
         2 => Just(Op::Crash),
         1 => any::<u64>().prop_map(Op::CrashAndDamageImage),
@@ -141,6 +149,7 @@ fn root_name(region: usize) -> String {
 
 struct Harness {
     dir: tempfile::TempDir,
+    faults: Arc<FaultPlan>,
     store: Option<Store>,
     /// The model at the last reopen, and every change committed since, with its LSN and
     /// whether it was a Partition commit.
@@ -157,7 +166,8 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), options()).unwrap();
+        let faults = FaultPlan::new();
+        let store = Store::open(dir.path(), options(&faults)).unwrap();
         let lens = [5000usize, 9000, 20000];
         let (_, lsn) = store
             .transact(Commit::Sync, |tx| {
@@ -169,7 +179,7 @@ impl Harness {
             })
             .unwrap();
         let current: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0; n]).collect();
-        Harness { dir, store: Some(store), base: current.clone(), history: Vec::new(), current, durable: lsn.unwrap(), damaged: Vec::new() }
+        Harness { dir, faults, store: Some(store), base: current.clone(), history: Vec::new(), current, durable: lsn.unwrap(), damaged: Vec::new() }
     }
 
     fn store(&self) -> &Store {
@@ -232,6 +242,17 @@ impl Harness {
                 // The checkpoint became valid once its newest chunk LSN was durable.
                 self.durable = self.durable.max(report.max_lsn);
             }
+            Op::FaultedCheckpoint(steps) => {
+                let failures = self.faults.failures();
+                self.faults.fail_after(*steps, libc::EIO);
+                let result = self.store().checkpoint();
+                self.faults.fail_after(u64::MAX, libc::EIO);
+                let faulted = self.faults.failures() > failures;
+                prop_assert_eq!(result.is_err(), faulted, "{:?}", result);
+                if let Ok(report) = result {
+                    self.durable = self.durable.max(report.max_lsn);
+                }
+            }
             Op::WaitDurable => {
                 let last = self.store().last_lsn();
                 prop_assert!(self.store().is_stable(last, true));
@@ -270,7 +291,7 @@ impl Harness {
     /// Reopens and checks the recovered state against the model at the recovered LSN.
     /// `at_least`: the LSN recovery must reach; `clean`: nothing may be lost.
     fn reopen(&mut self, at_least: Lsn, clean: bool) -> Result<(), TestCaseError> {
-        let store = Store::open(self.dir.path(), options()).unwrap();
+        let store = Store::open(self.dir.path(), options(&self.faults)).unwrap();
         let recovered = store.recovery_report().recovered_lsn;
         prop_assert!(recovered >= at_least, "recovered LSN {} < {} acknowledged durable", recovered, at_least);
         let mut expected = std::mem::take(&mut self.base);
