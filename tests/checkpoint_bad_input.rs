@@ -252,3 +252,26 @@ fn second_fallback_names_the_newest_checkpoints_damage() {
     std::fs::remove_file(&victim).unwrap();
     assert_falls_back(dir.path(), first, &victim);
 }
+
+/// A manifest whose checksum is right but whose fields disagree (more chunks than its
+/// covered bytes need, some beyond the heap) is refused like damage, without a panic.
+#[test]
+fn manifest_with_more_chunks_than_it_covers_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, first, second) = two_checkpoints(dir.path());
+    let victim = manifest_path(dir.path(), second);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let chunks = Manifest::decode(&bytes).unwrap().chunks.len() as u64;
+    assert!(chunks > 8);
+    bytes[32..40].copy_from_slice(&(4 * CHUNK).to_le_bytes());
+    let body = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..body]);
+    bytes[body..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&victim, bytes).unwrap();
+    // A heap that holds the claimed bytes but not the chunks: an error, never a panic.
+    let small = Options { heap_capacity: 8 * CHUNK, ..options() };
+    let opened = std::panic::catch_unwind(|| Store::open(dir.path(), small).map(drop));
+    assert!(matches!(opened, Ok(Err(_))), "{opened:?}");
+    assert!(Manifest::decode(&std::fs::read(&victim).unwrap()).is_err(), "decode accepts {chunks} chunks for 4 chunks of bytes");
+    assert_falls_back(dir.path(), first, &victim);
+}
