@@ -2,15 +2,15 @@
 //! few allocations, interleaved with checkpoints, crashes (`Store::crash`, then reopen) and
 //! clean restarts, checked against a plain `Vec<u8>` per allocation.
 //!
-//! Commits are Sync, Async or Partition, some from a second thread (so that two log
-//! partitions hold records and a crash can leave a gap; a long group-commit interval keeps
-//! Async records unwritten for a while). Each committed change is kept with its LSN since
-//! the last reopen, so after a crash the expected state is the one at the recovered LSN:
-//! the state at the reopen plus every change with an LSN at or below it, plus every
-//! Partition commit beyond it (DESIGN.md, Recovery). The test checks that the recovered LSN
-//! covers everything acknowledged as durable, and that every allocation equals the model
-//! byte for byte, its length included. A crash may also damage an image of the newest
-//! checkpoint: recovery must then fall back to the previous one and still match the model.
+//! Commits are Sync, Async or Partition, some from a second thread (so that both log
+//! partitions hold records; a long group-commit interval keeps Async records unwritten for
+//! a while, so crashes lose some). Each committed change is kept with its LSN since the
+//! last reopen, so after a crash the expected state is the one at the recovered LSN: the
+//! state at the reopen plus every change with an LSN at or below it, plus every Partition
+//! commit beyond it should a crash leave a gap (DESIGN.md, Recovery). The test checks that
+//! the recovered LSN covers everything acknowledged as durable, and that every allocation
+//! equals the model byte for byte, its length included. A crash may also damage an image of
+//! the newest checkpoint: recovery must then fall back to the previous one and still match.
 //! A checkpoint may also fail at a random I/O step (fault injection); that changes nothing
 //! the model sees.
 
