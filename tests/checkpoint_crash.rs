@@ -14,8 +14,9 @@ use tusk::{Commit, FaultPlan, HeapPtr, Lsn, Options, Store};
 use tusk_storage::checkpoint_format::{list_manifests, manifest_path};
 
 const CHUNK: u64 = 16 << 10;
-/// The data spans six chunks: a checkpoint writes several images in one batch.
-const WORDS: u64 = 6 * CHUNK / 8;
+/// The data spans ten chunks: the first checkpoint writes its images in two batches (of 8),
+/// so crash points fall between batches too.
+const WORDS: u64 = 10 * CHUNK / 8;
 
 fn options() -> Options {
     Options {
@@ -96,7 +97,7 @@ fn crash_at_every_step(with_previous: bool, retry: bool) {
         if with_previous {
             s.store.checkpoint().unwrap();
         }
-        // Dirty two of the six chunks (an incremental checkpoint rewrites only them and chunk 0).
+        // Dirty two of the ten chunks (an incremental checkpoint rewrites only them and chunk 0).
         s.write(CHUNK / 8 + 3, 0xAAAA);
         s.write(4 * CHUNK / 8 + 9, 0xBBBB);
         let before = newest_manifest(dir.path());
