@@ -80,8 +80,12 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedC
                 if let Some(heap) = heap {
                     zero(heap, manifest.covered.min(heap.capacity()));
                 }
+                // The report names what made the newest checkpoint unusable (older ones may
+                // fail only because an earlier fallback left them behind); the log must
+                // still reach as far as every skipped checkpoint did.
                 let required_lsn = manifest.max_lsn().max(fallback.as_ref().map_or(0, |f| f.required_lsn));
-                fallback = Some(Fallback { path: image, reason, required_lsn });
+                let first = fallback.get_or_insert(Fallback { path: image, reason, required_lsn });
+                first.required_lsn = required_lsn;
             }
         }
     }

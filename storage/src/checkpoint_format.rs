@@ -166,13 +166,19 @@ impl Manifest {
         if chunk_size == 0 || chunk_size % 4096 != 0 {
             return Err(format!("invalid chunk size {chunk_size}"));
         }
+        let covered = u64_at(32);
+        // Recovery loads `count` chunks into a heap checked against `covered` only: the two
+        // must agree, or a chunk could lie past the heap's end.
+        if count != covered.div_ceil(chunk_size).max(1) {
+            return Err(format!("manifest lists {count} chunks of {chunk_size} bytes for {covered} covered bytes"));
+        }
         let chunks = (0..count as usize)
             .map(|i| {
                 let at = 48 + 24 * i;
                 ChunkEntry { image_epoch: u64_at(at), lsn: u64_at(at + 8), crc: u32_at(at + 16) }
             })
             .collect();
-        Ok(Manifest { epoch: u64_at(16), chunk_size, covered: u64_at(32), chunks })
+        Ok(Manifest { epoch: u64_at(16), chunk_size, covered, chunks })
     }
 }
 

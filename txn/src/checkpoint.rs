@@ -139,11 +139,14 @@ impl Checkpointer {
         let heap = engine.heap();
 
         // Chunk 0 first: its copy fixes how much of the heap this checkpoint covers.
+        // A heap smaller than one chunk: the image's tail past the heap's end stays zero.
         let mut first = self.pool.pop().unwrap_or_else(|| chunk_buffer(chunk));
         let lsn0 = copy_chunk(engine, 0, chunk, &mut first)?;
         let brk_at = CHUNK_HEADER_SIZE + BRK_OFF as usize;
-        let covered = u64::from_le_bytes(first.as_slice()[brk_at..brk_at + 8].try_into().unwrap()).max(chunk);
-        let count = covered.div_ceil(chunk);
+        // Exactly the allocated bytes (not rounded up to a chunk), so that a reopen with any
+        // heap that holds them is accepted.
+        let covered = u64::from_le_bytes(first.as_slice()[brk_at..brk_at + 8].try_into().unwrap());
+        let count = covered.div_ceil(chunk).max(1);
 
         // Which earlier images stay: decided up front, so the copy loop below needs only the
         // engine while the image writer owns the I/O backend.

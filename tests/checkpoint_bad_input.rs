@@ -1,0 +1,277 @@
+//! Bad checkpoint files (issue 3, "Bad input and faults"): each gets the documented
+//! fallback to the previous checkpoint when the log can stand in for what is lost, and
+//! otherwise a clear error naming the file, never a panic or a silent wrong state.
+
+use std::path::{Path, PathBuf};
+
+use tusk::{Commit, Error, HeapPtr, Options, Store};
+use tusk_storage::checkpoint_format::{
+    chunk_path, list_manifests, manifest_path, parse_chunk_name, Manifest, CHECKPOINT_VERSION,
+};
+
+const CHUNK: u64 = 16 << 10;
+const WORDS: u64 = 32 * CHUNK / 8; // 32 chunks of data
+
+fn options() -> Options {
+    Options {
+        heap_capacity: 16 << 20,
+        stripes_log2: 12,
+        log_partitions: 1,
+        chunk_size: CHUNK,
+        segment_bytes: 1 << 16,
+        checkpoint_interval: None,
+        ..Options::default()
+    }
+}
+
+fn initial(i: u64) -> u64 {
+    i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+}
+
+/// Words changed after the first checkpoint: two of them, in chunks the second one rewrites.
+const CHANGED: [u64; 2] = [3 * CHUNK / 8 + 5, 17 * CHUNK / 8];
+
+fn expected(i: u64) -> u64 {
+    if CHANGED.contains(&i) { i + 1_000_000 } else { initial(i) }
+}
+
+/// A store with two checkpoints: epoch 1 (everything) and epoch 2 (chunk 0 and the two
+/// chunks holding `CHANGED`), closed cleanly. Returns the data's pointer and both epochs.
+fn two_checkpoints(dir: &Path) -> (HeapPtr, u64, u64) {
+    let store = Store::open(dir, options()).unwrap();
+    let (p, _) = store
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(WORDS * 8)?;
+            tx.set_root("data", p)?;
+            Ok(p)
+        })
+        .unwrap();
+    for start in (0..WORDS).step_by(1024) {
+        store
+            .transact(Commit::Sync, |tx| (start..start + 1024).try_for_each(|i| tx.write_u64_at(p, i * 8, initial(i))))
+            .unwrap();
+    }
+    let first = store.checkpoint().unwrap();
+    for &i in &CHANGED {
+        store.transact(Commit::Sync, |tx| tx.write_u64_at(p, i * 8, expected(i))).unwrap();
+    }
+    let second = store.checkpoint().unwrap();
+    assert!(second.reused > 0 && second.written < first.written, "the second checkpoint is incremental: {second:?}");
+    store.close().unwrap();
+    (p, first.epoch, second.epoch)
+}
+
+/// The image of the heap chunk holding `word` of the data, as the manifest of `epoch` names it.
+fn image_of(dir: &Path, p: HeapPtr, word: u64, epoch: u64) -> PathBuf {
+    let manifest = Manifest::decode(&std::fs::read(manifest_path(dir, epoch)).unwrap()).unwrap();
+    let index = (p.offset() + word * 8) / CHUNK;
+    chunk_path(dir, index, manifest.chunks[index as usize].image_epoch)
+}
+
+fn check_data(store: &Store) {
+    let (found, _) = store
+        .transact(Commit::Async, |tx| {
+            let p = tx.root("data")?.expect("data root");
+            (0..WORDS).map(|i| tx.read_u64_at(p, i * 8)).collect::<Result<Vec<u64>, _>>()
+        })
+        .unwrap();
+    for (i, w) in found.iter().enumerate() {
+        assert_eq!(*w, expected(i as u64), "word {i}");
+    }
+}
+
+/// Opens `dir` and checks that recovery fell back from `newest` to `previous` because of
+/// `culprit`, and still recovered every word.
+fn assert_falls_back(dir: &Path, previous: u64, culprit: &Path) {
+    let store = Store::open(dir, options()).unwrap_or_else(|e| panic!("no fallback: {e}"));
+    let loaded = store.recovery_report().checkpoint.as_ref().expect("a checkpoint was loaded");
+    assert_eq!(loaded.manifest.epoch, previous, "fell back to the previous checkpoint");
+    let fallback = loaded.fallback.as_ref().expect("the fallback is reported");
+    assert_eq!(fallback.path, culprit, "the report names the unusable file ({})", fallback.reason);
+    check_data(&store);
+    store.close().unwrap();
+}
+
+#[test]
+fn missing_chunk_image_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    let victim = image_of(dir.path(), p, CHANGED[1], second);
+    assert!(victim.ends_with(format!("c{:010}-e{second:010}.chunk", (p.offset() + CHANGED[1] * 8) / CHUNK)));
+    std::fs::remove_file(&victim).unwrap();
+    assert_falls_back(dir.path(), first, &victim);
+}
+
+#[test]
+fn missing_image_both_checkpoints_share_without_the_log_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    // A clean chunk: the second checkpoint reuses the first one's image, so neither can load.
+    let victim = image_of(dir.path(), p, 10 * CHUNK / 8, second);
+    assert_eq!(victim, image_of(dir.path(), p, 10 * CHUNK / 8, first));
+    std::fs::remove_file(&victim).unwrap();
+    match Store::open(dir.path(), options()) {
+        Err(Error::Corrupt { path, reason, .. }) => assert_eq!(path, victim, "{reason}"),
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("opened although no checkpoint and no log hold the lost chunk"),
+    }
+}
+
+#[test]
+fn truncated_chunk_image_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    let victim = image_of(dir.path(), p, CHANGED[0], second);
+    let len = std::fs::metadata(&victim).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len / 2).unwrap();
+    assert_falls_back(dir.path(), first, &victim);
+}
+
+#[test]
+fn image_of_another_chunk_in_its_place_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    // Both images are intact and carry valid checksums, only the header says whose they are.
+    let a = image_of(dir.path(), p, CHANGED[0], second);
+    let b = image_of(dir.path(), p, CHANGED[1], second);
+    std::fs::copy(&a, &b).unwrap();
+    assert_falls_back(dir.path(), first, &b);
+}
+
+#[test]
+fn damaged_newest_manifest_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, first, second) = two_checkpoints(dir.path());
+    let victim = manifest_path(dir.path(), second);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0x40;
+    std::fs::write(&victim, bytes).unwrap();
+    assert_falls_back(dir.path(), first, &victim);
+}
+
+#[test]
+fn manifest_from_a_newer_format_version_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, second) = two_checkpoints(dir.path());
+    // A well-formed manifest (checksum and all) that only a newer build writes.
+    let victim = manifest_path(dir.path(), second);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[8..12].copy_from_slice(&(CHECKPOINT_VERSION + 1).to_le_bytes());
+    let body = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..body]);
+    bytes[body..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&victim, bytes).unwrap();
+    // Falling back to the older checkpoint would silently drop what the newer build wrote.
+    match Store::open(dir.path(), options()) {
+        Err(Error::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, victim);
+            assert!(reason.contains("newer") && reason.contains(&format!("{}", CHECKPOINT_VERSION + 1)), "{reason}");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("opened a store written by a newer format"),
+    }
+}
+
+#[test]
+fn heap_capacity_smaller_than_the_checkpoint_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, second) = two_checkpoints(dir.path());
+    let small = Options { heap_capacity: 256 << 10, ..options() };
+    match Store::open(dir.path(), small) {
+        Err(Error::CapacityTooSmall { path, needed, capacity }) => {
+            assert_eq!(path, manifest_path(dir.path(), second));
+            assert_eq!(capacity, 256 << 10);
+            assert!(needed > WORDS * 8, "needs the whole data: {needed}");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("opened a checkpoint larger than the heap"),
+    }
+    // Nothing was changed: a large enough heap still opens it from the same checkpoint.
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_eq!(store.recovery_report().checkpoint.as_ref().unwrap().manifest.epoch, second);
+    check_data(&store);
+    store.close().unwrap();
+}
+
+#[test]
+fn only_the_last_two_checkpoints_and_their_images_stay_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, _) = two_checkpoints(dir.path());
+    let store = Store::open(dir.path(), options()).unwrap();
+    for round in 0..3u64 {
+        store.transact(Commit::Sync, |tx| tx.write_u64_at(p, (round * 7 + 1) * CHUNK, round)).unwrap();
+        store.checkpoint().unwrap();
+    }
+    store.close().unwrap();
+    let manifests: Vec<Manifest> = list_manifests(dir.path())
+        .unwrap()
+        .iter()
+        .map(|(_, path)| Manifest::decode(&std::fs::read(path).unwrap()).unwrap())
+        .collect();
+    assert_eq!(manifests.len(), 2, "the newest checkpoint and the one before it");
+    let mut referenced: Vec<(u64, u64)> = manifests
+        .iter()
+        .flat_map(|m| m.chunks.iter().enumerate().map(|(i, c)| (i as u64, c.image_epoch)))
+        .collect();
+    referenced.sort_unstable();
+    referenced.dedup();
+    let mut on_disk: Vec<(u64, u64)> = std::fs::read_dir(dir.path().join("ckpt"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            parse_chunk_name(&name).unwrap_or_else(|| panic!("stray file {name} in ckpt/"))
+        })
+        .collect();
+    on_disk.sort_unstable();
+    assert_eq!(on_disk, referenced, "exactly the images the kept checkpoints use");
+    let stray: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(stray.is_empty(), "temp files left: {stray:?}");
+}
+
+/// A fallback leaves the unusable checkpoint's manifest behind, and the next checkpoint's
+/// garbage collection deletes its own images. When the newest checkpoint fails later too,
+/// recovery skips both, and the report must name the newest one's damage, not the stale one's.
+#[test]
+fn second_fallback_names_the_newest_checkpoints_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    std::fs::remove_file(image_of(dir.path(), p, CHANGED[0], second)).unwrap();
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_eq!(store.recovery_report().checkpoint.as_ref().unwrap().manifest.epoch, first);
+    store.transact(Commit::Sync, |tx| tx.write_u64_at(p, CHANGED[1] * 8, expected(CHANGED[1]))).unwrap();
+    let third = store.checkpoint().unwrap();
+    store.close().unwrap();
+
+    let victim = image_of(dir.path(), p, CHANGED[1], third.epoch);
+    assert!(victim.to_string_lossy().ends_with(&format!("-e{:010}.chunk", third.epoch)));
+    std::fs::remove_file(&victim).unwrap();
+    assert_falls_back(dir.path(), first, &victim);
+}
+
+/// A manifest whose checksum is right but whose fields disagree (more chunks than its
+/// covered bytes need, some beyond the heap) is refused like damage, without a panic.
+#[test]
+fn manifest_with_more_chunks_than_it_covers_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, first, second) = two_checkpoints(dir.path());
+    let victim = manifest_path(dir.path(), second);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let chunks = Manifest::decode(&bytes).unwrap().chunks.len() as u64;
+    assert!(chunks > 8);
+    bytes[32..40].copy_from_slice(&(4 * CHUNK).to_le_bytes());
+    let body = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..body]);
+    bytes[body..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&victim, bytes).unwrap();
+    // A heap that holds the claimed bytes but not the chunks: an error, never a panic.
+    let small = Options { heap_capacity: 8 * CHUNK, ..options() };
+    let opened = std::panic::catch_unwind(|| Store::open(dir.path(), small).map(drop));
+    assert!(matches!(opened, Ok(Err(_))), "{opened:?}");
+    assert!(Manifest::decode(&std::fs::read(&victim).unwrap()).is_err(), "decode accepts {chunks} chunks for 4 chunks of bytes");
+    assert_falls_back(dir.path(), first, &victim);
+}
