@@ -2,7 +2,7 @@
 //! the log, and the dirty epoch.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use tusk_storage::Heap;
 
 use crate::log::LogManager;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
+use crate::sync::{AtomicBool, AtomicU64};
 use crate::transaction::Transaction;
 use crate::TxnError;
 
@@ -168,7 +169,7 @@ impl Engine {
                     seen.push(w);
                     break;
                 }
-                std::hint::spin_loop();
+                crate::sync::spin_loop();
             }
         }
         self.heap.read_bytes(off, out);

@@ -53,7 +53,7 @@ impl Stripes {
     /// before this load by the fence.
     #[inline]
     pub fn recheck(&self, index: u32) -> u64 {
-        std::sync::atomic::fence(Ordering::Acquire);
+        crate::sync::fence(Ordering::Acquire);
         self.words.get(index as u64).load(Ordering::Relaxed)
     }
 

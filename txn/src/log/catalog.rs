@@ -1,10 +1,10 @@
 //! The catalog of log segments on disk: their LSN ranges and sizes, kept up to date by the
 //! writer, read by the checkpointer to trim the log and to bound its size.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex};
 use tusk_storage::log_files::{sync_dir, SegmentInfo};
 use tusk_storage::StorageError;
 
