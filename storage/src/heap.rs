@@ -263,3 +263,37 @@ mod tests {
         assert_eq!(heap.load_word((64 << 30) - 8), 1);
     }
 }
+
+/// Loom models of the heap's own atomics (run by .ci/loom; the commit protocol that uses
+/// them is modelled in tusk-txn).
+#[cfg(all(test, loom))]
+mod loom_models {
+    use std::sync::Arc;
+
+    use loom::thread;
+
+    use super::*;
+
+    /// Concurrent write-backs stamping one page with different epochs leave the larger one
+    /// (the skip-if-unchanged load never loses a stamp), and masked stores to different words
+    /// of a page do not disturb each other.
+    #[test]
+    fn loom_dirty_stamps_keep_the_newest_epoch() {
+        loom::model(|| {
+            let heap = Arc::new(Heap::new(PAGE_SIZE).unwrap());
+            let old = {
+                let heap = heap.clone();
+                thread::spawn(move || {
+                    heap.store_word_masked(8, 0xAA, 0x01);
+                    heap.stamp_dirty(8, 8, 5);
+                })
+            };
+            heap.store_word_masked(16, 0xBB00, 0x02);
+            heap.stamp_dirty(16, 8, 7);
+            old.join().unwrap();
+            assert_eq!(heap.page_epoch(0), 7);
+            assert_eq!(heap.load_word(8), 0xAA);
+            assert_eq!(heap.load_word(16), 0xBB00);
+        });
+    }
+}
