@@ -9,7 +9,9 @@
 //! critical section of its partition's mutex. So after reading the LSN clock `c`, every LSN
 //! ≤ c is found in some partition (pending or durable), and
 //! `durable = min(c, min over partitions of (first pending LSN - 1))`.
-//! Within a partition, LSNs are appended in ascending order.
+//! Within a partition, LSNs are appended in ascending order. The watermark and the waiters'
+//! rendezvous live in [`progress`], apart from the writer's thread and I/O, so that loom can
+//! model them.
 
 pub mod catalog;
 pub mod partition;
@@ -25,8 +27,8 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 
 use crate::engine::LogConfig;
-use crate::TxnError;
 use crate::sync::AtomicU64;
+use crate::TxnError;
 use catalog::SegmentCatalog;
 use partition::Partition;
 use progress::{Progress, Watermark};
