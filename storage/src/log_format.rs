@@ -180,10 +180,20 @@ impl<'a> Iterator for WriteIter<'a> {
         if self.left == 0 {
             return None;
         }
-        // Bounds were validated by `decode_record`.
-        let offset = u64::from_le_bytes(self.rest[0..8].try_into().unwrap());
-        let len = u32::from_le_bytes(self.rest[8..12].try_into().unwrap()) as usize;
-        let bytes = &self.rest[WRITE_HEADER..WRITE_HEADER + len];
+        // `decode_frame` validated the bounds of the records it returns, but a view from
+        // `decode_validated` at a position the scan did not validate may claim more writes
+        // than it holds: the iteration then ends instead of indexing past the record (found
+        // by the log_records fuzz target). Same bounds checks as slicing, no panic path.
+        let Some((offset, len)) = self.rest.get(0..WRITE_HEADER).map(|h| {
+            (u64::from_le_bytes(h[0..8].try_into().unwrap()), u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize)
+        }) else {
+            self.left = 0;
+            return None;
+        };
+        let Some(bytes) = self.rest.get(WRITE_HEADER..WRITE_HEADER + len) else {
+            self.left = 0;
+            return None;
+        };
         self.rest = &self.rest[WRITE_HEADER + len..];
         self.left -= 1;
         Some((offset, bytes))
@@ -372,6 +382,24 @@ mod tests {
         let writes: Vec<_> = view.writes().collect();
         assert_eq!(writes, vec![(8, &b"hello"[..]), (4096, &[1u8, 2, 3, 4, 5, 6, 7, 8][..])]);
         assert!(matches!(decode_frame(&buf, buf.len()), Frame::End));
+    }
+
+    #[test]
+    fn writes_of_an_unvalidated_record_end_instead_of_running_past_it() {
+        // decode_validated skips the checks of decode_frame: a record claiming more writes
+        // than it holds (count bumped from 1 to 3) must not make iteration index past it.
+        let mut buf = record(7, 0, &[(16, b"abc")]);
+        let count_at = FRAME_HEADER_SIZE + 16;
+        buf[count_at..count_at + 4].copy_from_slice(&3u32.to_le_bytes());
+        let view = decode_validated(&buf, 0).expect("decode_validated does not check writes");
+        assert_eq!(view.writes().collect::<Vec<_>>(), vec![(16, &b"abc"[..])]);
+        // A write whose length runs past the record.
+        let mut buf = record(7, 0, &[(16, b"abc")]);
+        let len_at = FRAME_HEADER_SIZE + 20 + 8;
+        buf[len_at..len_at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        let view = decode_validated(&buf, 0).unwrap();
+        assert_eq!(view.writes().count(), 0);
+        assert!(matches!(decode_frame(&buf, 0), Frame::Invalid(_)), "the scan rejects it");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Anonymous memory regions: reserved with MAP_NORESERVE (zero until touched) and advised
 //! to use transparent huge pages, since everything placed in them is accessed at random.
 
-use std::sync::atomic::AtomicU64;
+use crate::sync::AtomicU64;
 
 use crate::StorageError;
 
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) struct AnonRegion {
     base: *mut u8,
     len: usize,
@@ -15,6 +16,7 @@ unsafe impl Send for AnonRegion {}
 // SAFETY: see above.
 unsafe impl Sync for AnonRegion {}
 
+#[cfg_attr(loom, allow(dead_code))]
 impl AnonRegion {
     pub(crate) fn reserve(bytes: u64) -> Result<AnonRegion, StorageError> {
         let len = usize::try_from(bytes.max(1)).map_err(|_| StorageError::Reserve {
@@ -59,11 +61,13 @@ impl Drop for AnonRegion {
 }
 
 /// A fixed array of atomic words in its own lazily touched region.
+#[cfg(not(loom))]
 pub struct AtomicWords {
     region: AnonRegion,
     len: u64,
 }
 
+#[cfg(not(loom))]
 impl AtomicWords {
     /// `len` words, all zero.
     pub fn new(len: u64) -> Result<AtomicWords, StorageError> {
@@ -95,7 +99,39 @@ impl AtomicWords {
     }
 }
 
+/// Under loom the words are loom atomics (which cannot live in raw memory): a boxed slice
+/// with the same interface, so the protocols built on it (stripe locks, dirty epochs, heap
+/// words) run unchanged in the models.
+#[cfg(loom)]
+pub struct AtomicWords {
+    words: Box<[AtomicU64]>,
+}
+
+#[cfg(loom)]
+impl AtomicWords {
+    pub fn new(len: u64) -> Result<AtomicWords, StorageError> {
+        Ok(AtomicWords { words: (0..len).map(|_| AtomicU64::new(0)).collect() })
+    }
+
+    #[inline]
+    pub fn get(&self, i: u64) -> &AtomicU64 {
+        assert!(i < self.len(), "word {i} of {}", self.len());
+        &self.words[i as usize]
+    }
+
+    pub fn prefetch(&self, _i: u64) {}
+
+    pub fn len(&self) -> u64 {
+        self.words.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+}
+
 /// Issues a prefetch for the cache line at `p` (a hint; never faults).
+#[cfg_attr(loom, allow(dead_code))]
 #[inline]
 pub(crate) fn prefetch_ptr(p: *const u8) {
     #[cfg(target_arch = "x86_64")]

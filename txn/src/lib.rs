@@ -15,6 +15,7 @@ pub mod error;
 pub mod log;
 pub mod roots;
 pub mod stripes;
+pub mod sync;
 pub mod transaction;
 pub mod write_set;
 

@@ -176,7 +176,7 @@ impl<'e> Transaction<'e> {
                 if spins > LOCKED_SPINS {
                     return self.conflict();
                 }
-                std::hint::spin_loop();
+                crate::sync::spin_loop();
                 continue;
             }
             let value = engine.heap().load_word(off);
@@ -431,7 +431,7 @@ impl<'e> Transaction<'e> {
                     self.unlock_restore();
                     return self.conflict();
                 }
-                std::hint::spin_loop();
+                crate::sync::spin_loop();
             }
         }
         Ok(())

@@ -1,10 +1,10 @@
 //! The catalog of log segments on disk: their LSN ranges and sizes, kept up to date by the
 //! writer, read by the checkpointer to trim the log and to bound its size.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex};
 use tusk_storage::log_files::{sync_dir, SegmentInfo};
 use tusk_storage::StorageError;
 
@@ -53,9 +53,16 @@ impl SegmentCatalog {
         self.over.load(Ordering::Relaxed)
     }
 
-    /// Records whether the last checkpoint failed (`None`: it succeeded).
+    /// Records whether the last checkpoint failed (`None`: it succeeded). A failure wakes
+    /// the stalled committers at once (not at their next poll): it is taken under the
+    /// segments mutex, which a committer holds from its check to its sleep, so none misses it.
     pub fn set_trim_failure(&self, why: Option<String>) {
+        let _segs = self.segments.lock();
+        let failed = why.is_some();
         *self.trim_failure.lock() = why;
+        if failed {
+            self.under.notify_all();
+        }
     }
 
     /// Blocks while the log is over its bound. `give_up` is asked every poll and ends the
@@ -148,5 +155,62 @@ impl SegmentCatalog {
             sync_dir(&d)?;
         }
         Ok((doomed.len(), bytes))
+    }
+}
+
+/// Loom models of the log-space stall (run by .ci/loom). loom's timed waits never time out,
+/// so these pass only if every event that ends a stall wakes the stalled committers itself,
+/// without the poll's help.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use std::sync::Arc;
+
+    use loom::thread;
+
+    use super::*;
+
+    /// A catalog over its bound of 100 bytes: one closed segment of 200 bytes (LSN 1) and an
+    /// open, empty one. The files do not exist (trimming tolerates that).
+    fn over_bound() -> Arc<SegmentCatalog> {
+        let dir = std::env::temp_dir();
+        let catalog = SegmentCatalog::new(Vec::new());
+        catalog.set_limit(100);
+        catalog.opened(0, 1, dir.join("tusk-loom-absent-segment-1"));
+        catalog.flushed(0, 1, 1, 200);
+        catalog.opened(0, 2, dir.join("tusk-loom-absent-segment-2"));
+        assert!(catalog.over_limit());
+        Arc::new(catalog)
+    }
+
+    fn stall(catalog: &SegmentCatalog) -> Result<(), String> {
+        if !catalog.over_limit() {
+            return Ok(());
+        }
+        catalog.wait_for_space(|| None, |why| why)
+    }
+
+    /// A committer stalled on the bound resumes once a checkpoint trims the log under it.
+    #[test]
+    fn loom_trimming_wakes_stalled_committers() {
+        loom::model(|| {
+            let catalog = over_bound();
+            let committer = { let catalog = catalog.clone(); thread::spawn(move || stall(&catalog)) };
+            assert_eq!(catalog.trim(1).unwrap(), (1, 200));
+            assert!(!catalog.over_limit());
+            committer.join().unwrap().unwrap();
+        });
+    }
+
+    /// A committer stalled on the bound fails once the checkpoint that would trim fails
+    /// (before `set_trim_failure` notified, it waited for its next poll).
+    #[test]
+    fn loom_a_failed_checkpoint_wakes_stalled_committers() {
+        loom::model(|| {
+            let catalog = over_bound();
+            let committer = { let catalog = catalog.clone(); thread::spawn(move || stall(&catalog)) };
+            catalog.set_trim_failure(Some("disk full".into()));
+            let err = committer.join().unwrap().unwrap_err();
+            assert!(err.contains("disk full"), "{err}");
+        });
     }
 }

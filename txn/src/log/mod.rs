@@ -9,24 +9,29 @@
 //! critical section of its partition's mutex. So after reading the LSN clock `c`, every LSN
 //! ≤ c is found in some partition (pending or durable), and
 //! `durable = min(c, min over partitions of (first pending LSN - 1))`.
-//! Within a partition, LSNs are appended in ascending order.
+//! Within a partition, LSNs are appended in ascending order. The watermark and the waiters'
+//! rendezvous live in [`progress`], apart from the writer's thread and I/O, so that loom can
+//! model them.
 
 pub mod catalog;
 pub mod partition;
+pub mod progress;
 mod segments;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::engine::LogConfig;
+use crate::sync::AtomicU64;
 use crate::TxnError;
 use catalog::SegmentCatalog;
 use partition::Partition;
+use progress::{Progress, Watermark};
 use tusk_storage::log_files::SegmentInfo;
 
 /// State shared by committers, waiters and the writer thread.
@@ -35,13 +40,9 @@ pub(crate) struct Shared {
     /// Last LSN drawn (the STM's version clock).
     pub clock: Arc<AtomicU64>,
     /// Every LSN ≤ durable is on disk.
-    pub durable: AtomicU64,
-    failed: AtomicBool,
-    failure: Mutex<Option<String>>,
-    /// The writer stopped: nothing more becomes durable.
-    stopped: AtomicBool,
-    wake: Mutex<()>,
-    progress: Condvar,
+    pub watermark: Watermark,
+    /// Where waiters sleep; failure and shutdown.
+    progress: Progress,
     kick: Sender<()>,
     pub config: LogConfig,
     pub catalog: SegmentCatalog,
@@ -55,56 +56,26 @@ impl Shared {
     }
 
     pub fn fail(&self, why: String) {
-        let mut f = self.failure.lock();
-        if f.is_none() {
-            *f = Some(why);
-        }
-        self.failed.store(true, Ordering::SeqCst);
-        drop(f);
-        self.notify();
+        self.progress.fail(why);
     }
 
     pub fn failure(&self) -> Option<String> {
-        if !self.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        self.failure.lock().clone()
+        self.progress.failure()
     }
 
-    /// Wakes every waiter (under the wake mutex, so no waiter misses it).
+    /// Wakes every waiter.
     pub fn notify(&self) {
-        let _g = self.wake.lock();
-        self.progress.notify_all();
+        self.progress.notify();
     }
 
     /// Recomputes the durable watermark from the clock and the partitions.
     pub fn advance_watermark(&self) {
-        let clock = self.clock.load(Ordering::SeqCst);
-        let mut durable = clock;
-        for p in &self.partitions {
-            if let Some(first) = p.first_pending() {
-                durable = durable.min(first - 1);
-            }
-        }
-        self.durable.fetch_max(durable, Ordering::SeqCst);
+        self.watermark.advance(&self.clock, &self.partitions);
     }
 
-    /// Blocks until `done()` holds or the log failed.
+    /// Blocks until `done()` holds or the log failed or stopped.
     fn wait_until(&self, done: impl Fn() -> bool) -> Result<(), TxnError> {
-        let mut guard = self.wake.lock();
-        loop {
-            if done() {
-                return Ok(());
-            }
-            if let Some(why) = self.failure() {
-                return Err(TxnError::LogFailed(why));
-            }
-            if self.stopped.load(Ordering::SeqCst) {
-                return Err(TxnError::Closed);
-            }
-            self.kick();
-            self.progress.wait(&mut guard);
-        }
+        self.progress.wait_until(done, || self.kick())
     }
 }
 
@@ -127,12 +98,8 @@ impl LogManager {
         let shared = Arc::new(Shared {
             partitions,
             clock,
-            durable: AtomicU64::new(durable),
-            failed: AtomicBool::new(false),
-            failure: Mutex::new(None),
-            stopped: AtomicBool::new(false),
-            wake: Mutex::new(()),
-            progress: Condvar::new(),
+            watermark: Watermark::new(durable),
+            progress: Progress::new(),
             kick,
             config,
             catalog: SegmentCatalog::new(existing),
@@ -188,7 +155,7 @@ impl LogManager {
         self.shared.catalog.wait_for_space(|| {
             if let Some(why) = self.shared.failure() {
                 Some(TxnError::LogFailed(why))
-            } else if self.shared.stopped.load(Ordering::SeqCst) {
+            } else if self.shared.progress.is_stopped() {
                 Some(TxnError::Closed)
             } else {
                 None
@@ -197,7 +164,7 @@ impl LogManager {
     }
 
     pub fn durable_lsn(&self) -> u64 {
-        self.shared.durable.load(Ordering::SeqCst)
+        self.shared.watermark.get()
     }
 
     /// Waits until every LSN ≤ lsn is durable.
@@ -240,8 +207,7 @@ impl LogManager {
         if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
         }
-        self.shared.stopped.store(true, Ordering::SeqCst);
-        self.shared.notify();
+        self.shared.progress.stop();
     }
 }
 

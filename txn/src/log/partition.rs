@@ -1,9 +1,9 @@
 //! One log partition's in-memory side: the buffer committers append to, and what the
 //! writer has in flight.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use parking_lot::Mutex;
+use crate::sync::{AtomicU64, Mutex};
 
 #[derive(Default)]
 pub struct Partition {

@@ -1,0 +1,104 @@
+//! The synchronisation primitives of the lock-free protocols (commit, stripe locks, durable
+//! watermark, group commit, log-space stall, dirty epochs): std atomics and parking_lot in
+//! normal builds, loom's under `--cfg loom` (see .ci/loom). Normal builds get plain
+//! re-exports, so the switch costs nothing; under loom, thin wrappers give loom's types
+//! parking_lot's API so the protocol code reads the same in both builds.
+
+#[cfg(not(loom))]
+pub use parking_lot::{Condvar, Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU64};
+
+/// Backs off in a spin-wait loop. Under loom it yields, so the model checker schedules the
+/// thread being waited for instead of exploring the spin.
+#[cfg(not(loom))]
+#[inline]
+pub fn spin_loop() {
+    std::hint::spin_loop();
+}
+
+#[cfg(loom)]
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
+#[cfg(loom)]
+pub use self::model::{Condvar, Mutex, MutexGuard};
+
+#[cfg(loom)]
+pub fn spin_loop() {
+    loom::thread::yield_now();
+}
+
+#[cfg(loom)]
+mod model {
+    use std::ops::{Deref, DerefMut};
+    use std::time::Duration;
+
+    /// loom's mutex with parking_lot's API (no poisoning in the models: a panic fails them).
+    #[derive(Default, Debug)]
+    pub struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Mutex<T> {
+            Mutex(loom::sync::Mutex::new(value))
+        }
+
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            MutexGuard(Some(self.0.lock().unwrap()))
+        }
+    }
+
+    /// `Option` so that [`Condvar::wait`] can hand the guard to loom and back through `&mut`.
+    pub struct MutexGuard<'a, T>(Option<loom::sync::MutexGuard<'a, T>>);
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0.as_ref().unwrap()
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0.as_mut().unwrap()
+        }
+    }
+
+    #[derive(Default, Debug)]
+    pub struct Condvar(loom::sync::Condvar);
+
+    /// parking_lot's result of a timed wait.
+    pub struct WaitTimeoutResult(bool);
+
+    impl WaitTimeoutResult {
+        pub fn timed_out(&self) -> bool {
+            self.0
+        }
+    }
+
+    impl Condvar {
+        pub fn new() -> Condvar {
+            Condvar(loom::sync::Condvar::new())
+        }
+
+        pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
+            let inner = guard.0.take().unwrap();
+            guard.0 = Some(self.0.wait(inner).unwrap());
+        }
+
+        /// loom never times out: a model that needs the timeout to make progress deadlocks,
+        /// which is how the models find a wake-up that only a poll would rescue.
+        pub fn wait_for<T>(&self, guard: &mut MutexGuard<'_, T>, timeout: Duration) -> WaitTimeoutResult {
+            let inner = guard.0.take().unwrap();
+            let (inner, result) = self.0.wait_timeout(inner, timeout).unwrap();
+            guard.0 = Some(inner);
+            WaitTimeoutResult(result.timed_out())
+        }
+
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+
+        pub fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+}
