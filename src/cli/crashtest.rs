@@ -133,6 +133,7 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         println!("  harmless bit flips      {}", summary.harmless_flips);
         println!("  commits refused (eio)   {}", summary.commits_refused);
         println!("  power-cut sectors lost  {}", summary.power_sectors_lost);
+        println!("  partition skews (bank)  {}", summary.partition_skews);
         println!("  recovery p50 / max      {:.1} / {:.1} ms", summary.recovery_p50_ms(), summary.recovery_max_ms());
         println!("  duration                {:.1} s", summary.duration.as_secs_f64());
     }

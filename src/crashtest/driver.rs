@@ -20,7 +20,7 @@ use serde_json::json;
 use super::child::{store_options, ChildConfig};
 use super::faults::{apply_power_cut, checkpointed_lsn, copy_store, flip_bit, tear_tail};
 use super::protocol::parse_output;
-use super::verify::{check, CycleLog, Strictness, Verdict};
+use super::verify::{bank_total, check, CycleLog, Strictness, Verdict};
 use super::workload::{self, read_all};
 use super::{CommitChoice, Config, CrashtestError, Fault, Workload};
 use crate::{Commit, Error, RecoveryReport, Store};
@@ -50,6 +50,9 @@ pub struct CycleOutcome {
     pub harmless_flip: bool,
     /// Sectors a power cut lost.
     pub sectors_lost: u64,
+    /// Bank: Partition records applied beyond an LSN gap changed the total (allowed by the
+    /// rules: their after-images may rest on transfers the gap dropped).
+    pub partition_skew: bool,
     pub verdict: Verdict,
     /// What the fault did, in words.
     pub detail: String,
@@ -69,6 +72,8 @@ pub struct Summary {
     pub harmless_flips: u64,
     pub commits_refused: u64,
     pub power_sectors_lost: u64,
+    /// Cycles in which Partition records beyond a gap changed the bank total.
+    pub partition_skews: u64,
     pub per_fault: BTreeMap<Fault, u64>,
     pub recovery_ms: Vec<f64>,
     pub duration: Duration,
@@ -112,6 +117,7 @@ impl Summary {
             "harmless_flips": self.harmless_flips,
             "commits_refused": self.commits_refused,
             "power_sectors_lost": self.power_sectors_lost,
+            "partition_skews": self.partition_skews,
             "faults": per_fault,
             "recovery_p50_ms": self.recovery_p50_ms(),
             "recovery_max_ms": self.recovery_max_ms(),
@@ -192,6 +198,7 @@ pub fn run(config: &Config, mut on_cycle: impl FnMut(&CycleOutcome)) -> Result<S
         summary.corruptions_detected += u64::from(outcome.corruption_detected);
         summary.harmless_flips += u64::from(outcome.harmless_flip);
         summary.power_sectors_lost += outcome.sectors_lost;
+        summary.partition_skews += u64::from(outcome.partition_skew);
         summary.lost_acknowledged += outcome.verdict.lost.len() as u64;
         summary.invariant_violations += outcome.verdict.violations.len() as u64;
         if let Some(words) = next {
@@ -243,6 +250,7 @@ fn cycle(config: &Config, k: u64, baseline: &[u64]) -> Result<(CycleOutcome, Opt
         corruption_detected: false,
         harmless_flip: false,
         sectors_lost: 0,
+        partition_skew: false,
         verdict: Verdict::default(),
         detail: String::new(),
     };
@@ -317,6 +325,7 @@ fn cycle(config: &Config, k: u64, baseline: &[u64]) -> Result<(CycleOutcome, Opt
     let recovered = words(&store, config.workload)?;
     let strictness = if fault == Fault::None { Strictness::Clean } else { Strictness::Crash };
     let verdict = check(&log, baseline, &recovered, &report, config.workload, strictness);
+    outcome.partition_skew = config.workload == Workload::Bank && bank_total(&recovered) != bank_total(baseline);
     outcome.verdict.lost.extend(verdict.lost);
     outcome.verdict.violations.extend(verdict.violations);
     if let Err(e) = store.close() {

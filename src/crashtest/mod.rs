@@ -14,11 +14,19 @@
 //! power cut keeps, where a bit flips) comes from the seed, so a run can be replayed; what
 //! the child had committed when the kill landed depends on timing.
 
+// The parts are public for the tests and the CLI; each is documented at its head, their
+// items where it is not obvious.
+#[allow(missing_docs)]
 pub mod child;
+#[allow(missing_docs)]
 pub mod driver;
+#[allow(missing_docs)]
 pub mod faults;
+#[allow(missing_docs)]
 pub mod protocol;
+#[allow(missing_docs)]
 pub mod verify;
+#[allow(missing_docs)]
 pub mod workload;
 
 use std::path::PathBuf;
@@ -39,8 +47,11 @@ pub enum Workload {
 /// How the child commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommitChoice {
+    /// Every commit `Sync`.
     Sync,
+    /// Every commit `Async` (nothing must survive a crash but what recovery claims).
     Async,
+    /// Every commit `Partition`.
     Partition,
     /// Sync, Async, Partition and split-phase (Async, then `is_stable(lsn, true)`), mixed.
     Mixed,
@@ -67,6 +78,7 @@ impl Fault {
     /// Every fault model, in the order `--faults all` draws from.
     pub const ALL: [Fault; 6] = [Fault::None, Fault::Kill, Fault::Power, Fault::Torn, Fault::Bitflip, Fault::Eio];
 
+    /// The name `--faults` takes.
     pub fn name(self) -> &'static str {
         match self {
             Fault::None => "none",
@@ -87,9 +99,13 @@ pub struct Config {
     /// The store directory (created; a store already there is used as it is only if it
     /// was made by a crash run with the same workload).
     pub dir: PathBuf,
+    /// Crash cycles to run.
     pub cycles: u64,
+    /// Seed of every choice of the run.
     pub seed: u64,
+    /// The workload the child runs.
     pub workload: Workload,
+    /// How the child commits.
     pub commit: CommitChoice,
     /// The faults cycles draw from (one per cycle).
     pub faults: Vec<Fault>,
@@ -115,6 +131,7 @@ impl Config {
 
 /// What can stop a crash run (a loss or violation is not an error: it is in the summary).
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)]
 pub enum CrashtestError {
     #[error("the index workload needs the B-link tree and ART of the index issue, which has not landed yet; use --workload bank or hathi")]
     IndexNotAvailable,
