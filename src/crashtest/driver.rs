@@ -189,7 +189,8 @@ pub fn run(config: &Config, mut on_cycle: impl FnMut(&CycleOutcome)) -> Result<S
     let mut baseline = prepare(config)?;
     let mut summary = Summary { seed: config.seed, ..Summary::default() };
     for k in 0..config.cycles {
-        let (outcome, next) = cycle(config, k, &baseline)?;
+        let (outcome, next) =
+            cycle(config, k, &baseline).map_err(|e| CrashtestError::Cycle { seed: config.seed, cycle: k, source: Box::new(e) })?;
         summary.cycles += 1;
         *summary.per_fault.entry(outcome.fault).or_default() += 1;
         summary.acknowledged += outcome.acknowledged;

@@ -11,7 +11,7 @@ use rand::Rng;
 use tusk_storage::checkpoint_format::{checkpoint_dir, parse_chunk_name, parse_manifest_name};
 use tusk_storage::io::{power_cut, PowerCut};
 use tusk_storage::log_files::{list_partitions, list_segments};
-use tusk_storage::log_format::{decode_frame, Frame, SEGMENT_HEADER_SIZE};
+use tusk_storage::log_format::{decode_frame, Frame, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE};
 
 use super::CrashtestError;
 
@@ -123,7 +123,11 @@ pub fn tear_tail(dir: &Path, rng: &mut SmallRng, first_lsn: u64, required_lsn: u
         _ => {
             // Only the last record: damage followed by a later flush is an error, not a tear.
             let victim = *suffix.last().expect("non-empty suffix");
-            let at = victim.offset + rng.random_range(0..victim.len);
+            // Inside the frame (header and payload), not the alignment bytes after it, which
+            // carry nothing and are not checked.
+            let payload = data.get(victim.offset as usize + 4..victim.offset as usize + 8).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+            let frame = (FRAME_HEADER_SIZE as u64 + u64::from(payload)).min(victim.len);
+            let at = victim.offset + rng.random_range(0..frame);
             let mut byte = [data[at as usize]];
             byte[0] ^= 1 << rng.random_range(0..8);
             file.write_all_at(&byte, at).map_err(|e| CrashtestError::io(&path, e))?;

@@ -145,6 +145,8 @@ pub enum CrashtestError {
     Child(String),
     #[error("bad child configuration: {0}")]
     Config(String),
+    #[error("seed {seed} cycle {cycle}: {source}")]
+    Cycle { seed: u64, cycle: u64, source: Box<CrashtestError> },
 }
 
 impl CrashtestError {
