@@ -55,6 +55,13 @@ fn records(data: &[u8]) -> Vec<Rec> {
     }
 }
 
+/// Bytes of a record's frame (header and payload), without the alignment bytes after it.
+fn frame_len(data: &[u8], r: &Rec) -> u64 {
+    let at = r.offset as usize;
+    let payload = data.get(at + 4..at + 8).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+    (FRAME_HEADER_SIZE as u64 + u64::from(payload)).min(r.len)
+}
+
 /// How a torn tail was made, and where recovery must report it.
 #[derive(Clone, Debug)]
 pub struct TornPlan {
@@ -116,7 +123,8 @@ pub fn tear_tail(dir: &Path, rng: &mut SmallRng, first_lsn: u64, required_lsn: u
         }
         2 => {
             let victim = suffix[rng.random_range(0..suffix.len())];
-            let cut = victim.offset + rng.random_range(1..victim.len.max(2));
+            // Inside the frame: a cut in the alignment bytes after it leaves the record whole.
+            let cut = victim.offset + rng.random_range(1..frame_len(&data, &victim).max(2));
             file.set_len(cut).map_err(|e| CrashtestError::io(&path, e))?;
             TornPlan { path: path.clone(), expect_offset: victim.offset, how: "cut inside a record" }
         }
@@ -125,9 +133,7 @@ pub fn tear_tail(dir: &Path, rng: &mut SmallRng, first_lsn: u64, required_lsn: u
             let victim = *suffix.last().expect("non-empty suffix");
             // Inside the frame (header and payload), not the alignment bytes after it, which
             // carry nothing and are not checked.
-            let payload = data.get(victim.offset as usize + 4..victim.offset as usize + 8).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
-            let frame = (FRAME_HEADER_SIZE as u64 + u64::from(payload)).min(victim.len);
-            let at = victim.offset + rng.random_range(0..frame);
+            let at = victim.offset + rng.random_range(0..frame_len(&data, &victim));
             let mut byte = [data[at as usize]];
             byte[0] ^= 1 << rng.random_range(0..8);
             file.write_all_at(&byte, at).map_err(|e| CrashtestError::io(&path, e))?;
