@@ -30,6 +30,7 @@
 //! ```
 
 mod checkpoints;
+pub mod crashtest;
 mod error;
 mod options;
 mod store;
@@ -40,7 +41,7 @@ pub use options::{Durability, Options};
 pub use store::Store;
 pub use transaction::Transaction;
 pub use tusk_recovery::{RecoveryReport, TornTail};
-pub use tusk_storage::io::{FaultPlan, Io};
+pub use tusk_storage::io::{FaultPlan, Io, RecordConfig};
 pub use tusk_storage::HeapPtr;
 pub use tusk_txn::{CheckpointReport, Commit, Lsn};
 

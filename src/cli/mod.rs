@@ -3,6 +3,7 @@
 mod bench_store;
 mod bench_txn;
 mod crash_child;
+mod crashtest;
 mod demo;
 mod inspect;
 mod report;
@@ -31,9 +32,14 @@ enum Command {
         #[command(subcommand)]
         bench: Bench,
     },
+    /// Crash-recovery runs: crash a child under fault models, recover, verify, repeat.
+    Crashtest(crashtest::CrashtestArgs),
     /// Child process of the kill tests: commits and reports acknowledgements on stdout.
     #[command(hide = true)]
     CrashChild(crash_child::ChildArgs),
+    /// Child process of `tusk crashtest`.
+    #[command(hide = true)]
+    CrashtestChild(crashtest::CrashtestChildArgs),
 }
 
 #[derive(Subcommand)]
@@ -75,6 +81,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench { bench: Bench::Recovery(args) } => bench_store::recovery(args),
         Command::Bench { bench: Bench::Checkpoint(args) } => bench_store::checkpoint(args),
         Command::CrashChild(args) => crash_child::run(args),
+        Command::Crashtest(args) => crashtest::run(args),
+        Command::CrashtestChild(args) => crashtest::child(args),
     }
 }
 

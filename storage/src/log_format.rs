@@ -260,8 +260,17 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
     if crc32fast::hash(payload) != word(8) {
         return Frame::Invalid("record checksum mismatch".into());
     }
+    // The reserved word and the alignment bytes carry nothing, but the format says they are
+    // zero: a flipped bit there is damage too, not something to skip silently.
+    if word(12) != 0 {
+        return Frame::Invalid("reserved frame word is not zero".into());
+    }
+    let next = end.next_multiple_of(8).min(data.len());
+    if data[end..next].iter().any(|&b| b != 0) {
+        return Frame::Invalid("alignment bytes after the record are not zero".into());
+    }
     match decode_payload(payload) {
-        Ok(view) => Frame::Record(view, end.next_multiple_of(8).min(data.len())),
+        Ok(view) => Frame::Record(view, next),
         Err(reason) => Frame::Invalid(reason),
     }
 }
@@ -483,5 +492,22 @@ mod tests {
         bad[17] ^= 1;
         assert!(SegmentHeader::decode(&bad).is_err());
         assert!(SegmentHeader::decode(&bytes[..10]).is_err());
+    }
+
+    /// Found by `tusk crashtest --seed 7` (torn fault): a bit flipped in a record's reserved
+    /// frame word or its alignment bytes was accepted silently.
+    #[test]
+    fn damage_in_reserved_or_alignment_bytes_is_invalid() {
+        let rec = record(5, 0, &[(64, &[1, 2, 3])]);
+        assert!(rec.len() % 8 == 0 && rec.len() > FRAME_HEADER_SIZE);
+        assert!(matches!(decode_frame(&rec, 0), Frame::Record(..)));
+        let payload = u32::from_le_bytes(rec[4..8].try_into().unwrap()) as usize;
+        let end = FRAME_HEADER_SIZE + payload;
+        assert!(end < rec.len(), "this record has alignment bytes");
+        for at in [12, 15, end, rec.len() - 1] {
+            let mut bad = rec.clone();
+            bad[at] ^= 0x10;
+            assert!(matches!(decode_frame(&bad, 0), Frame::Invalid(_)), "byte {at} flipped was accepted");
+        }
     }
 }

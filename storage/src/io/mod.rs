@@ -4,10 +4,12 @@
 //! and make each file's data durable (fdatasync), with all requests of a batch in flight
 //! together. [`uring::UringIo`] submits them as linked write+fsync pairs on one io_uring;
 //! [`sync::SyncIo`] does pwrite + fdatasync one after the other; [`fault::FaultyIo`] wraps
-//! another backend and fails chosen requests (tests and crash runs).
+//! another backend and fails chosen requests (tests and crash runs); [`record::RecordingIo`]
+//! journals every write and sync so that a crash run can cut the power afterwards.
 
 pub mod aligned;
 pub mod fault;
+pub mod record;
 pub mod sync;
 pub mod uring;
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use fault::FaultPlan;
+pub use record::{power_cut, PowerCut, RecordConfig};
 
 /// One request of a batch: write `data` at `offset` of `fd`, then fdatasync `fd`.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +50,9 @@ pub enum Io {
     Sync,
     /// The automatic backend wrapped in fault injection (for tests and crash runs).
     Faulty(Arc<FaultPlan>),
+    /// Plain pwrite + fdatasync that journals every write and sync, so that a crash run can
+    /// apply a power cut afterwards ([`record::power_cut`]).
+    Recording(RecordConfig),
 }
 
 /// Opens `path` for appending log or checkpoint data with O_DIRECT (no page-cache copy),
@@ -94,6 +100,7 @@ pub fn open_backend(io: &Io) -> std::io::Result<Box<dyn IoBackend>> {
         Io::Uring => Ok(Box::new(uring::UringIo::new()?)),
         Io::Sync => Ok(Box::new(sync::SyncIo)),
         Io::Faulty(plan) => Ok(Box::new(fault::FaultyIo::new(open_backend(&Io::Auto)?, plan.clone()))),
+        Io::Recording(config) => Ok(Box::new(record::RecordingIo::new(config)?)),
     }
 }
 

@@ -1,0 +1,386 @@
+//! What recovery must produce, and the checks.
+//!
+//! The child announces each transaction (its sequence number, mode and data writes) before
+//! committing it and acknowledges it with its LSN after; LSNs ascend with sequence numbers
+//! (see [`super::workload`]), so an unacknowledged transaction's LSN lies between its
+//! acknowledged neighbours'. After recovery to LSN `R`, with the marks telling which
+//! transactions are in the recovered state:
+//! - lost acknowledged: a Sync (or confirmed split-phase) commit with LSN > R or absent; an
+//!   acknowledged Partition commit absent; after a clean close, any acknowledged commit absent;
+//! - gap rule: every transaction with LSN ≤ R present (for an unacknowledged one: when a
+//!   later one with LSN ≤ R is); none beyond R present unless it committed with Partition (for
+//!   an unacknowledged one: when an earlier one is beyond R or absent); nothing present that
+//!   was never announced;
+//! - the state: the words from the start of the cycle with the present transactions applied
+//!   in LSN order, word for word (hathi: the heap equals the model; bank: the balances too),
+//!   and for bank the total conserved, unless Partition records beyond a gap were applied
+//!   (their after-images may rest on transfers the gap dropped — the documented cost of
+//!   Partition commits).
+
+use std::collections::BTreeMap;
+
+use super::protocol::{Event, Mode};
+use super::workload::{self, mark_index, Writes, ACCOUNTS, DATA, MARKS, TOTAL};
+use super::Workload;
+use crate::RecoveryReport;
+
+/// A transaction the child announced.
+#[derive(Clone, Debug)]
+pub struct Intent {
+    pub thread: u32,
+    pub seq: u64,
+    pub mode: Mode,
+    pub writes: Writes,
+}
+
+/// An acknowledged transaction.
+#[derive(Clone, Debug)]
+pub struct Acked {
+    pub intent: Intent,
+    pub lsn: u64,
+    /// A split-phase commit whose `is_stable(lsn, true)` returned true.
+    pub stable: bool,
+}
+
+/// Everything one child reported, sorted out.
+#[derive(Clone, Debug, Default)]
+pub struct CycleLog {
+    /// (LSN when the child opened the store, first sequence number), once it was ready.
+    pub ready: Option<(u64, u64)>,
+    pub acked: Vec<Acked>,
+    /// Announced transactions not acknowledged that may have committed: per thread the last
+    /// one, and every refused one.
+    pub pending: Vec<Intent>,
+    /// Commits refused (the log failed).
+    pub refused: u64,
+    /// Broken promises seen in the report itself (an ack after a refusal, an LSN out of order).
+    pub problems: Vec<String>,
+}
+
+impl CycleLog {
+    pub fn from_events(events: &[Event]) -> CycleLog {
+        let mut log = CycleLog::default();
+        let mut pending: BTreeMap<u32, Intent> = BTreeMap::new();
+        let mut refused: BTreeMap<u32, u64> = BTreeMap::new();
+        for e in events {
+            match e {
+                Event::Ready { start_lsn, first_seq } => log.ready = Some((*start_lsn, *first_seq)),
+                Event::Intent { thread, seq, mode, writes } => {
+                    pending.insert(*thread, Intent { thread: *thread, seq: *seq, mode: *mode, writes: writes.clone() });
+                }
+                Event::Ack { thread, seq, lsn } => {
+                    if let Some(first) = refused.get(thread) {
+                        log.problems.push(format!("thread {thread}: commit of seq {seq} acknowledged (LSN {lsn}) after the log failed (refused seq {first})"));
+                    }
+                    match pending.remove(thread).filter(|i| i.seq == *seq) {
+                        Some(intent) => {
+                            if log.ready.is_some_and(|(start, _)| *lsn <= start) {
+                                log.problems.push(format!("seq {seq} got LSN {lsn}, not above the LSN the store opened at"));
+                            }
+                            log.acked.push(Acked { intent, lsn: *lsn, stable: false });
+                        }
+                        None => log.problems.push(format!("thread {thread}: acknowledgement of seq {seq} without its announcement")),
+                    }
+                }
+                Event::Stable { thread, seq } => {
+                    if let Some(a) = log.acked.iter_mut().rev().find(|a| a.intent.thread == *thread && a.intent.seq == *seq) {
+                        a.stable = true;
+                    }
+                }
+                Event::Refused { thread, seq, .. } => {
+                    log.refused += 1;
+                    refused.entry(*thread).or_insert(*seq);
+                    // Refused after its point of no return (the log failed while it waited):
+                    // it committed in memory, and its record may be on disk.
+                    if let Some(intent) = pending.remove(thread).filter(|i| i.seq == *seq) {
+                        log.pending.push(intent);
+                    }
+                }
+                Event::Error(why) => log.problems.push(format!("child error: {why}")),
+            }
+        }
+        log.pending.extend(pending.into_values());
+        log
+    }
+
+    /// Every LSN up to this one must survive: the largest Sync or confirmed split-phase ack.
+    pub fn required_lsn(&self) -> u64 {
+        self.acked.iter().filter(|a| a.intent.mode == Mode::Sync || a.stable).map(|a| a.lsn).max().unwrap_or(0)
+    }
+
+    /// LSNs of acknowledged Partition commits (they must survive on their own).
+    pub fn partition_acked(&self) -> Vec<u64> {
+        self.acked.iter().filter(|a| a.intent.mode == Mode::Partition).map(|a| a.lsn).collect()
+    }
+
+    /// The LSN of the cycle's first transaction.
+    pub fn first_lsn(&self) -> u64 {
+        self.ready.map_or(u64::MAX, |(start, _)| start + 1)
+    }
+}
+
+/// How much must survive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strictness {
+    /// A crash: acknowledged Sync, confirmed split-phase and Partition commits.
+    Crash,
+    /// A clean close: every acknowledged commit.
+    Clean,
+    /// Recovery repaired media damage by cutting a log: acknowledged commits may be gone
+    /// with the damaged record, but what is there must still follow every rule.
+    Damaged,
+}
+
+/// What the checks found.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    pub lost: Vec<String>,
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    pub fn ok(&self) -> bool {
+        self.lost.is_empty() && self.violations.is_empty()
+    }
+}
+
+/// The sum of the bank's balances.
+pub fn bank_total(words: &[u64]) -> u64 {
+    words[DATA as usize..(DATA + ACCOUNTS) as usize].iter().sum()
+}
+
+/// Checks the recovered words against the cycle's log. `baseline`: the words when the
+/// cycle started.
+pub fn check(log: &CycleLog, baseline: &[u64], actual: &[u64], report: &RecoveryReport, w: Workload, strictness: Strictness) -> Verdict {
+    let mut v = Verdict::default();
+    if actual.len() != baseline.len() {
+        v.violations.push(format!("{} words recovered, {} expected", actual.len(), baseline.len()));
+        return v;
+    }
+    let r = report.recovered_lsn;
+    let Some((start, first)) = log.ready else {
+        if actual != baseline {
+            v.violations.push("the state changed in a cycle whose child never opened the store".into());
+        }
+        return v;
+    };
+    if r < start {
+        v.violations.push(format!("recovered LSN {r} is below the LSN {start} the cycle started from"));
+    }
+    let present = |seq: u64| actual[mark_index(seq) as usize] == seq;
+    let mut candidates: BTreeMap<u64, Vec<(&Intent, bool)>> = BTreeMap::new();
+    for a in &log.acked {
+        candidates.entry(a.intent.seq).or_default().push((&a.intent, true));
+    }
+    for p in &log.pending {
+        candidates.entry(p.seq).or_default().push((p, false));
+    }
+    // Acknowledged LSNs by sequence number: they must ascend together.
+    let acked_lsn: BTreeMap<u64, u64> = log.acked.iter().map(|a| (a.intent.seq, a.lsn)).collect();
+    if acked_lsn.len() != log.acked.len() {
+        v.violations.push("two acknowledged commits share a sequence number".into());
+    }
+    let mut prev: Option<(u64, u64)> = None;
+    for (&seq, &lsn) in &acked_lsn {
+        if let Some((ps, pl)) = prev.filter(|&(_, pl)| pl >= lsn) {
+            v.violations.push(format!("seq {seq} got LSN {lsn}, seq {ps} before it LSN {pl}: LSNs do not follow the order of conflicting commits"));
+        }
+        prev = Some((seq, lsn));
+    }
+
+    let mut lost_seqs = Vec::new();
+    if strictness != Strictness::Damaged {
+        for a in &log.acked {
+            let needs_lsn = a.intent.mode == Mode::Sync || a.stable || strictness == Strictness::Clean;
+            let there = present(a.intent.seq);
+            if (needs_lsn && a.lsn > r) || ((needs_lsn || a.intent.mode == Mode::Partition) && !there) {
+                lost_seqs.push(a.intent.seq);
+                v.lost.push(format!(
+                    "{:?} commit LSN {} (seq {}, thread {}{}) acknowledged, but recovery reached LSN {r} and it is {}",
+                    a.intent.mode,
+                    a.lsn,
+                    a.intent.seq,
+                    a.intent.thread,
+                    if a.stable { ", confirmed stable" } else { "" },
+                    if there { "present" } else { "absent" }
+                ));
+            }
+        }
+    }
+
+    // The gap rule, transaction by transaction in LSN order (the marks of this cycle never
+    // wrap). `last_within`: the last acknowledged seq with LSN ≤ R: everything before it has
+    // a lower LSN and must be there. `first_beyond`: the first acknowledged seq with LSN > R:
+    // everything after it is beyond R too.
+    let last_within = acked_lsn.iter().filter(|&(_, &l)| l <= r).map(|(&s, _)| s).max();
+    let first_beyond = acked_lsn.iter().filter(|&(_, &l)| l > r).map(|(&s, _)| s).min();
+    let mut first_absent: Option<u64> = None;
+    let mut applied: Vec<(u64, Vec<&Intent>)> = Vec::new();
+    for seq in first..first + MARKS - 64 {
+        let lsn = acked_lsn.get(&seq).copied();
+        let here = present(seq);
+        if !here {
+            first_absent.get_or_insert(seq);
+            let within = match lsn {
+                Some(l) => l <= r,
+                None => last_within.is_some_and(|s| s > seq),
+            };
+            if within && !lost_seqs.contains(&seq) {
+                v.violations.push(format!(
+                    "seq {seq} ({}) is not in the recovered state, which claims every LSN ≤ {r}",
+                    lsn.map_or("unacknowledged, before an acknowledged LSN ≤ R".to_string(), |l| format!("LSN {l}"))
+                ));
+            }
+            continue;
+        }
+        let cands = candidates.get(&seq).cloned().unwrap_or_default();
+        if cands.is_empty() {
+            v.violations.push(format!("seq {seq} is in the recovered state but no transaction announced it"));
+            continue;
+        }
+        // An acknowledged transaction owns its sequence number; otherwise one of the threads
+        // that announced it committed it.
+        let owners: Vec<&Intent> = match cands.iter().find(|(_, acked)| *acked) {
+            Some((i, _)) => vec![*i],
+            None => cands.iter().map(|(i, _)| *i).collect(),
+        };
+        let beyond = match lsn {
+            Some(l) => l > r,
+            None => first_beyond.is_some_and(|s| s < seq) || first_absent.is_some(),
+        };
+        if beyond && !owners.iter().any(|i| i.mode == Mode::Partition) {
+            v.violations.push(format!(
+                "seq {seq} ({:?}{}) is beyond the recovered LSN {r} (after an absent or later transaction) yet was applied without the Partition flag",
+                owners[0].mode,
+                lsn.map_or(String::new(), |l| format!(", LSN {l}"))
+            ));
+        }
+        applied.push((seq, owners));
+    }
+
+    // The model: the cycle's start with the present transactions applied in LSN order.
+    let mut last_writer: BTreeMap<u64, u64> = BTreeMap::new();
+    for (seq, owners) in &applied {
+        for i in owners {
+            for &(word, _) in &i.writes {
+                last_writer.insert(word, *seq);
+            }
+        }
+    }
+    let mut expected = baseline.to_vec();
+    for (seq, owners) in &applied {
+        // Two threads announced this sequence number and neither was acknowledged: the one
+        // that committed is the one whose values are there (where no later commit wrote).
+        let chosen = match owners.as_slice() {
+            [only] => only,
+            many => many
+                .iter()
+                .find(|i| i.writes.iter().all(|&(word, value)| actual[word as usize] == value || last_writer[&word] > *seq))
+                .unwrap_or(&many[0]),
+        };
+        workload::apply(&mut expected, *seq, &chosen.writes);
+    }
+    let differ: Vec<usize> = (0..expected.len()).filter(|&i| expected[i] != actual[i]).collect();
+    if let Some(&i) = differ.first() {
+        v.violations.push(format!(
+            "the recovered heap differs from the model replayed to LSN {r}: {} words, first word {i}: recovered {}, model {}",
+            differ.len(),
+            actual[i],
+            expected[i]
+        ));
+    }
+    if w == Workload::Bank {
+        // Relative to the cycle's start: an earlier cycle may have applied Partition records
+        // beyond a gap, which the rules allow to skew the total.
+        let (before, after) = (bank_total(baseline), bank_total(actual));
+        if after != before && report.partition_records_after_gap == 0 {
+            v.violations.push(format!("bank total is {after}, it was {before} when the cycle started (opening total {TOTAL})"));
+        }
+    }
+    v.violations.extend(log.problems.iter().cloned());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crashtest::workload::total_words;
+
+    fn intent(thread: u32, seq: u64, mode: Mode, word: u64, value: u64) -> Event {
+        Event::Intent { thread, seq, mode, writes: vec![(DATA + word, value)] }
+    }
+
+    /// Words after applying (seq, word, value) to a fresh hathi heap.
+    fn state(txns: &[(u64, u64, u64)]) -> Vec<u64> {
+        let mut w = vec![0; total_words(Workload::Hathi) as usize];
+        for &(seq, word, value) in txns {
+            workload::apply(&mut w, seq, &[(DATA + word, value)]);
+        }
+        w
+    }
+
+    fn report(r: u64, after_gap: u64) -> RecoveryReport {
+        RecoveryReport { recovered_lsn: r, partition_records_after_gap: after_gap, ..RecoveryReport::default() }
+    }
+
+    #[test]
+    fn a_prefix_with_every_sync_ack_passes() {
+        let events = vec![
+            Event::Ready { start_lsn: 10, first_seq: 1 },
+            intent(0, 1, Mode::Sync, 5, 50),
+            Event::Ack { thread: 0, seq: 1, lsn: 11 },
+            intent(1, 2, Mode::Async, 6, 60),
+            Event::Ack { thread: 1, seq: 2, lsn: 12 },
+            intent(0, 3, Mode::Async, 5, 70),
+        ];
+        let log = CycleLog::from_events(&events);
+        let base = state(&[]);
+        // Recovered through LSN 12: the pending seq 3 did not make it.
+        let v = check(&log, &base, &state(&[(1, 5, 50), (2, 6, 60)]), &report(12, 0), Workload::Hathi, Strictness::Crash);
+        assert!(v.ok(), "{v:?}");
+        // The pending one made it too (LSN 13).
+        let v = check(&log, &base, &state(&[(1, 5, 50), (2, 6, 60), (3, 5, 70)]), &report(13, 0), Workload::Hathi, Strictness::Crash);
+        assert!(v.ok(), "{v:?}");
+        // A clean close needs the Async ack too.
+        let v = check(&log, &base, &state(&[(1, 5, 50)]), &report(11, 0), Workload::Hathi, Strictness::Clean);
+        assert_eq!(v.lost.len(), 1, "{v:?}");
+    }
+
+    #[test]
+    fn losses_and_gap_rule_breaches_are_caught() {
+        let events = vec![
+            Event::Ready { start_lsn: 0, first_seq: 1 },
+            intent(0, 1, Mode::Async, 1, 1),
+            Event::Ack { thread: 0, seq: 1, lsn: 1 },
+            intent(1, 2, Mode::Sync, 2, 2),
+            Event::Ack { thread: 1, seq: 2, lsn: 2 },
+            intent(0, 3, Mode::Async, 3, 3),
+            Event::Ack { thread: 0, seq: 3, lsn: 3 },
+        ];
+        let log = CycleLog::from_events(&events);
+        let base = state(&[]);
+        let v = check(&log, &base, &state(&[(1, 1, 1)]), &report(1, 0), Workload::Hathi, Strictness::Crash);
+        assert_eq!(v.lost.len(), 1, "the Sync commit at LSN 2 is lost: {v:?}");
+        // LSN 3 applied beyond a gap at 2 without the Partition flag.
+        let v = check(&log, &base, &state(&[(1, 1, 1), (3, 3, 3)]), &report(1, 0), Workload::Hathi, Strictness::Crash);
+        assert!(v.violations.iter().any(|m| m.contains("without the Partition flag")), "{v:?}");
+        // The right marks but a wrong value: the heap differs from the model.
+        let mut wrong = state(&[(1, 1, 1), (2, 2, 2)]);
+        wrong[(DATA + 1) as usize] = 99;
+        let v = check(&log, &base, &wrong, &report(2, 0), Workload::Hathi, Strictness::Crash);
+        assert!(v.violations.iter().any(|m| m.contains("differs from the model")), "{v:?}");
+    }
+
+    #[test]
+    fn report_problems_are_violations() {
+        let events = vec![
+            Event::Ready { start_lsn: 5, first_seq: 1 },
+            intent(0, 1, Mode::Sync, 1, 1),
+            Event::Refused { thread: 0, seq: 1, why: "EIO".into() },
+            intent(0, 2, Mode::Sync, 1, 2),
+            Event::Ack { thread: 0, seq: 2, lsn: 4 },
+        ];
+        let log = CycleLog::from_events(&events);
+        assert_eq!(log.problems.len(), 2, "an ack after a refusal, and an LSN below the start: {:?}", log.problems);
+    }
+}
