@@ -333,13 +333,11 @@ mod tests {
         });
     }
 
+    /// Both copy paths, one after the other: run side by side they would share the two cores
+    /// four ways and take many times as long.
     #[test]
-    fn optimistic_copy_is_consistent_at_its_lsn() {
+    fn chunk_copies_are_consistent_at_their_lsn() {
         copies_are_consistent_at_their_lsn(|e, buf| e.copy_consistent(0, buf).unwrap());
-    }
-
-    #[test]
-    fn locked_copy_is_consistent_at_its_lsn() {
         copies_are_consistent_at_their_lsn(|e, buf| {
             let stripes = (0..SPAN / STRIPE_BYTES).map(|i| e.stripes.index_of(i * STRIPE_BYTES)).collect();
             e.copy_locked(0, buf, stripes)
