@@ -44,6 +44,9 @@ impl CheckpointService {
                 let handle = std::thread::Builder::new()
                     .name("tusk-checkpointer".into())
                     .spawn(move || {
+                        // Best effort: at normal priority the checkpoint still works, it just
+                        // takes a fair share of the cores from transactions.
+                        let _ = tusk_storage::sched::lower_current_thread_priority(tusk_storage::sched::BACKGROUND_NICE);
                         let mut last = Instant::now();
                         loop {
                             {

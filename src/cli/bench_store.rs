@@ -233,10 +233,21 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
         let started = Instant::now();
         let mut taken = 0;
         if with_checkpoints {
-            while started.elapsed().as_secs_f64() < args.duration {
-                store.checkpoint()?;
-                taken += 1;
-            }
+            // Back to back, at the priority of the store's background checkpointer.
+            let checkpointer = std::thread::scope(|s| {
+                s.spawn(|| -> Result<u64, tusk::Error> {
+                    let _ = tusk_storage::sched::lower_current_thread_priority(tusk_storage::sched::BACKGROUND_NICE);
+                    let mut taken = 0;
+                    while started.elapsed().as_secs_f64() < args.duration {
+                        store.checkpoint()?;
+                        taken += 1;
+                    }
+                    Ok(taken)
+                })
+                .join()
+                .expect("the checkpoint loop does not panic")
+            });
+            taken = checkpointer?;
         } else {
             std::thread::sleep(Duration::from_secs_f64(args.duration));
         }

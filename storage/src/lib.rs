@@ -17,6 +17,7 @@ pub mod mapped;
 pub mod log_files;
 pub mod log_format;
 pub mod region;
+pub mod sched;
 pub mod sync;
 
 pub use error::StorageError;
