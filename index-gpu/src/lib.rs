@@ -1,4 +1,16 @@
 //! tusk-index: the B-link tree and the Adaptive Radix Tree stored in the transactional heap,
-//! and their GPU mirror (DESIGN.md). The index structures arrive with issue 5 and the device
-//! mirror with the GPU issue; this crate holds the folder's place in the dependency order
-//! (storage → txn → recovery → index-gpu → tusk) and has no code yet.
+//! and their GPU mirror (DESIGN.md).
+//!
+//! - [`heap`]: the word-level heap access the indexes are written against, so that read paths
+//!   can later run over a snapshot image or feed the GPU mirror unchanged.
+//! - [`btree`]: the B-link tree (u64 → u64), its node layout, and its validator.
+//! - [`error`]: the crate's typed errors.
+//!
+//! The ART and the device mirror are still to come (issue 5 and the GPU issue).
+
+pub mod btree;
+pub mod error;
+pub mod heap;
+
+pub use btree::BTree;
+pub use error::IndexError;

@@ -1,0 +1,121 @@
+//! The validator: walks every level of the tree along its sibling chain and checks each
+//! invariant the tree's code relies on. Tests run it after every batch of operations.
+//!
+//! Checked, per level from the root down:
+//! - the chain starts at the first child of the level above's first node and is exactly the
+//!   concatenation, in order, of the children of the level above (so no node is lost, shared
+//!   or out of order), and the root level is the root alone;
+//! - every node has the level's number, at most CAPACITY entries and at least MIN_FILL (the
+//!   root: a leaf root anything, an internal root two children);
+//! - keys strictly ascend and lie in the node's range `[low, high)`, where `low` is the left
+//!   sibling's high key (0 for the leftmost) and the high key is the one its parent implies;
+//!   an internal node's keys[0] equals its `low`;
+//! - the rightmost node has no right link (and so no high key), every other one does;
+//! - the nodes reached equal the descriptor's node count, the leaf entries its key count.
+
+use super::layout::{self, CAPACITY, MIN_FILL};
+use super::meta::{KEY_COUNT_OFF, NODE_COUNT_OFF, ROOT_OFF};
+use crate::heap::HeapRead;
+use crate::IndexError;
+
+/// What `check` saw, for tests and `tusk inspect`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeStats {
+    /// Levels including the leaves.
+    pub levels: u32,
+    pub nodes: u64,
+    pub leaves: u64,
+    pub keys: u64,
+}
+
+/// A node expected on the level being walked, with the high key its parent implies.
+struct Expected {
+    node: u64,
+    high_key: Option<u64>,
+}
+
+fn broken(node: u64, what: impl Into<String>) -> IndexError {
+    IndexError::Invariant { node, what: what.into() }
+}
+
+pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexError> {
+    let root = heap.load(meta + ROOT_OFF)?;
+    let node_count = heap.load(meta + NODE_COUNT_OFF)?;
+    let key_count = heap.load(meta + KEY_COUNT_OFF)?;
+    let root_level = layout::read_header(heap, root)?.level;
+    let mut stats = TreeStats { levels: root_level + 1, ..TreeStats::default() };
+    let mut expected = vec![Expected { node: root, high_key: None }];
+    for level in (0..=root_level).rev() {
+        let mut children = Vec::new();
+        let mut low = 0u64;
+        for (n, exp) in expected.iter().enumerate() {
+            let node = exp.node;
+            if node % layout::NODE_ALIGN != 0 {
+                return Err(broken(node, "node not 64-byte aligned"));
+            }
+            stats.nodes += 1;
+            if stats.nodes > node_count {
+                return Err(broken(node, format!("more nodes reachable than the {node_count} allocated")));
+            }
+            let h = layout::read_header(heap, node)?;
+            if h.level != level {
+                return Err(broken(node, format!("level {} on level {level}", h.level)));
+            }
+            if h.high_key != exp.high_key {
+                return Err(broken(node, format!("high key {:?}, parent implies {:?}", h.high_key, exp.high_key)));
+            }
+            let next = expected.get(n + 1).map_or(0, |e| e.node);
+            if h.right != next {
+                return Err(broken(node, format!("right link {} instead of {next}", h.right)));
+            }
+            let is_root = node == root;
+            let min = match (is_root, h.is_leaf()) {
+                (true, true) => 0,
+                (true, false) => 2,
+                (false, _) => MIN_FILL,
+            };
+            if h.count > CAPACITY || h.count < min {
+                return Err(broken(node, format!("{} entries, outside {min}..={CAPACITY}", h.count)));
+            }
+            let mut prev: Option<u64> = None;
+            for i in 0..h.count {
+                let k = layout::key(heap, node, i)?;
+                if prev.is_some_and(|p| p >= k) {
+                    return Err(broken(node, format!("keys not ascending at slot {i}")));
+                }
+                if k < low || h.high_key.is_some_and(|hk| k >= hk) {
+                    return Err(broken(node, format!("key {k} outside [{low}, {:?})", h.high_key)));
+                }
+                if !h.is_leaf() {
+                    if i == 0 && k != low {
+                        return Err(broken(node, format!("first key {k} is not the low bound {low}")));
+                    }
+                    let child = layout::value(heap, node, i)?;
+                    children.push(Expected { node: child, high_key: None });
+                    if i > 0 {
+                        let at = children.len() - 2;
+                        children[at].high_key = Some(k);
+                    }
+                }
+                prev = Some(k);
+            }
+            if !h.is_leaf() {
+                // The last child ends where its parent does.
+                let last = children.len() - 1;
+                children[last].high_key = h.high_key;
+            } else {
+                stats.leaves += 1;
+                stats.keys += h.count as u64;
+            }
+            low = h.high_key.unwrap_or(u64::MAX);
+        }
+        expected = children;
+    }
+    if stats.nodes != node_count {
+        return Err(broken(root, format!("{} nodes reachable, {node_count} allocated", stats.nodes)));
+    }
+    if stats.keys != key_count {
+        return Err(broken(root, format!("{} keys in the leaves, descriptor says {key_count}", stats.keys)));
+    }
+    Ok(stats)
+}

@@ -1,0 +1,93 @@
+//! Upsert with node splits. A full node splits into two halves: the left keeps its place and
+//! takes the right half's first key as its high key and the new node as its right link (the
+//! Lehman–Yao half-split), then the separator goes up to the parent, splitting it in turn if
+//! full; a split root grows the tree by one level. The whole insert runs in one transaction,
+//! so other transactions never see a half-split; the links are there for lock-free readers.
+
+use super::layout::{self, Header, CAPACITY};
+use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
+use super::{search, slab};
+use crate::heap::HeapWrite;
+use tusk_txn::TxnError;
+
+/// Sets `key` to `value` in the tree described at `meta`; returns the value it replaced.
+pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Result<Option<u64>, TxnError> {
+    let root = heap.load(meta + ROOT_OFF)?;
+    let mut path = Vec::new();
+    let (leaf, h) = search::descend(heap, root, key, Some(&mut path))?;
+    let i = layout::lower_bound(heap, leaf, h.count, key)?;
+    if i < h.count && layout::key(heap, leaf, i)? == key {
+        let old = layout::value(heap, leaf, i)?;
+        heap.store(layout::value_off(leaf, i), value)?;
+        return Ok(Some(old));
+    }
+    let keys = heap.load(meta + KEY_COUNT_OFF)?;
+    heap.store(meta + KEY_COUNT_OFF, keys + 1)?;
+    insert_entry(heap, meta, leaf, h, i, key, value, path)?;
+    Ok(None)
+}
+
+/// Inserts (k, v) at slot `i` of `node`, splitting upwards along `path` as needed.
+#[allow(clippy::too_many_arguments)]
+fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, mut path: Vec<u64>) -> Result<(), TxnError> {
+    loop {
+        if h.count < CAPACITY {
+            layout::move_entries(heap, node, i, node, i + 1, h.count - i)?;
+            layout::write_entry(heap, node, i, k, v)?;
+            return layout::write_level_count(heap, node, h.level, h.count + 1);
+        }
+        let (right, separator) = split(heap, meta, node, h, i, k, v)?;
+        match path.pop() {
+            Some(mut parent) => {
+                let mut ph = layout::read_header(heap, parent)?;
+                // A reader-side rule applied to the writer too: the separator belongs to the
+                // parent level's node whose range covers it.
+                while ph.must_move_right(separator) {
+                    parent = ph.right;
+                    ph = layout::read_header(heap, parent)?;
+                }
+                i = layout::lower_bound(heap, parent, ph.count, separator)?;
+                (node, h, k, v) = (parent, ph, separator, right);
+            }
+            None => return grow_root(heap, meta, node, h.level, separator, right),
+        }
+    }
+}
+
+/// Splits the full `node` while inserting (k, v) at slot `i`: of the CAPACITY + 1 entries the
+/// left keeps the lower half and a new right sibling takes the upper. Returns the new node and
+/// its first key, the separator.
+fn split<H: HeapWrite>(heap: &mut H, meta: u64, node: u64, h: Header, i: usize, k: u64, v: u64) -> Result<(u64, u64), TxnError> {
+    let total = CAPACITY + 1;
+    let left_n = total / 2;
+    let right_n = total - left_n;
+    let right = slab::alloc_node(heap, meta)?;
+    if i < left_n {
+        // The new entry stays left: the left's last old entries move right to make room.
+        layout::move_entries(heap, node, left_n - 1, right, 0, right_n)?;
+        layout::move_entries(heap, node, i, node, i + 1, left_n - 1 - i)?;
+        layout::write_entry(heap, node, i, k, v)?;
+    } else {
+        let before = i - left_n;
+        layout::move_entries(heap, node, left_n, right, 0, before)?;
+        layout::write_entry(heap, right, before, k, v)?;
+        layout::move_entries(heap, node, i, right, before + 1, CAPACITY - i)?;
+    }
+    let separator = layout::key(heap, right, 0)?;
+    layout::write_level_count(heap, right, h.level, right_n)?;
+    layout::write_bound(heap, right, h.high_key, h.right)?;
+    layout::write_level_count(heap, node, h.level, left_n)?;
+    layout::write_bound(heap, node, Some(separator), right)?;
+    Ok((right, separator))
+}
+
+/// The root split: a new root one level up holds the two halves.
+fn grow_root<H: HeapWrite>(heap: &mut H, meta: u64, left: u64, level: u32, separator: u64, right: u64) -> Result<(), TxnError> {
+    let root = slab::alloc_node(heap, meta)?;
+    // keys[0] = 0: the root is the leftmost node of its level, its low bound the smallest key.
+    layout::write_entry(heap, root, 0, 0, left)?;
+    layout::write_entry(heap, root, 1, separator, right)?;
+    layout::write_level_count(heap, root, level + 1, 2)?;
+    layout::write_bound(heap, root, None, 0)?;
+    heap.store(meta + ROOT_OFF, root)
+}

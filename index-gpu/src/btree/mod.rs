@@ -1,0 +1,132 @@
+//! The B-link tree (Lehman–Yao) of u64 keys to u64 values, stored in the transactional heap.
+//!
+//! A tree is a descriptor object (`meta.rs`) plus fixed-size nodes carved from its slab
+//! (`slab.rs`, `layout.rs`). Every read and write goes through the heap traits of
+//! [`crate::heap`], i.e. through the transaction: logging, checkpoints and recovery cover the
+//! tree with no code of its own, and a conflict surfaces as [`IndexError::Txn`] for the caller
+//! to retry the transaction.
+//!
+//! [`BTree`] is a plain handle (the descriptor's heap offset); operations take the heap
+//! (transaction) as an argument, so one handle serves any number of transactions.
+
+pub mod check;
+pub mod insert;
+pub mod layout;
+pub mod meta;
+pub mod range;
+pub mod search;
+pub mod slab;
+
+use std::ops::RangeBounds;
+
+use tusk_storage::HeapPtr;
+use tusk_txn::Transaction;
+
+use crate::heap::{HeapRead, HeapWrite};
+use crate::IndexError;
+pub use check::TreeStats;
+pub use range::Range;
+use range::KeySpan;
+
+/// A handle on a B-link tree in the heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BTree {
+    meta: u64,
+}
+
+impl BTree {
+    /// Creates an empty tree: a descriptor and one empty leaf as the root.
+    pub fn create<H: HeapWrite>(heap: &mut H) -> Result<BTree, IndexError> {
+        let meta = heap.alloc(meta::META_SIZE)?;
+        heap.store(meta + meta::MAGIC_OFF, meta::MAGIC)?;
+        let root = slab::alloc_node(heap, meta)?;
+        layout::write_level_count(heap, root, 0, 0)?;
+        layout::write_bound(heap, root, None, 0)?;
+        heap.store(meta + meta::ROOT_OFF, root)?;
+        Ok(BTree { meta })
+    }
+
+    /// The tree whose descriptor is at `ptr`; fails if there is none.
+    pub fn open<H: HeapRead>(heap: &mut H, ptr: HeapPtr) -> Result<BTree, IndexError> {
+        if ptr.is_null() || heap.load(ptr.offset() + meta::MAGIC_OFF)? != meta::MAGIC {
+            return Err(IndexError::NotABTree(ptr.offset()));
+        }
+        Ok(BTree { meta: ptr.offset() })
+    }
+
+    /// The tree under the named root `name`, created (and the root set) if missing.
+    pub fn named(tx: &mut Transaction<'_>, name: &str) -> Result<BTree, IndexError> {
+        match tx.root(name)? {
+            Some(ptr) => BTree::open(tx, ptr),
+            None => {
+                let tree = BTree::create(tx)?;
+                tx.set_root(name, tree.ptr())?;
+                Ok(tree)
+            }
+        }
+    }
+
+    /// The descriptor's pointer, to store under a root or in another object.
+    pub fn ptr(&self) -> HeapPtr {
+        HeapPtr(self.meta)
+    }
+
+    fn root<H: HeapRead>(&self, heap: &mut H) -> Result<u64, IndexError> {
+        Ok(heap.load(self.meta + meta::ROOT_OFF)?)
+    }
+
+    /// Number of entries.
+    pub fn len<H: HeapRead>(&self, heap: &mut H) -> Result<u64, IndexError> {
+        Ok(heap.load(self.meta + meta::KEY_COUNT_OFF)?)
+    }
+
+    pub fn is_empty<H: HeapRead>(&self, heap: &mut H) -> Result<bool, IndexError> {
+        Ok(self.len(heap)? == 0)
+    }
+
+    pub fn get<H: HeapRead>(&self, heap: &mut H, key: u64) -> Result<Option<u64>, IndexError> {
+        let root = self.root(heap)?;
+        Ok(search::get(heap, root, key)?)
+    }
+
+    /// Sets `key` to `value`; returns the value it had.
+    pub fn insert<H: HeapWrite>(&self, heap: &mut H, key: u64, value: u64) -> Result<Option<u64>, IndexError> {
+        Ok(insert::insert(heap, self.meta, key, value)?)
+    }
+
+    /// The entries with keys in `range`, in key order.
+    pub fn range<'h, H: HeapRead>(&self, heap: &'h mut H, range: impl RangeBounds<u64>) -> Result<Range<'h, H>, IndexError> {
+        let root = self.root(heap)?;
+        Ok(Range::new(heap, root, KeySpan::of(&range))?)
+    }
+
+    /// Number of keys in `range`.
+    pub fn count<H: HeapRead>(&self, heap: &mut H, range: impl RangeBounds<u64>) -> Result<u64, IndexError> {
+        let root = self.root(heap)?;
+        let mut n = 0u64;
+        range::for_each_run(heap, root, KeySpan::of(&range), |_, _, from, to| {
+            n += (to - from) as u64;
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// Sum of the values of the keys in `range` (u128: it cannot overflow for any tree that
+    /// fits a heap).
+    pub fn sum<H: HeapRead>(&self, heap: &mut H, range: impl RangeBounds<u64>) -> Result<u128, IndexError> {
+        let root = self.root(heap)?;
+        let mut total = 0u128;
+        range::for_each_run(heap, root, KeySpan::of(&range), |heap, leaf, from, to| {
+            for i in from..to {
+                total += layout::value(heap, leaf, i)? as u128;
+            }
+            Ok(())
+        })?;
+        Ok(total)
+    }
+
+    /// Walks the whole tree and verifies every invariant (see `check.rs`).
+    pub fn check<H: HeapRead>(&self, heap: &mut H) -> Result<TreeStats, IndexError> {
+        check::check(heap, self.meta)
+    }
+}

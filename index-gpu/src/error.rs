@@ -1,0 +1,22 @@
+use tusk_txn::TxnError;
+
+/// Errors of the indexes.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// The transaction failed (a conflict to retry, heap exhaustion, a closed store, ...).
+    #[error(transparent)]
+    Txn(#[from] TxnError),
+    /// The pointer does not lead to a tree of this kind (wrong root, or a foreign object).
+    #[error("the object at heap offset {0} is not a B-link tree")]
+    NotABTree(u64),
+    /// `check()` found a broken invariant: names the node and what is wrong with it.
+    #[error("B-link tree invariant broken at node {node}: {what}")]
+    Invariant { node: u64, what: String },
+}
+
+impl IndexError {
+    /// Whether retrying the whole transaction may succeed.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, IndexError::Txn(TxnError::Conflict))
+    }
+}
