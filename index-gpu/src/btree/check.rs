@@ -50,7 +50,7 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
         let mut low = 0u64;
         for (n, exp) in expected.iter().enumerate() {
             let node = exp.node;
-            if node % layout::NODE_ALIGN != 0 {
+            if !node.is_multiple_of(layout::NODE_ALIGN) {
                 return Err(broken(node, "node not 64-byte aligned"));
             }
             stats.nodes += 1;

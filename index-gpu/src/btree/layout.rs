@@ -50,7 +50,7 @@ pub const VALUES_OFF: u64 = KEYS_OFF + CAPACITY as u64 * 8;
 
 const _: () = assert!(NODE_SIZE.is_power_of_two());
 const _: () = assert!(VALUES_OFF + CAPACITY as u64 * 8 == NODE_SIZE);
-const _: () = assert!(KEYS_OFF % NODE_ALIGN == 0);
+const _: () = assert!(KEYS_OFF.is_multiple_of(NODE_ALIGN));
 
 /// Heap offset of keys[i] of `node`.
 pub fn key_off(node: u64, i: usize) -> u64 {
