@@ -1,6 +1,8 @@
 //! Checkpoints: recovery from checkpoint + log, incremental skipping of clean chunks, log
 //! trimming, and the fallback when a chunk image is damaged.
 
+mod common;
+
 use tusk::{Commit, HeapPtr, Options, Store};
 
 fn options() -> Options {
@@ -43,13 +45,7 @@ const WORDS: u64 = 256 * 1024; // 2 MiB: 32 chunks of 64 KiB
 
 fn setup(dir: &std::path::Path) -> (Store, HeapPtr) {
     let store = Store::open(dir, options()).unwrap();
-    let (p, _) = store
-        .transact(Commit::Sync, |tx| {
-            let p = tx.alloc(WORDS * 8)?;
-            tx.set_root("data", p)?;
-            Ok(p)
-        })
-        .unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
     (store, p)
 }
 

@@ -2,6 +2,8 @@
 //! fallback to the previous checkpoint when the log can stand in for what is lost, and
 //! otherwise a clear error naming the file, never a panic or a silent wrong state.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use tusk::{Commit, Error, HeapPtr, Options, Store};
@@ -13,15 +15,7 @@ const CHUNK: u64 = 16 << 10;
 const WORDS: u64 = 32 * CHUNK / 8; // 32 chunks of data
 
 fn options() -> Options {
-    Options {
-        heap_capacity: 16 << 20,
-        stripes_log2: 12,
-        log_partitions: 1,
-        chunk_size: CHUNK,
-        segment_bytes: 1 << 16,
-        checkpoint_interval: None,
-        ..Options::default()
-    }
+    common::checkpoint_opts(16 << 20, CHUNK)
 }
 
 fn initial(i: u64) -> u64 {
@@ -39,13 +33,7 @@ fn expected(i: u64) -> u64 {
 /// chunks holding `CHANGED`), closed cleanly. Returns the data's pointer and both epochs.
 fn two_checkpoints(dir: &Path) -> (HeapPtr, u64, u64) {
     let store = Store::open(dir, options()).unwrap();
-    let (p, _) = store
-        .transact(Commit::Sync, |tx| {
-            let p = tx.alloc(WORDS * 8)?;
-            tx.set_root("data", p)?;
-            Ok(p)
-        })
-        .unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
     for start in (0..WORDS).step_by(1024) {
         store
             .transact(Commit::Sync, |tx| (start..start + 1024).try_for_each(|i| tx.write_u64_at(p, i * 8, initial(i))))

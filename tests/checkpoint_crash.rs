@@ -7,6 +7,8 @@
 //! until a checkpoint runs through unfaulted, so every step, the window between the
 //! manifest's rename and its directory sync included, is the crash point once.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,15 +21,7 @@ const CHUNK: u64 = 16 << 10;
 const WORDS: u64 = 10 * CHUNK / 8;
 
 fn options() -> Options {
-    Options {
-        heap_capacity: 8 << 20,
-        stripes_log2: 12,
-        log_partitions: 1,
-        chunk_size: CHUNK,
-        segment_bytes: 1 << 16,
-        checkpoint_interval: None,
-        ..Options::default()
-    }
+    common::checkpoint_opts(8 << 20, CHUNK)
 }
 
 /// The store under test and the words it should hold (what every Sync commit acknowledged).

@@ -2,6 +2,8 @@
 //! `max_log_bytes` under any update pattern (committers stall until a checkpoint trims it),
 //! and a stall ends in an error, never a hang, when the checkpoint cannot run.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,13 +27,7 @@ fn options() -> Options {
 }
 
 fn setup(store: &Store) -> HeapPtr {
-    let (p, _) = store
-        .transact(Commit::Sync, |tx| {
-            let p = tx.alloc(WORDS * 8)?;
-            tx.set_root("data", p)?;
-            Ok(p)
-        })
-        .unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
     p
 }
 

@@ -3,12 +3,38 @@
 
 use std::path::{Path, PathBuf};
 
-use tusk::{Durability, Options};
+use tusk::{Commit, Durability, HeapPtr, Options, Store};
 use tusk_storage::log_format::{decode_frame, Frame, SEGMENT_HEADER_SIZE};
 
 /// Small heap, few stripes, one log partition unless a test says otherwise.
 pub fn small_opts() -> Options {
     Options { heap_capacity: 64 << 20, stripes_log2: 14, log_partitions: 1, ..Options::default() }
+}
+
+/// Checkpoint tests: a small heap in small chunks, one partition, small segments (so that
+/// trimming has whole segments to delete), and checkpoints only when the test takes them.
+pub fn checkpoint_opts(heap_capacity: u64, chunk_size: u64) -> Options {
+    Options {
+        heap_capacity,
+        stripes_log2: 12,
+        log_partitions: 1,
+        chunk_size,
+        segment_bytes: 1 << 16,
+        checkpoint_interval: None,
+        ..Options::default()
+    }
+}
+
+/// Allocates `bytes` under the root "data" in one Sync transaction.
+pub fn alloc_data_root(store: &Store, bytes: u64) -> HeapPtr {
+    let (p, _) = store
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(bytes)?;
+            tx.set_root("data", p)?;
+            Ok(p)
+        })
+        .unwrap();
+    p
 }
 
 pub fn opts_off() -> Options {
