@@ -85,9 +85,11 @@ impl Header {
 }
 
 pub fn read_header<H: HeapRead>(heap: &mut H, node: u64) -> Result<Header, TxnError> {
-    let lc = heap.load(node + LEVEL_COUNT_OFF)?;
-    let right = heap.load(node + RIGHT_LINK_OFF)?;
-    let high_key = if right == 0 { None } else { Some(heap.load(node + HIGH_KEY_OFF)?) };
+    const _: () = assert!(LEVEL_COUNT_OFF == 0 && HIGH_KEY_OFF == 8 && RIGHT_LINK_OFF == 16);
+    let mut words = [0u64; 3];
+    heap.load_words(node, &mut words)?;
+    let [lc, high, right] = words;
+    let high_key = if right == 0 { None } else { Some(high) };
     Ok(Header { level: lc as u32, count: (lc >> 32) as usize, high_key, right })
 }
 
@@ -110,19 +112,14 @@ pub fn value<H: HeapRead>(heap: &mut H, node: u64, i: usize) -> Result<u64, TxnE
     heap.load(value_off(node, i))
 }
 
-/// The first slot in `0..count` whose key is ≥ `key` (`count` if none): binary search over
-/// the contiguous key array.
+/// The first slot in `0..count` whose key is ≥ `key` (`count` if none). The key array is read
+/// whole (at most four cache lines, validated line by line), then searched in registers: the
+/// same shape a GPU thread group uses on its coalesced load.
 pub fn lower_bound<H: HeapRead>(heap: &mut H, node: u64, count: usize, key: u64) -> Result<usize, TxnError> {
-    let (mut lo, mut hi) = (0, count);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if self::key(heap, node, mid)? < key {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
+    let count = count.min(CAPACITY);
+    let mut keys = [0u64; CAPACITY];
+    heap.load_words(key_off(node, 0), &mut keys[..count])?;
+    Ok(keys[..count].iter().filter(|&&k| k < key).count())
 }
 
 /// The child slot of an internal node covering `key`: the last i with keys[i] ≤ key.

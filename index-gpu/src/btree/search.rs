@@ -10,10 +10,12 @@ use tusk_txn::TxnError;
 /// first: where a split of the level below inserts its separator.
 pub fn descend<H: HeapRead>(heap: &mut H, root: u64, key: u64, mut path: Option<&mut Vec<u64>>) -> Result<(u64, Header), TxnError> {
     let mut node = root;
+    heap.prefetch(node, layout::NODE_SIZE);
     loop {
         let mut h = layout::read_header(heap, node)?;
         while h.must_move_right(key) {
             node = h.right;
+            heap.prefetch(node, layout::NODE_SIZE);
             h = layout::read_header(heap, node)?;
         }
         if h.is_leaf() {
@@ -24,6 +26,7 @@ pub fn descend<H: HeapRead>(heap: &mut H, root: u64, key: u64, mut path: Option<
         }
         let slot = layout::child_slot(heap, node, h.count, key)?;
         node = layout::value(heap, node, slot)?;
+        heap.prefetch(node, layout::NODE_SIZE);
     }
 }
 
