@@ -4,6 +4,7 @@
 //! - [`heap`]: the word-level heap access the indexes are written against, so that read paths
 //!   can later run over a snapshot image or feed the GPU mirror unchanged.
 //! - [`btree`]: the B-link tree (u64 → u64), its node layout, and its validator.
+//! - [`image`]: a plain read-only heap image on which the read paths run without the STM.
 //! - [`error`]: the crate's typed errors.
 //!
 //! The ART and the device mirror are still to come (issue 5 and the GPU issue).
@@ -11,6 +12,7 @@
 pub mod btree;
 pub mod error;
 pub mod heap;
+pub mod image;
 
 pub use btree::BTree;
 pub use error::IndexError;

@@ -1,0 +1,32 @@
+//! A plain, read-only heap image: the bytes of a heap from offset 0, as a memcpy snapshot,
+//! a loaded checkpoint or a GPU fallback holds them. It implements [`HeapRead`] with no STM,
+//! so every index read path (`get`, `range`, `prefix`, `count`, `sum`, `check`) runs on it
+//! unchanged and gives the answers the heap had when the image was taken.
+
+use tusk_txn::TxnError;
+
+use crate::heap::HeapRead;
+
+/// The bytes of a heap, heap offset i at index i.
+#[derive(Clone, Copy, Debug)]
+pub struct HeapImage<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> HeapImage<'a> {
+    pub fn new(bytes: &'a [u8]) -> HeapImage<'a> {
+        HeapImage { bytes }
+    }
+}
+
+impl HeapRead for HeapImage<'_> {
+    /// An offset beyond the image (a damaged link) is an error, not a panic.
+    #[inline]
+    fn load(&mut self, off: u64) -> Result<u64, TxnError> {
+        let at = usize::try_from(off).map_err(|_| TxnError::InvalidPointer(off))?;
+        match self.bytes.get(at..at.wrapping_add(8)) {
+            Some(word) if off % 8 == 0 => Ok(u64::from_le_bytes(word.try_into().expect("8 bytes"))),
+            _ => Err(TxnError::InvalidPointer(off)),
+        }
+    }
+}
