@@ -11,6 +11,14 @@ use tusk_txn::{Transaction, TxnError};
 /// Reads of 8-aligned u64 words at heap offsets.
 pub trait HeapRead {
     fn load(&mut self, off: u64) -> Result<u64, TxnError>;
+
+    /// Whether `[off, off + len)` lies inside the heap. Validators ask before following an
+    /// offset read from possibly damaged data, since a load outside the heap is a bug (it
+    /// panics) rather than an error. An image that cannot tell says yes.
+    fn contains(&self, off: u64, len: u64) -> bool {
+        let _ = (off, len);
+        true
+    }
 }
 
 /// Writes and allocation, on top of reads.
@@ -23,6 +31,10 @@ pub trait HeapWrite: HeapRead {
 impl HeapRead for Transaction<'_> {
     fn load(&mut self, off: u64) -> Result<u64, TxnError> {
         Transaction::load(self, off)
+    }
+
+    fn contains(&self, off: u64, len: u64) -> bool {
+        self.engine().heap().contains(off, len)
     }
 }
 

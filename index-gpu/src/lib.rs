@@ -13,4 +13,5 @@ pub mod error;
 pub mod heap;
 
 pub use btree::BTree;
+pub use btree::{BatchOutcome, Op};
 pub use error::IndexError;
