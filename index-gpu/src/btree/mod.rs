@@ -6,6 +6,11 @@
 //! tree with no code of its own, and a conflict surfaces as [`IndexError::Txn`] for the caller
 //! to retry the transaction.
 //!
+//! Updates: single-key `insert` (splits, `insert.rs`) and `remove` (redistribution, merges,
+//! free list, `remove.rs`); `bulk_load` builds an empty tree bottom-up (`bulk.rs`);
+//! `apply_batch` applies a sorted batch leaf by leaf, the update path of the GPU mirror
+//! (`batch.rs`).
+//!
 //! [`BTree`] is a plain handle (the descriptor's heap offset); operations take the heap
 //! (transaction) as an argument, so one handle serves any number of transactions.
 
