@@ -20,7 +20,8 @@ enum Op {
     Count(u64, u64),
     Sum(u64, u64),
     Batch(Vec<BatchOp>),
-    RemoveAll,
+    /// Removes every key, one by one or (true) as one batch; later batches reinsert.
+    RemoveAll(bool),
 }
 
 /// Keys from a small domain (many duplicates, dense ranges) or anywhere in u64 (edges included).
@@ -50,7 +51,7 @@ fn op(key: BoxedStrategy<u64>) -> impl Strategy<Value = Op> {
         1 => (k.clone(), k.clone()).prop_map(|(a, b)| Op::Count(a.min(b), a.max(b))),
         1 => (k.clone(), k).prop_map(|(a, b)| Op::Sum(a.min(b), a.max(b))),
         1 => prop::collection::vec(batch_op(key), 0..200).prop_map(Op::Batch),
-        1 => Just(Op::RemoveAll),
+        1 => any::<bool>().prop_map(Op::RemoveAll),
     ]
 }
 
@@ -116,10 +117,17 @@ fn run(start: Option<(Vec<u64>, f64)>, batches: Vec<Vec<Op>>) -> Result<(), Test
                         let want = model_batch(&mut model, ops);
                         assert_eq!(tree.apply_batch(tx, ops).unwrap(), want);
                     }
-                    Op::RemoveAll => {
+                    &Op::RemoveAll(batched) => {
                         let keys: Vec<u64> = model.keys().copied().collect();
-                        for k in keys {
-                            assert_eq!(tree.remove(tx, k).unwrap(), model.remove(&k));
+                        if batched {
+                            let ops: Vec<BatchOp> = keys.iter().rev().map(|&key| BatchOp::Remove { key }).collect();
+                            let out = tree.apply_batch(tx, &ops).unwrap();
+                            assert_eq!(out.removed, keys.len() as u64);
+                            model.clear();
+                        } else {
+                            for k in keys {
+                                assert_eq!(tree.remove(tx, k).unwrap(), model.remove(&k));
+                            }
                         }
                         let stats = tree.check(tx).unwrap();
                         assert_eq!((stats.levels, stats.nodes, stats.keys), (1, 1, 0));
@@ -144,7 +152,7 @@ fn run(start: Option<(Vec<u64>, f64)>, batches: Vec<Vec<Op>>) -> Result<(), Test
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(160))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn matches_btreemap(
