@@ -12,6 +12,12 @@ pub enum IndexError {
     /// `check()` found a broken invariant: names the node and what is wrong with it.
     #[error("B-link tree invariant broken at node {node}: {what}")]
     Invariant { node: u64, what: String },
+    /// `bulk_load` needs an empty tree.
+    #[error("bulk load into a tree that is not empty")]
+    NotEmpty,
+    /// `bulk_load` input whose key at this index (0-based) is not above the one before it.
+    #[error("bulk load input not strictly ascending at index {at_index}")]
+    NotSorted { at_index: u64 },
 }
 
 impl IndexError {

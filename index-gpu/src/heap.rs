@@ -29,6 +29,14 @@ pub trait HeapRead {
     fn prefetch(&self, off: u64, len: u64) {
         let _ = (off, len);
     }
+
+    /// Whether `[off, off + len)` lies inside the heap. Validators ask before following an
+    /// offset read from possibly damaged data, since a load outside the heap is a bug (it
+    /// panics) rather than an error. An image that cannot tell says yes.
+    fn contains(&self, off: u64, len: u64) -> bool {
+        let _ = (off, len);
+        true
+    }
 }
 
 /// Writes and allocation, on top of reads.
@@ -56,6 +64,10 @@ impl HeapRead for Transaction<'_> {
             Transaction::prefetch(self, HeapPtr(line), 0);
             line += 64;
         }
+    }
+
+    fn contains(&self, off: u64, len: u64) -> bool {
+        self.engine().heap().contains(off, len)
     }
 }
 

@@ -29,4 +29,8 @@ impl HeapRead for HeapImage<'_> {
             _ => Err(TxnError::InvalidPointer(off)),
         }
     }
+
+    fn contains(&self, off: u64, len: u64) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.bytes.len() as u64)
+    }
 }

@@ -15,4 +15,5 @@ pub mod heap;
 pub mod image;
 
 pub use btree::BTree;
+pub use btree::{BatchOutcome, Op};
 pub use error::IndexError;

@@ -5,7 +5,7 @@
 mod common;
 
 use tusk_index::btree::layout::{self, HIGH_KEY_OFF, RIGHT_LINK_OFF};
-use tusk_index::btree::meta::{KEY_COUNT_OFF, ROOT_OFF};
+use tusk_index::btree::meta::{FREE_HEAD_OFF, KEY_COUNT_OFF, ROOT_OFF};
 use tusk_index::{BTree, IndexError};
 use tusk_txn::Transaction;
 
@@ -74,6 +74,79 @@ fn detects_underfull_node() {
 #[test]
 fn detects_wrong_key_count() {
     assert_broken(|tx, tree, _| tx.store(tree.ptr().offset() + KEY_COUNT_OFF, 5).unwrap(), "descriptor");
+}
+
+/// Removes every other key of the first 400, so leaves merge and nodes go to the free list;
+/// returns the free list's head.
+fn free_some(tx: &mut Transaction<'_>, tree: BTree) -> u64 {
+    for k in (0..400u64).step_by(2) {
+        tree.remove(tx, k * 2).unwrap();
+    }
+    let stats = tree.check(tx).unwrap();
+    assert!(stats.free_nodes >= 2, "{stats:?}");
+    tx.load(tree.ptr().offset() + FREE_HEAD_OFF).unwrap()
+}
+
+#[test]
+fn detects_free_node_reachable_in_tree() {
+    assert_broken(|tx, tree, _| {
+        let free = free_some(tx, tree);
+        // The first node of level 1 gets the free node as its first child.
+        let root = tx.load(tree.ptr().offset() + ROOT_OFF).unwrap();
+        let level1 = layout::value(tx, root, 0).unwrap();
+        tx.store(layout::value_off(level1, 0), free).unwrap();
+    }, "free list is reachable");
+}
+
+#[test]
+fn detects_free_list_cycle() {
+    assert_broken(|tx, tree, _| {
+        let free = free_some(tx, tree);
+        let second = tx.load(free).unwrap();
+        assert_ne!(second, 0);
+        tx.store(second, free).unwrap();
+    }, "cycle");
+}
+
+#[test]
+fn detects_free_list_self_loop() {
+    assert_broken(|tx, tree, _| {
+        let free = free_some(tx, tree);
+        tx.store(free, free).unwrap();
+    }, "cycle");
+}
+
+#[test]
+fn detects_free_list_offset_outside_heap() {
+    assert_broken(|tx, tree, _| {
+        let free = free_some(tx, tree);
+        tx.store(free, u64::MAX - 63).unwrap();
+    }, "outside the heap");
+}
+
+#[test]
+fn detects_misaligned_free_list_link() {
+    assert_broken(|tx, tree, _| {
+        let free = free_some(tx, tree);
+        tx.store(free, free + 8).unwrap();
+    }, "aligned");
+}
+
+#[test]
+fn detects_lost_free_nodes() {
+    // Free nodes neither in the tree nor on the list: the slab's accounting does not add up.
+    assert_broken(|tx, tree, _| {
+        free_some(tx, tree);
+        tx.store(tree.ptr().offset() + FREE_HEAD_OFF, 0).unwrap();
+    }, "handed out");
+}
+
+#[test]
+fn detects_child_pointer_outside_heap() {
+    assert_broken(|tx, tree, _| {
+        let root = tx.load(tree.ptr().offset() + ROOT_OFF).unwrap();
+        tx.store(layout::value_off(root, 0), 1 << 60).unwrap();
+    }, "outside the heap");
 }
 
 #[test]

@@ -12,9 +12,16 @@
 //!   an internal node's keys[0] equals its `low`;
 //! - the rightmost node has no right link (and so no high key), every other one does;
 //! - the nodes reached equal the descriptor's node count, the leaf entries its key count.
+//!
+//! And the slab's accounting: the free list is walked first, bounded (a cycle, a misaligned
+//! offset or one outside the heap is reported, never followed into a panic or a loop); no
+//! free node may be reachable in the tree; nodes in use plus free nodes must equal the nodes
+//! the slab ever handed out, so a node lost by a merge (neither in the tree nor free) shows.
 
-use super::layout::{self, CAPACITY, MIN_FILL};
-use super::meta::{KEY_COUNT_OFF, NODE_COUNT_OFF, ROOT_OFF};
+use std::collections::HashSet;
+
+use super::layout::{self, CAPACITY, MIN_FILL, NODE_SIZE};
+use super::meta::{FREE_HEAD_OFF, HANDED_OUT_OFF, KEY_COUNT_OFF, NODE_COUNT_OFF, ROOT_OFF};
 use crate::heap::HeapRead;
 use crate::IndexError;
 
@@ -26,6 +33,8 @@ pub struct TreeStats {
     pub nodes: u64,
     pub leaves: u64,
     pub keys: u64,
+    /// Nodes on the slab's free list.
+    pub free_nodes: u64,
 }
 
 /// A node expected on the level being walked, with the high key its parent implies.
@@ -42,6 +51,9 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
     let root = heap.load(meta + ROOT_OFF)?;
     let node_count = heap.load(meta + NODE_COUNT_OFF)?;
     let key_count = heap.load(meta + KEY_COUNT_OFF)?;
+    let handed_out = heap.load(meta + HANDED_OUT_OFF)?;
+    let free = free_list(heap, meta, handed_out)?;
+    check_node_offset(heap, root)?;
     let root_level = layout::read_header(heap, root)?.level;
     let mut stats = TreeStats { levels: root_level + 1, ..TreeStats::default() };
     let mut expected = vec![Expected { node: root, high_key: None }];
@@ -50,8 +62,9 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
         let mut low = 0u64;
         for (n, exp) in expected.iter().enumerate() {
             let node = exp.node;
-            if !node.is_multiple_of(layout::NODE_ALIGN) {
-                return Err(broken(node, "node not 64-byte aligned"));
+            check_node_offset(heap, node)?;
+            if free.contains(&node) {
+                return Err(broken(node, "node on the free list is reachable in the tree"));
             }
             stats.nodes += 1;
             if stats.nodes > node_count {
@@ -117,5 +130,39 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
     if stats.keys != key_count {
         return Err(broken(root, format!("{} keys in the leaves, descriptor says {key_count}", stats.keys)));
     }
+    stats.free_nodes = free.len() as u64;
+    if stats.nodes + stats.free_nodes != handed_out {
+        return Err(broken(root, format!("{} nodes in use + {} free, but the slab handed out {handed_out}", stats.nodes, stats.free_nodes)));
+    }
     Ok(stats)
+}
+
+/// A node offset read from the tree must be 64-byte aligned and lie inside the heap before
+/// anything is read from it.
+fn check_node_offset<H: HeapRead>(heap: &mut H, node: u64) -> Result<(), IndexError> {
+    if node == 0 || !node.is_multiple_of(layout::NODE_ALIGN) {
+        return Err(broken(node, "node offset null or not 64-byte aligned"));
+    }
+    if !heap.contains(node, NODE_SIZE) {
+        return Err(broken(node, "node offset outside the heap"));
+    }
+    Ok(())
+}
+
+/// The nodes on the free list. Walks at most `handed_out` links, and stops at the first
+/// repeated node, so a damaged list ends the check with an error instead of a loop.
+fn free_list<H: HeapRead>(heap: &mut H, meta: u64, handed_out: u64) -> Result<HashSet<u64>, IndexError> {
+    let mut free = HashSet::new();
+    let mut node = heap.load(meta + FREE_HEAD_OFF)?;
+    while node != 0 {
+        check_node_offset(heap, node)?;
+        if !free.insert(node) {
+            return Err(broken(node, "free list has a cycle"));
+        }
+        if free.len() as u64 > handed_out {
+            return Err(broken(node, format!("free list longer than the {handed_out} nodes handed out")));
+        }
+        node = heap.load(node)?;
+    }
+    Ok(free)
 }

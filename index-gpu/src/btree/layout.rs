@@ -39,7 +39,7 @@ pub const HEADER_SIZE: u64 = 64;
 /// Key/value slots per node: what is left after the header, split evenly.
 pub const CAPACITY: usize = ((NODE_SIZE - HEADER_SIZE) / 16) as usize;
 /// Fewest entries of any node but the root (a split of a full node leaves at least this many
-/// on each side). `remove` will merge or redistribute below it.
+/// on each side). `remove` redistributes or merges below it (`remove.rs`).
 pub const MIN_FILL: usize = CAPACITY / 2;
 
 pub const LEVEL_COUNT_OFF: u64 = 0;

@@ -9,7 +9,10 @@
 //! word 3  slab end         end of the current slab chunk
 //! word 4  node count       nodes handed out by the slab and in use
 //! word 5  key count        entries in the leaves (so `len()` is O(1))
-//! words 6..7 reserved
+//! word 6  free list head   heap offset of the first freed node (0: none); each freed node
+//!                          keeps the next one's offset in its first word
+//! word 7  handed out       nodes ever carved from slab chunks (in use + free), so `check()`
+//!                          can prove no node leaked: reused free nodes do not count again
 //! ```
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"tuskBLT1");
@@ -21,3 +24,7 @@ pub const SLAB_CURSOR_OFF: u64 = 16;
 pub const SLAB_END_OFF: u64 = 24;
 pub const NODE_COUNT_OFF: u64 = 32;
 pub const KEY_COUNT_OFF: u64 = 40;
+pub const FREE_HEAD_OFF: u64 = 48;
+pub const HANDED_OUT_OFF: u64 = 56;
+
+const _: () = assert!(HANDED_OUT_OFF + 8 == META_SIZE);

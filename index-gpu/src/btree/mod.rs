@@ -6,14 +6,22 @@
 //! tree with no code of its own, and a conflict surfaces as [`IndexError::Txn`] for the caller
 //! to retry the transaction.
 //!
+//! Updates: single-key `insert` (splits, `insert.rs`) and `remove` (redistribution, merges,
+//! free list, `remove.rs`); `bulk_load` builds an empty tree bottom-up (`bulk.rs`);
+//! `apply_batch` applies a sorted batch leaf by leaf, the update path of the GPU mirror
+//! (`batch.rs`).
+//!
 //! [`BTree`] is a plain handle (the descriptor's heap offset); operations take the heap
 //! (transaction) as an argument, so one handle serves any number of transactions.
 
+pub mod batch;
+pub mod bulk;
 pub mod check;
 pub mod insert;
 pub mod layout;
 pub mod meta;
 pub mod range;
+pub mod remove;
 pub mod search;
 pub mod slab;
 
@@ -24,6 +32,7 @@ use tusk_txn::Transaction;
 
 use crate::heap::{HeapRead, HeapWrite};
 use crate::IndexError;
+pub use batch::{BatchOutcome, Op};
 pub use check::TreeStats;
 pub use range::Range;
 use range::KeySpan;
@@ -92,6 +101,27 @@ impl BTree {
     /// Sets `key` to `value`; returns the value it had.
     pub fn insert<H: HeapWrite>(&self, heap: &mut H, key: u64, value: u64) -> Result<Option<u64>, IndexError> {
         Ok(insert::insert(heap, self.meta, key, value)?)
+    }
+
+    /// Removes `key`; returns the value it had. Underfull nodes are repaired by redistribution
+    /// or merging (see `remove.rs`); freed nodes are reused by later inserts.
+    pub fn remove<H: HeapWrite>(&self, heap: &mut H, key: u64) -> Result<Option<u64>, IndexError> {
+        Ok(remove::remove(heap, self.meta, key)?)
+    }
+
+    /// Loads an empty tree from `pairs`, whose keys must strictly ascend, bottom-up with the
+    /// nodes filled to `fill` (a fraction of CAPACITY, clamped so every node holds at least
+    /// MIN_FILL); returns the number of keys loaded. Fails with [`IndexError::NotEmpty`] on a
+    /// tree with keys, and with [`IndexError::NotSorted`] at the first key not above its
+    /// predecessor, leaving the tree empty and valid (see `bulk.rs`).
+    pub fn bulk_load<H: HeapWrite>(&self, heap: &mut H, pairs: impl IntoIterator<Item = (u64, u64)>, fill: f64) -> Result<u64, IndexError> {
+        bulk::bulk_load(heap, self.meta, pairs, fill)
+    }
+
+    /// Applies a batch of upserts and removals with one descent per touched leaf; the result
+    /// equals applying `ops` one by one in order (see `batch.rs`).
+    pub fn apply_batch<H: HeapWrite>(&self, heap: &mut H, ops: &[Op]) -> Result<BatchOutcome, IndexError> {
+        Ok(batch::apply_batch(heap, self.meta, ops)?)
     }
 
     /// The entries with keys in `range`, in key order.

@@ -1,0 +1,185 @@
+//! Batched updates equal the same operations applied one by one: large random batches over a
+//! populated tree, with duplicate keys, splits and merges along the way.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use tusk_index::{BTree, BatchOutcome, Op};
+
+/// splitmix64: deterministic pseudo-random numbers without a random-number crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+fn random_ops(rng: &mut Rng, n: usize, domain: u64, remove_share: u64) -> Vec<Op> {
+    (0..n)
+        .map(|_| {
+            let key = rng.next() % domain;
+            if rng.next() % 100 < remove_share {
+                Op::Remove { key }
+            } else {
+                Op::Upsert { key, value: rng.next() }
+            }
+        })
+        .collect()
+}
+
+fn one_by_one(tree: BTree, tx: &mut tusk_txn::Transaction<'_>, ops: &[Op]) -> BatchOutcome {
+    let mut out = BatchOutcome::default();
+    for op in ops {
+        match *op {
+            Op::Upsert { key, value } => match tree.insert(tx, key, value).unwrap() {
+                Some(_) => out.updated += 1,
+                None => out.inserted += 1,
+            },
+            Op::Remove { key } => match tree.remove(tx, key).unwrap() {
+                Some(_) => out.removed += 1,
+                None => out.absent += 1,
+            },
+        }
+    }
+    out
+}
+
+fn contents(tree: BTree, tx: &mut tusk_txn::Transaction<'_>) -> Vec<(u64, u64)> {
+    tree.range(tx, ..).unwrap().map(Result::unwrap).collect()
+}
+
+#[test]
+fn fifty_thousand_random_ops_equal_one_by_one() {
+    let engine = common::engine(256 << 20);
+    let mut rng = Rng(42);
+    let (batched, single) = common::transact(&engine, |tx| {
+        let a = BTree::create(tx).unwrap();
+        let b = BTree::create(tx).unwrap();
+        let start: Vec<(u64, u64)> = (0..30_000u64).map(|k| (k * 2, k)).collect();
+        a.bulk_load(tx, start.iter().copied(), 0.7).unwrap();
+        b.bulk_load(tx, start.iter().copied(), 0.7).unwrap();
+        (a, b)
+    });
+    // Phases: mostly inserts (splits), mixed, mostly removals (merges down to a small tree).
+    for (phase, remove_share) in [(0, 20u64), (1, 50), (2, 90), (3, 95)] {
+        let ops = random_ops(&mut rng, 50_000, 80_000, remove_share);
+        common::transact(&engine, |tx| {
+            let got = batched.apply_batch(tx, &ops).unwrap();
+            let want = one_by_one(single, tx, &ops);
+            assert_eq!(got, want, "phase {phase}");
+            assert_eq!(got.inserted + got.updated + got.removed + got.absent, ops.len() as u64);
+            let sa = batched.check(tx).unwrap();
+            let sb = single.check(tx).unwrap();
+            assert_eq!(sa.keys, sb.keys);
+            assert_eq!(contents(batched, tx), contents(single, tx), "phase {phase}");
+        });
+    }
+}
+
+#[test]
+fn small_batches_against_the_model() {
+    // Many small batches, keys from a narrow domain so one batch hits a leaf many times and a
+    // key several times: the last operation on a key wins.
+    let engine = common::engine(64 << 20);
+    let tree = common::transact(&engine, |tx| BTree::create(tx).unwrap());
+    let mut model = BTreeMap::new();
+    let mut rng = Rng(7);
+    for round in 0..400 {
+        let len = (rng.next() % 300) as usize;
+        let ops = random_ops(&mut rng, len, 1_500, if round % 4 == 3 { 85 } else { 40 });
+        common::transact(&engine, |tx| {
+            let mut want = BatchOutcome::default();
+            for op in &ops {
+                match *op {
+                    Op::Upsert { key, value } => match model.insert(key, value) {
+                        Some(_) => want.updated += 1,
+                        None => want.inserted += 1,
+                    },
+                    Op::Remove { key } => match model.remove(&key) {
+                        Some(_) => want.removed += 1,
+                        None => want.absent += 1,
+                    },
+                }
+            }
+            assert_eq!(tree.apply_batch(tx, &ops).unwrap(), want, "round {round}");
+            assert_eq!(tree.check(tx).unwrap().keys, model.len() as u64);
+            assert_eq!(contents(tree, tx), model.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>());
+        });
+    }
+}
+
+#[test]
+fn empty_batch_and_duplicates_of_one_key() {
+    let engine = common::engine(16 << 20);
+    common::transact(&engine, |tx| {
+        let tree = BTree::create(tx).unwrap();
+        assert_eq!(tree.apply_batch(tx, &[]).unwrap(), BatchOutcome::default());
+        let ops = [
+            Op::Upsert { key: 5, value: 1 },
+            Op::Remove { key: 5 },
+            Op::Remove { key: 5 },
+            Op::Upsert { key: 5, value: 2 },
+            Op::Upsert { key: 5, value: 3 },
+            Op::Upsert { key: 4, value: 9 },
+        ];
+        let out = tree.apply_batch(tx, &ops).unwrap();
+        assert_eq!(out, BatchOutcome { inserted: 3, updated: 1, removed: 1, absent: 1 });
+        assert_eq!(contents(tree, tx), vec![(4, 9), (5, 3)]);
+        assert_eq!(tree.len(tx).unwrap(), 2);
+        tree.check(tx).unwrap();
+    });
+}
+
+/// Heap access that counts loads, to see what a batch saves.
+struct Counting<'a, 'e> {
+    tx: &'a mut tusk_txn::Transaction<'e>,
+    loads: u64,
+}
+
+impl tusk_index::heap::HeapRead for Counting<'_, '_> {
+    fn load(&mut self, off: u64) -> Result<u64, tusk_txn::TxnError> {
+        self.loads += 1;
+        self.tx.load(off)
+    }
+}
+
+impl tusk_index::heap::HeapWrite for Counting<'_, '_> {
+    fn store(&mut self, off: u64, value: u64) -> Result<(), tusk_txn::TxnError> {
+        self.tx.store(off, value)
+    }
+
+    fn alloc(&mut self, len: u64) -> Result<u64, tusk_txn::TxnError> {
+        tusk_index::heap::HeapWrite::alloc(self.tx, len)
+    }
+}
+
+#[test]
+fn batch_descends_once_per_leaf() {
+    // 5,000 updates over 10,000 consecutive keys of a 100k-key tree touch ~500 leaves: the
+    // batch reads a fraction of what 5,000 separate descents read.
+    let engine = common::engine(128 << 20);
+    common::transact(&engine, |tx| {
+        let tree = BTree::create(tx).unwrap();
+        tree.bulk_load(tx, (0..100_000u64).map(|k| (k, k)), 0.7).unwrap();
+        let ops: Vec<Op> = (0..5_000u64).rev().map(|i| Op::Upsert { key: 40_000 + i * 2, value: i }).collect();
+        let mut counting = Counting { tx, loads: 0 };
+        let out = tree.apply_batch(&mut counting, &ops).unwrap();
+        assert_eq!(out.updated, 5_000);
+        let batch_loads = counting.loads;
+        counting.loads = 0;
+        for op in &ops {
+            if let Op::Upsert { key, value } = *op {
+                tree.insert(&mut counting, key, value + 1).unwrap();
+            }
+        }
+        let single_loads = counting.loads;
+        assert!(batch_loads * 3 < single_loads, "batch {batch_loads} loads, one by one {single_loads}");
+        tree.check(tx).unwrap();
+    });
+}
