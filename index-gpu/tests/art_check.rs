@@ -76,10 +76,11 @@ fn detects_unordered_n4_keys() {
 fn detects_n48_index_to_an_empty_slot() {
     assert_broken(|tx, t| {
         let (_, off) = child(tx, t, &[1]);
-        // byte 200 has no child; point it at slot 30 (20 children: slots 0..20 used).
-        let at = off + node::N48_INDEX + 200 / 8 * 8;
+        // byte 201 has no child; point it at slot 30 (20 children: slots 0..20 used).
+        let b = 201u64;
+        let at = off + node::N48_INDEX + b / 8 * 8;
         let w = tx.load(at).unwrap();
-        tx.store(at, w | 31 << (8 * (200 % 8))).unwrap();
+        tx.store(at, w | 31 << (8 * (b % 8))).unwrap();
     }, "empty slot");
 }
 
