@@ -40,6 +40,9 @@ fn key() -> impl Strategy<Value = Vec<u8>> {
             .prop_map(|(n, b)| vec![b'k' + b; n]),
         // random bytes
         2 => prop::collection::vec(any::<u8>(), 0..12),
+        // high fan-out below a shared prefix (N48 and N256 nodes that grow and shrink)
+        3 => (prop::sample::select(vec![&b""[..], b"f", b"fan-out-prefix-"]), any::<u8>(), 0u8..4)
+            .prop_map(|(p, b, c)| [p, &[b], &[c][..(c as usize % 2)]].concat()),
     ]
 }
 
@@ -59,7 +62,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key(), key()).prop_map(|(a, b)| { let (a, b) = ordered(a, b); Op::Sum(a, b) }),
         1 => key().prop_map(|k| Op::CountPrefix(k[..k.len().min(2)].to_vec())),
         1 => key().prop_map(|k| Op::SumPrefix(k[..k.len().min(41)].to_vec())),
-        1 => Just(Op::Clear),
     ]
 }
 
@@ -77,14 +79,18 @@ fn with_prefix<'m>(model: &'m BTreeMap<Vec<u8>, u64>, p: &'m [u8]) -> impl Itera
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn matches_btreemap(batches in prop::collection::vec(prop::collection::vec(op(), 1..120), 1..8)) {
+    fn matches_btreemap(batches in prop::collection::vec((prop::bool::weighted(0.2), prop::collection::vec(op(), 1..400)), 1..8)) {
         let engine = common::engine(64 << 20);
         let tree = common::transact(&engine, |tx| Art::named(tx, "a").unwrap());
         let mut model: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-        for batch in batches {
+        for (clear, mut batch) in batches {
+            if clear {
+                // Empty the tree first, then refill it with the batch's inserts.
+                batch.insert(0, Op::Clear);
+            }
             common::transact(&engine, |tx| {
                 for op in &batch {
                     match op {
