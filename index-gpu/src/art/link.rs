@@ -75,8 +75,39 @@ pub fn kind_name(kind: u8) -> &'static str {
         .unwrap_or("?")
 }
 
-/// Bytes per slot of `kind`.
-pub const fn slot_size(kind: u8) -> u64 {
+/// Bytes per slot of `kind` (a table lookup: it is on every lookup's path).
+#[inline]
+pub fn slot_size(kind: u8) -> u64 {
+    SLOT_SIZE[kind as usize % KINDS]
+}
+
+/// log2 of the slots in a kind's first slab chunk (a table lookup).
+#[inline]
+pub fn base_log2(kind: u8) -> u32 {
+    BASE_LOG2[kind as usize % KINDS]
+}
+
+const SLOT_SIZE: [u64; KINDS] = {
+    let mut t = [0; KINDS];
+    let mut k = 0;
+    while k < KINDS {
+        t[k] = compute_slot_size(k as u8);
+        k += 1;
+    }
+    t
+};
+
+const BASE_LOG2: [u32; KINDS] = {
+    let mut t = [0; KINDS];
+    let mut k = 0;
+    while k < KINDS {
+        t[k] = compute_base_log2(k as u8);
+        k += 1;
+    }
+    t
+};
+
+const fn compute_slot_size(kind: u8) -> u64 {
     match kind {
         N4 => 64,
         N16 => 192,
@@ -87,9 +118,9 @@ pub const fn slot_size(kind: u8) -> u64 {
     }
 }
 
-/// log2 of the slots in a kind's first slab chunk: about 16 KiB of slots, at least 1.
-pub const fn base_log2(kind: u8) -> u32 {
-    let n = 16384 / slot_size(kind);
+/// About 16 KiB of slots in the first chunk, at least 1.
+const fn compute_base_log2(kind: u8) -> u32 {
+    let n = 16384 / compute_slot_size(kind);
     if n <= 1 {
         0
     } else {

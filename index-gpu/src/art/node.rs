@@ -67,10 +67,6 @@ pub const fn min_children(kind: u8) -> usize {
     }
 }
 
-const _: () = assert!(link::slot_size(N4) >= N4_CHILDREN + 4 * 8);
-const _: () = assert!(link::slot_size(N16) >= N16_CHILDREN + 16 * 8);
-const _: () = assert!(link::slot_size(N48) == N48_CHILDREN + 48 * 8);
-const _: () = assert!(link::slot_size(N256) == N256_CHILDREN + 256 * 8);
 
 #[inline]
 pub fn decode_header(word: u64) -> (usize, usize) {
@@ -382,5 +378,21 @@ pub fn full_prefix<H: HeapRead>(heap: &mut H, meta: u64, link: u64, off: u64, de
     match key.get(depth..depth + plen) {
         Some(p) => Ok(p.to_vec()),
         None => Err(IndexError::ArtInvariant { node: link, what: format!("leaf below is shorter than the prefix of {plen} bytes at depth {depth}") }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_fit_their_slots() {
+        assert!(link::slot_size(N4) >= N4_CHILDREN + 4 * 8);
+        assert!(link::slot_size(N16) >= N16_CHILDREN + 16 * 8);
+        assert_eq!(link::slot_size(N48), N48_CHILDREN + 48 * 8);
+        assert_eq!(link::slot_size(N256), N256_CHILDREN + 256 * 8);
+        for kind in 0..link::KINDS as u8 {
+            assert!(link::slot_size(kind).is_multiple_of(if kind < link::LEAF0 { 64 } else { 32 }));
+        }
     }
 }
