@@ -4,16 +4,20 @@
 //! - [`heap`]: the word-level heap access the indexes are written against, so that read paths
 //!   can later run over a snapshot image or feed the GPU mirror unchanged.
 //! - [`btree`]: the B-link tree (u64 → u64), its node layout, and its validator.
+//! - [`art`]: the Adaptive Radix Tree (byte strings → u64) in per-node-type slabs, and its
+//!   validator.
 //! - [`image`]: a plain read-only heap image on which the read paths run without the STM.
 //! - [`error`]: the crate's typed errors.
 //!
-//! The ART and the device mirror are still to come (issue 5 and the GPU issue).
+//! The device mirror comes with the GPU issue.
 
+pub mod art;
 pub mod btree;
 pub mod error;
 pub mod heap;
 pub mod image;
 
+pub use art::{Art, ArtIter, ArtStats, MAX_KEY_LEN};
 pub use btree::BTree;
 pub use btree::{BatchOutcome, Op};
 pub use error::IndexError;

@@ -1,0 +1,49 @@
+//! Point lookup: from the root, per inner node compare the stored prefix bytes (skipping any
+//! beyond 8: the leaf decides), then follow the terminal link when the key ends here or the
+//! child for the next key byte; at a leaf compare the whole key. No allocation.
+
+use super::link;
+use super::meta::ROOT_OFF;
+use super::node::{self, PREFIX, PREFIX_BYTES, TERMINAL};
+use super::{leaf, slab};
+use crate::heap::HeapRead;
+use crate::IndexError;
+
+/// Whether the stored prefix bytes of a node (word `prefix`, length `plen`) agree with `key`
+/// from `depth`; the caller has checked that the key is long enough for the whole prefix.
+#[inline]
+pub fn stored_prefix_matches(prefix: u64, plen: usize, key: &[u8], depth: usize) -> bool {
+    let n = plen.min(PREFIX_BYTES);
+    let mask = if n == 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+    (prefix ^ leaf::key_word(key, depth)) & mask == 0
+}
+
+pub fn get<H: HeapRead>(heap: &mut H, meta: u64, key: &[u8]) -> Result<Option<u64>, IndexError> {
+    let mut link = heap.load(meta + ROOT_OFF)?;
+    let mut depth = 0usize;
+    loop {
+        if link == 0 {
+            return Ok(None);
+        }
+        let off = slab::offset(heap, meta, link)?;
+        if link::is_leaf(link) {
+            return if leaf::matches(heap, off, key)? { Ok(Some(leaf::value(heap, off)?)) } else { Ok(None) };
+        }
+        let (count, plen) = node::header(heap, off)?;
+        if plen > 0 {
+            if key.len() < depth + plen || !stored_prefix_matches(heap.load(off + PREFIX)?, plen, key, depth) {
+                return Ok(None);
+            }
+            depth += plen;
+        }
+        let Some(&b) = key.get(depth) else {
+            link = heap.load(off + TERMINAL)?;
+            continue;
+        };
+        match node::child_slot(heap, link::kind(link), off, count, b)? {
+            Some(at) => link = heap.load(at)?,
+            None => return Ok(None),
+        }
+        depth += 1;
+    }
+}
