@@ -12,14 +12,12 @@ pub enum IndexError {
     /// `check()` found a broken invariant: names the node and what is wrong with it.
     #[error("B-link tree invariant broken at node {node}: {what}")]
     Invariant { node: u64, what: String },
-<<<<<<< HEAD
     /// `bulk_load` needs an empty tree.
     #[error("bulk load into a tree that is not empty")]
     NotEmpty,
     /// `bulk_load` input whose key at this index (0-based) is not above the one before it.
     #[error("bulk load input not strictly ascending at index {at_index}")]
     NotSorted { at_index: u64 },
-=======
     /// The pointer does not lead to an Adaptive Radix Tree descriptor.
     #[error("the object at heap offset {0} is not an adaptive radix tree")]
     NotAnArt(u64),
@@ -31,7 +29,6 @@ pub enum IndexError {
     /// descriptor's heap offset for descriptor-wide problems.
     #[error("ART invariant broken at {node:#x}: {what}")]
     ArtInvariant { node: u64, what: String },
->>>>>>> art
 }
 
 impl IndexError {
