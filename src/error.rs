@@ -94,6 +94,39 @@ pub enum Error {
         /// Heap bytes the options give.
         capacity: u64,
     },
+    /// The root (or pointer) does not lead to an index of the kind asked for.
+    #[error("the object at heap offset {offset} is not a {kind}")]
+    NotAnIndex {
+        /// Heap offset of the object.
+        offset: u64,
+        /// The kind of index expected.
+        kind: &'static str,
+    },
+    /// An index validator (`check()`) found a broken invariant.
+    #[error("index damaged at node {node}: {what}")]
+    IndexDamaged {
+        /// Heap offset of the node at fault.
+        node: u64,
+        /// What is wrong there.
+        what: String,
+    },
+    /// An ART key longer than [`crate::ART_MAX_KEY_LEN`].
+    #[error("key of {len} bytes is longer than the maximum of {max}")]
+    KeyTooLong {
+        /// Length of the key given.
+        len: usize,
+        /// The longest key allowed.
+        max: usize,
+    },
+    /// `bulk_load` into a tree that already holds keys.
+    #[error("bulk load needs an empty tree")]
+    BulkLoadNotEmpty,
+    /// `bulk_load` input not strictly ascending.
+    #[error("bulk load input is not strictly ascending at pair {at_index} (0-based)")]
+    BulkLoadNotSorted {
+        /// Index of the first pair not above its predecessor.
+        at_index: u64,
+    },
     /// An I/O error on a file of the store.
     #[error("{path}: {source}")]
     Io {

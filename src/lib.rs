@@ -32,11 +32,13 @@
 mod checkpoints;
 pub mod crashtest;
 mod error;
+mod index;
 mod options;
 mod store;
 mod transaction;
 
 pub use error::Error;
+pub use index::{Art, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 pub use options::{Durability, Options};
 pub use store::Store;
 pub use transaction::Transaction;
@@ -44,6 +46,9 @@ pub use tusk_recovery::{RecoveryReport, TornTail};
 pub use tusk_storage::io::{FaultPlan, Io, RecordConfig};
 pub use tusk_storage::HeapPtr;
 pub use tusk_txn::{CheckpointReport, Commit, Lsn};
+
+/// Longest ART key, in bytes (longer keys fail with [`Error::KeyTooLong`]).
+pub const ART_MAX_KEY_LEN: usize = tusk_index::MAX_KEY_LEN;
 
 /// Longest root name, in bytes.
 pub const ROOT_NAME_MAX: usize = tusk_storage::layout::ROOT_NAME_MAX;

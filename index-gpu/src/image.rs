@@ -2,7 +2,11 @@
 //! a loaded checkpoint or a GPU fallback holds them. It implements [`HeapRead`] with no STM,
 //! so every index read path (`get`, `range`, `prefix`, `count`, `sum`, `check`) runs on it
 //! unchanged and gives the answers the heap had when the image was taken.
+//!
+//! A [`Heap`] that nobody writes to (one recovery filled for `tusk inspect`) reads the same
+//! way, without a copy.
 
+use tusk_storage::Heap;
 use tusk_txn::TxnError;
 
 use crate::heap::HeapRead;
@@ -32,5 +36,22 @@ impl HeapRead for HeapImage<'_> {
 
     fn contains(&self, off: u64, len: u64) -> bool {
         off.checked_add(len).is_some_and(|end| end <= self.bytes.len() as u64)
+    }
+}
+
+/// A heap read directly: only for a heap no transaction writes to (words are read without
+/// stripe validation).
+impl HeapRead for &Heap {
+    #[inline]
+    fn load(&mut self, off: u64) -> Result<u64, TxnError> {
+        if off % 8 == 0 && Heap::contains(self, off, 8) {
+            Ok(self.load_word(off))
+        } else {
+            Err(TxnError::InvalidPointer(off))
+        }
+    }
+
+    fn contains(&self, off: u64, len: u64) -> bool {
+        Heap::contains(self, off, len)
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod art;
 pub mod btree;
+pub mod catalog;
 pub mod error;
 pub mod heap;
 pub mod image;

@@ -78,7 +78,7 @@ pub fn run(args: CrashtestArgs) -> CliResult {
     let workload = match args.workload {
         WorkloadArg::Bank => Workload::Bank,
         WorkloadArg::Hathi => Workload::Hathi,
-        WorkloadArg::Index => return Err(crashtest::CrashtestError::IndexNotAvailable.into()),
+        WorkloadArg::Index => Workload::Index,
     };
     let commit = match args.commit {
         CommitArg::Sync => CommitChoice::Sync,

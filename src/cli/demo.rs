@@ -1,6 +1,8 @@
 //! `tusk demo`: the main job. Loads a bank of accounts, runs transfers and audits on all
-//! cores with live throughput, closes, reopens (recovering from the log), and verifies that
-//! every committed transfer survived and money was conserved.
+//! cores with live throughput; loads a B-link tree and an ART and runs updates with lookups,
+//! range counts and prefix queries (`demo_index.rs`); closes, reopens (recovering from the
+//! checkpoint and the log), and verifies that every committed transfer survived, money was
+//! conserved, and both trees hold exactly what was committed.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::report::{rate, table};
-use super::CliResult;
+use super::{demo_index, CliResult};
 
 const INITIAL_BALANCE: u64 = 1_000;
 const LOAD_BATCH: u64 = 8_192;
@@ -32,6 +34,12 @@ pub struct DemoArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Keys loaded into each index (B-link tree of orders, ART of customers).
+    #[arg(long, default_value_t = 200_000)]
+    index_keys: u64,
+    /// Seconds of index updates and queries.
+    #[arg(long, default_value_t = 2.0)]
+    index_seconds: f64,
 }
 
 /// Removes an earlier demo store; refuses to touch a directory that is not one.
@@ -51,9 +59,9 @@ fn prepare_dir(dir: &Path) -> CliResult {
     Ok(())
 }
 
-fn options(accounts: u64) -> Options {
+fn options(accounts: u64, index_keys: u64) -> Options {
     Options {
-        heap_capacity: (accounts * 8 + (256 << 20)).next_power_of_two(),
+        heap_capacity: (accounts * 8 + index_keys * 512 + (256 << 20)).next_power_of_two(),
         checkpoint_interval: Some(Duration::from_secs(1)),
         ..Options::default()
     }
@@ -63,7 +71,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let accounts = args.accounts.max(2);
     prepare_dir(&args.dir)?;
-    let store = Store::open(&args.dir, options(accounts))?;
+    let store = Store::open(&args.dir, options(accounts, args.index_keys))?;
     println!(
         "tusk demo: {} accounts, {threads} threads, store {} (log I/O: {})",
         accounts,
@@ -144,6 +152,12 @@ pub fn run(args: DemoArgs) -> CliResult {
     spinner.finish_with_message(format!("{} transfers committed", committed.load(Ordering::Relaxed)));
     let transfers: u64 = per_thread.iter().sum();
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
+
+    // Indexes: load, then updates and queries.
+    let index_keys = args.index_keys.max(threads as u64 * 16);
+    let (model, index_load_s) = demo_index::load(&store, index_keys, threads)?;
+    let (model, mixed) = demo_index::mixed(&store, model, threads, args.index_seconds)?;
+
     let last_lsn = store.last_lsn();
     let (_, ckpt_error, checkpoints) = store.checkpoint_status();
     if let Some(e) = ckpt_error {
@@ -153,7 +167,7 @@ pub fn run(args: DemoArgs) -> CliResult {
 
     // Reopen: recovery replays the log.
     let reopen_started = Instant::now();
-    let store = Store::open(&args.dir, options(accounts))?;
+    let store = Store::open(&args.dir, options(accounts, args.index_keys))?;
     let reopen_s = reopen_started.elapsed().as_secs_f64();
     let report = store.recovery_report().clone();
     let ((total, counted), _) = store.transact(Commit::Async, |tx| {
@@ -169,7 +183,9 @@ pub fn run(args: DemoArgs) -> CliResult {
         }
         Ok((total, counted))
     })?;
+    let indexes = demo_index::verify(&store, &model)?;
     store.close()?;
+    let indexes_ok = indexes.trees_valid && indexes.contents_equal && indexes.queries_equal;
     let money_ok = total == accounts * INITIAL_BALANCE;
     let transfers_ok = counted == per_thread;
 
@@ -196,12 +212,42 @@ pub fn run(args: DemoArgs) -> CliResult {
             ("torn tails cut", report.torn_tails.len().to_string()),
             ("money conserved", format!("{} (total {total})", if money_ok { "yes" } else { "NO" })),
             ("every transfer present", if transfers_ok { "yes".to_string() } else { format!("NO: {counted:?} vs {per_thread:?}") }),
+            ("indexes loaded", format!("{index_keys} orders (B-link) + {index_keys} customers (ART) in {index_load_s:.2} s")),
+            (
+                "index workload",
+                format!(
+                    "{} update txns and {} query txns in {:.2} s ({} txn/s)",
+                    mixed.updates,
+                    mixed.queries,
+                    mixed.seconds,
+                    rate((mixed.updates + mixed.queries) as f64 / mixed.seconds)
+                ),
+            ),
+            (
+                "indexes after reopen",
+                format!(
+                    "{} orders, {} customers; validators {}, contents {}, range/prefix queries {}",
+                    indexes.orders,
+                    indexes.customers,
+                    yes_no(indexes.trees_valid),
+                    if indexes.contents_equal { "equal the model" } else { "DIFFER from the model" },
+                    if indexes.queries_equal { "equal the model" } else { "DIFFER from the model" }
+                ),
+            ),
         ],
     );
-    if money_ok && transfers_ok {
+    if money_ok && transfers_ok && indexes_ok {
         Ok(())
     } else {
         Err("verification after reopen failed".into())
+    }
+}
+
+fn yes_no(ok: bool) -> &'static str {
+    if ok {
+        "pass"
+    } else {
+        "FAIL"
     }
 }
 

@@ -1,4 +1,5 @@
-//! `tusk inspect DIR`: what is on disk and what recovery would do, changing nothing.
+//! `tusk inspect DIR`: what is on disk and what recovery would do, changing nothing; and the
+//! indexes behind the named roots of the state recovery reaches (recovered in memory).
 //! `tusk recover DIR`: run recovery and report it.
 
 use std::path::PathBuf;
@@ -15,6 +16,12 @@ use super::CliResult;
 pub struct InspectArgs {
     /// Store directory.
     dir: PathBuf,
+    /// Heap capacity to recover into for the index report, in MiB (default: the library's).
+    #[arg(long)]
+    heap_mib: Option<u64>,
+    /// Skip recovering the state in memory (no index report).
+    #[arg(long)]
+    no_indexes: bool,
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
@@ -53,6 +60,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         .collect();
     let plan = tusk_recovery::plan(&args.dir, None, false)?;
     let r = &plan.report;
+    let indexes = if args.no_indexes { Ok(Vec::new()) } else { recovered_indexes(&args) };
     let segments: Vec<serde_json::Value> = r
         .segment_files
         .iter()
@@ -93,6 +101,10 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         "partition_records_after_gap": r.partition_records_after_gap,
         "lost_after_gap": r.lost_after_gap,
         "torn_tails": torn,
+        "indexes": indexes.as_ref().map(|list| list.iter().map(|i| match &i.summary {
+            Ok(s) => serde_json::json!({"root": i.root, "kind": s.kind, "keys": s.keys, "nodes": s.nodes, "leaves": s.leaves, "bytes": s.bytes, "depth": s.depth}),
+            Err(e) => serde_json::json!({"root": i.root, "error": e}),
+        }).collect::<Vec<_>>()).unwrap_or_else(|e| vec![serde_json::json!({"error": e.to_string()})]),
     });
     if args.json {
         println!("{value}");
@@ -134,7 +146,43 @@ pub fn inspect(args: InspectArgs) -> CliResult {
     for t in &r.torn_tails {
         println!("torn tail: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
     }
+    match indexes {
+        Ok(list) if list.is_empty() => {}
+        Ok(list) => {
+            println!();
+            println!("{:<24} {:<6} {:>12} {:>10} {:>10} {:>12} {:>6}  check", "root", "kind", "keys", "nodes", "leaves", "bytes", "depth");
+            for i in list {
+                match i.summary {
+                    Ok(s) => println!("{:<24} {:<6} {:>12} {:>10} {:>10} {:>12} {:>6}  ok", i.root, s.kind, s.keys, s.nodes, s.leaves, s.bytes, s.depth),
+                    Err(e) => println!("{:<24} {e}", i.root),
+                }
+            }
+        }
+        Err(e) => println!("indexes: not reported: {e}"),
+    }
     Ok(())
+}
+
+/// An index found behind a named root.
+struct FoundIndex {
+    root: String,
+    /// Its summary, or why its validator failed.
+    summary: Result<tusk_index::catalog::IndexSummary, String>,
+}
+
+/// Recovers the store in memory (the directory is not touched) and describes the index behind
+/// every named root that holds one.
+fn recovered_indexes(args: &InspectArgs) -> Result<Vec<FoundIndex>, Box<dyn std::error::Error>> {
+    let capacity = args.heap_mib.map_or(Options::default().heap_capacity, |m| m << 20);
+    let heap = tusk_storage::Heap::new(capacity)?;
+    tusk_recovery::recover(&args.dir, &heap, false)?;
+    let mut found = Vec::new();
+    for (root, ptr) in tusk_txn::roots::list(&heap) {
+        if let Some(summary) = tusk_index::catalog::describe(&mut &heap, ptr) {
+            found.push(FoundIndex { root, summary: summary.map_err(|e| e.to_string()) });
+        }
+    }
+    Ok(found)
 }
 
 pub fn recover(args: RecoverArgs) -> CliResult {

@@ -1,11 +1,14 @@
 //! Command-line interface. Everything the user sees is printed here, nowhere below.
 
+mod bench_index;
 mod bench_store;
 mod bench_txn;
 mod crash_child;
 mod crashtest;
 mod demo;
+mod demo_index;
 mod inspect;
+mod key_orders;
 mod report;
 
 use std::path::PathBuf;
@@ -50,6 +53,8 @@ enum Bench {
     Recovery(bench_store::RecoveryArgs),
     /// Checkpoint write rate, its cost to transactions, and log space under skew.
     Checkpoint(bench_store::CheckpointArgs),
+    /// The B-link tree and the ART against BTreeMap and congee, over six key orders.
+    Index(bench_index::IndexArgs),
 }
 
 /// The I/O backend, as a command-line choice.
@@ -80,6 +85,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench { bench: Bench::Txn(args) } => bench_txn::run(args),
         Command::Bench { bench: Bench::Recovery(args) } => bench_store::recovery(args),
         Command::Bench { bench: Bench::Checkpoint(args) } => bench_store::checkpoint(args),
+        Command::Bench { bench: Bench::Index(args) } => bench_index::run(args),
         Command::CrashChild(args) => crash_child::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),

@@ -156,9 +156,6 @@ impl Reporter {
 
 /// Runs the child until killed or told to stop (stdin closed).
 pub fn run(config: &ChildConfig) -> Result<(), CrashtestError> {
-    if config.workload == Workload::Index {
-        return Err(CrashtestError::IndexNotAvailable);
-    }
     let plan = FaultPlan::new();
     let io = match (&config.journal, config.eio_after) {
         (Some(journal), _) => Io::Recording(RecordConfig { journal: journal.clone(), window: Duration::from_micros(config.window_us) }),

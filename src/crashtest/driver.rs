@@ -163,7 +163,7 @@ fn prepare(config: &Config) -> Result<Vec<u64>, CrashtestError> {
     match has_root {
         Some(p) => {
             let len = store.transact(Commit::Async, |tx| tx.len(p))?.0;
-            if len != 8 * workload::total_words(config.workload) {
+            if len != 8 * workload::alloc_words(config.workload) {
                 return Err(CrashtestError::Config(format!("{} holds a crash run of another workload; use a new --dir", dir.display())));
             }
         }
@@ -178,9 +178,6 @@ fn prepare(config: &Config) -> Result<Vec<u64>, CrashtestError> {
 
 /// Runs `config.cycles` cycles; `on_cycle` sees each as it ends.
 pub fn run(config: &Config, mut on_cycle: impl FnMut(&CycleOutcome)) -> Result<Summary, CrashtestError> {
-    if config.workload == Workload::Index {
-        return Err(CrashtestError::IndexNotAvailable);
-    }
     if config.faults.is_empty() {
         return Err(CrashtestError::Config("no fault model to draw from".into()));
     }

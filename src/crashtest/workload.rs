@@ -8,6 +8,11 @@
 //! - words 1..=[`MARKS`], the marks: transaction `seq` writes `seq` into mark `seq % MARKS`.
 //!   After recovery a mark tells whether that transaction is in the recovered state.
 //! - the data words: bank accounts, or the hathi array.
+//!
+//! The index workload keeps its data in a B-link tree and an ART under their own roots, over
+//! a fixed domain of [`INDEX_KEYS`] keys each. The model sees them as virtual data words, one
+//! per key (the value, 0 for absent), so the checks of `verify.rs` apply to the trees word for
+//! word: [`read_all`] fills those words by walking both trees (after their `check()`).
 
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -28,18 +33,53 @@ pub const TOTAL: u64 = ACCOUNTS * INITIAL;
 /// Words of the hathi array, and how many each transaction reads and rewrites.
 pub const HATHI_WORDS: u64 = 1 << 16;
 pub const HATHI_TOUCH: usize = 6;
+/// Keys per tree of the index workload, and the index operations per transaction.
+pub const INDEX_KEYS: u64 = 2048;
+pub const INDEX_OPS: usize = 4;
+/// Roots of the index workload's trees.
+pub const BTREE_ROOT: &str = "crashtest-btree";
+pub const ART_ROOT: &str = "crashtest-art";
 
 /// Data words of a workload.
 pub fn data_words(w: Workload) -> u64 {
     match w {
         Workload::Bank => ACCOUNTS,
-        Workload::Hathi | Workload::Index => HATHI_WORDS,
+        Workload::Hathi => HATHI_WORDS,
+        Workload::Index => 2 * INDEX_KEYS,
     }
 }
 
-/// All words of a workload's allocation.
+/// All words of a workload's model.
 pub fn total_words(w: Workload) -> u64 {
     DATA + data_words(w)
+}
+
+/// Words of the workload's allocation (the index workload's data words live in its trees).
+pub fn alloc_words(w: Workload) -> u64 {
+    match w {
+        Workload::Index => DATA,
+        Workload::Bank | Workload::Hathi => total_words(w),
+    }
+}
+
+/// The ART key of domain key `k`: the empty key for 0, else 8 to 48 bytes with shared
+/// prefixes, so every leaf size class and long common prefixes are exercised.
+pub fn art_key(k: u64) -> Vec<u8> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut key = format!("k{:02x}/{:03x}", k % 64, k).into_bytes();
+    key.resize(key.len() + (k % 41) as usize, b'x');
+    key
+}
+
+/// The domain key of an ART key, if it is one.
+fn art_key_index(key: &[u8]) -> Option<u64> {
+    if key.is_empty() {
+        return Some(0);
+    }
+    let k = u64::from_str_radix(std::str::from_utf8(key.get(4..7)?).ok()?, 16).ok()?;
+    (k < INDEX_KEYS && art_key(k) == key).then_some(k)
 }
 
 /// The mark word of transaction `seq`.
@@ -49,7 +89,11 @@ pub fn mark_index(seq: u64) -> u64 {
 
 /// Creates the workload's words (bank: opening balances). Run once, by the parent.
 pub fn setup(tx: &mut Transaction<'_>, w: Workload) -> Result<HeapPtr, Error> {
-    let p = tx.alloc(8 * total_words(w))?;
+    let p = tx.alloc(8 * alloc_words(w))?;
+    if w == Workload::Index {
+        tx.btree(BTREE_ROOT)?;
+        tx.art(ART_ROOT)?;
+    }
     if w == Workload::Bank {
         for i in 0..ACCOUNTS {
             tx.write_u64_at(p, 8 * (DATA + i), INITIAL)?;
@@ -59,11 +103,41 @@ pub fn setup(tx: &mut Transaction<'_>, w: Workload) -> Result<HeapPtr, Error> {
     Ok(p)
 }
 
-/// Every word of the allocation, read in one transaction.
+/// Every word of the model, read in one transaction (for the index workload: both trees
+/// validated and walked).
 pub fn read_all(tx: &mut Transaction<'_>, p: HeapPtr, w: Workload) -> Result<Vec<u64>, Error> {
-    let mut bytes = vec![0u8; 8 * total_words(w) as usize];
+    let mut bytes = vec![0u8; 8 * alloc_words(w) as usize];
     tx.read(p, &mut bytes)?;
-    Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+    let mut words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+    if w == Workload::Index {
+        words.extend(index_words(tx)?);
+    }
+    Ok(words)
+}
+
+/// The virtual data words of the index workload: B-link tree keys, then ART keys.
+fn index_words(tx: &mut Transaction<'_>) -> Result<Vec<u64>, Error> {
+    let damaged = |what: String| Error::IndexDamaged { node: 0, what };
+    let mut words = vec![0u64; 2 * INDEX_KEYS as usize];
+    let mut tree = tx.btree(BTREE_ROOT)?;
+    tree.check()?;
+    for item in tree.range(..)? {
+        let (k, v) = item?;
+        if k >= INDEX_KEYS || v == 0 {
+            return Err(damaged(format!("B-link tree holds ({k}, {v}), outside the workload's domain")));
+        }
+        words[k as usize] = v;
+    }
+    let mut art = tx.art(ART_ROOT)?;
+    art.check()?;
+    for item in art.range::<&[u8]>(..)? {
+        let (key, v) = item?;
+        match art_key_index(&key) {
+            Some(k) if v != 0 => words[(INDEX_KEYS + k) as usize] = v,
+            _ => return Err(damaged(format!("ART holds key {key:?} with value {v}, outside the workload's domain"))),
+        }
+    }
+    Ok(words)
 }
 
 /// The data words one transaction writes: (word index, value).
@@ -73,6 +147,8 @@ pub type Writes = Vec<(u64, u64)>;
 pub enum Draw {
     Transfer { from: u64, to: u64, want: u64 },
     Touch { words: [u64; HATHI_TOUCH], salt: u64 },
+    /// (tree: 0 B-link, 1 ART; key; value, 0 to remove).
+    Index { ops: [(u64, u64, u64); INDEX_OPS] },
 }
 
 pub fn draw(w: Workload, rng: &mut SmallRng) -> Draw {
@@ -82,7 +158,15 @@ pub fn draw(w: Workload, rng: &mut SmallRng) -> Draw {
             let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
             Draw::Transfer { from, to, want: rng.random_range(1..=300) }
         }
-        Workload::Hathi | Workload::Index => {
+        Workload::Index => {
+            let mut ops = [(0, 0, 0); INDEX_OPS];
+            for op in &mut ops {
+                let value = if rng.random_bool(0.3) { 0 } else { rng.random::<u64>() | 1 };
+                *op = (rng.random_range(0..2), rng.random_range(0..INDEX_KEYS), value);
+            }
+            Draw::Index { ops }
+        }
+        Workload::Hathi => {
             let mut words = [0; HATHI_TOUCH];
             for word in &mut words {
                 *word = rng.random_range(0..HATHI_WORDS);
@@ -121,6 +205,19 @@ pub fn attempt(tx: &mut Transaction<'_>, p: HeapPtr, d: &Draw) -> Result<(u64, W
                 writes.push((i, new));
             }
         }
+        Draw::Index { ops } => {
+            for (tree, key, value) in ops {
+                match (tree, value) {
+                    (0, 0) => drop(tx.btree(BTREE_ROOT)?.remove(key)?),
+                    (0, v) => drop(tx.btree(BTREE_ROOT)?.insert(key, v)?),
+                    (_, 0) => drop(tx.art(ART_ROOT)?.remove(&art_key(key))?),
+                    (_, v) => drop(tx.art(ART_ROOT)?.insert(&art_key(key), v)?),
+                }
+                writes.push((DATA + tree * INDEX_KEYS + key, value));
+            }
+            // Virtual words: the trees hold them.
+            return Ok((seq, writes));
+        }
     }
     for &(i, v) in &writes {
         tx.write_u64_at(p, 8 * i, v)?;
@@ -128,11 +225,29 @@ pub fn attempt(tx: &mut Transaction<'_>, p: HeapPtr, d: &Draw) -> Result<(u64, W
     Ok((seq, writes))
 }
 
-/// Applies a transaction to a model of the words, as its redo record would.
+/// Applies a transaction to a model of the words, as its redo record would (for the index
+/// workload: as its tree operations would).
 pub fn apply(words: &mut [u64], seq: u64, writes: &[(u64, u64)]) {
     words[0] = seq;
     words[mark_index(seq) as usize] = seq;
     for &(i, v) in writes {
         words[i as usize] = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn art_keys_are_distinct_and_parse_back() {
+        let keys: std::collections::BTreeSet<Vec<u8>> = (0..INDEX_KEYS).map(art_key).collect();
+        assert_eq!(keys.len() as u64, INDEX_KEYS);
+        for k in 0..INDEX_KEYS {
+            assert_eq!(art_key_index(&art_key(k)), Some(k));
+        }
+        assert!(keys.iter().any(|k| k.len() > 32), "some keys need overflow leaves");
+        assert_eq!(art_key_index(b"k00/fff"), None);
+        assert_eq!(art_key_index(b"zz"), None);
     }
 }

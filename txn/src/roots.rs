@@ -82,3 +82,23 @@ impl Transaction<'_> {
         }
     }
 }
+
+/// Every named root of a heap that nobody writes to (a recovered heap being inspected), in
+/// table order. Entries with a damaged length are skipped: the table is read, not trusted.
+pub fn list(heap: &tusk_storage::Heap) -> Vec<(String, HeapPtr)> {
+    let mut out = Vec::new();
+    if !heap.contains(ROOTS_OFF, MAX_ROOTS * ROOT_ENTRY_SIZE) {
+        return out;
+    }
+    for i in 0..MAX_ROOTS {
+        let len = heap.load_word(entry(i)) as usize;
+        if len == 0 || len > ROOT_NAME_MAX {
+            continue;
+        }
+        let mut name = [0u8; ROOT_NAME_MAX];
+        heap.read_bytes(entry(i) + 8, &mut name);
+        let ptr = heap.load_word(entry(i) + 8 + ROOT_NAME_MAX as u64);
+        out.push((String::from_utf8_lossy(&name[..len]).into_owned(), HeapPtr(ptr)));
+    }
+    out
+}

@@ -1,0 +1,575 @@
+//! `tusk bench index`: the B-link tree and the ART against their peers (`std::collections::BTreeMap`
+//! and the `congee` ART crate), measured in the same run on the same key sequence.
+//!
+//! Per index × key order, on a fresh store:
+//! - insert: every operation of the order, each thread a contiguous share of the sequence, in
+//!   transactions of `--txn-keys` inserts committed `Async`; the clock stops once the last LSN is
+//!   durable, so the rate is of durable inserts;
+//! - bulk load (B-link tree only): the distinct sorted pairs into a fresh tree, one transaction;
+//! - point lookups of random present keys, `--lookups-per-txn` per read-only transaction;
+//! - range scans of `--scan-len` keys from random present keys (keys delivered per second);
+//! - count + sum over ranges of about `--agg-width` keys (ranges per second);
+//! - memory per key: heap bytes of the index's nodes (tusk) and allocator bytes (peers).
+//!
+//! Every phase checks its answers (lengths, hits, counts equal to the peer's), so a rate is
+//! never of a run that computed something else.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::RwLock;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tusk::{Commit, HeapPtr, Options, Store};
+
+use super::key_orders::KeyOrder;
+use super::report::rate;
+use super::{BenchDir, CliResult, IoChoice};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum IndexChoice {
+    /// The B-link tree (u64 keys); peer: `std::collections::BTreeMap`.
+    Btree,
+    /// The ART with 8-byte big-endian keys; peer: `congee`.
+    Art,
+}
+
+impl IndexChoice {
+    fn name(self) -> &'static str {
+        match self {
+            IndexChoice::Btree => "btree",
+            IndexChoice::Art => "art",
+        }
+    }
+
+    fn peer(self) -> &'static str {
+        match self {
+            IndexChoice::Btree => "std::collections::BTreeMap",
+            IndexChoice::Art => "congee",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct IndexArgs {
+    /// Indexes to measure (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "btree,art")]
+    index: Vec<IndexChoice>,
+    /// Insert operations per order (the mesh order yields about twice as many).
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: usize,
+    /// Key orders (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ascending,descending,almost-sorted,shuffled,gaussian,mesh")]
+    order: Vec<KeyOrder>,
+    /// Threads for every phase (peers behind a lock when > 1).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Inserts per transaction.
+    #[arg(long, default_value_t = 1)]
+    txn_keys: usize,
+    /// Point lookups measured (default: as many as distinct keys, at most 2 M).
+    #[arg(long)]
+    lookups: Option<usize>,
+    /// Point lookups per read-only transaction.
+    #[arg(long, default_value_t = 16)]
+    lookups_per_txn: usize,
+    /// Range scans measured.
+    #[arg(long, default_value_t = 20_000)]
+    scans: usize,
+    /// Keys per range scan.
+    #[arg(long, default_value_t = 100)]
+    scan_len: usize,
+    /// Count + sum queries measured.
+    #[arg(long, default_value_t = 2_000)]
+    aggs: usize,
+    /// Distinct keys spanned by each count + sum range.
+    #[arg(long, default_value_t = 1_000)]
+    agg_width: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Store directory (default: a fresh temporary directory per run, removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    io: IoChoice,
+    /// Print one JSON object per index × order (one line each) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The figures of one index × order.
+#[derive(Debug, Default)]
+struct Row {
+    index: &'static str,
+    order: &'static str,
+    peer: &'static str,
+    keys: usize,
+    distinct: usize,
+    threads: usize,
+    insert_per_s: f64,
+    peer_insert_per_s: f64,
+    bulk_load_per_s: Option<f64>,
+    peer_bulk_load_per_s: Option<f64>,
+    lookup_per_s: f64,
+    peer_lookup_per_s: f64,
+    range_keys_per_s: f64,
+    peer_range_keys_per_s: f64,
+    count_sum_per_s: f64,
+    peer_count_sum_per_s: f64,
+    bytes_per_key: f64,
+    peer_bytes_per_key: f64,
+}
+
+/// What a phase asks of an index: tusk's trees and the peers answer the same questions.
+trait Contender: Sync {
+    fn insert(&self, ops: &[(u64, u64)]) -> Result<(), tusk::Error>;
+    /// How many of `keys` are present.
+    fn lookup(&self, keys: &[u64]) -> Result<u64, tusk::Error>;
+    /// Keys delivered by a scan of up to `len` keys from `from`.
+    fn scan(&self, from: u64, len: usize) -> Result<u64, tusk::Error>;
+    /// (count, sum of values) of the keys in `lo..hi`.
+    fn count_sum(&self, lo: u64, hi: u64) -> Result<(u64, u128), tusk::Error>;
+}
+
+/// Runs `work` on `threads` threads, thread t getting the t-th contiguous share of `items`;
+/// returns the seconds taken and the sum of what the threads returned.
+fn parallel<T: Sync>(threads: usize, items: &[T], work: impl Fn(&[T]) -> Result<u64, tusk::Error> + Sync) -> Result<(f64, u64), tusk::Error> {
+    let started = Instant::now();
+    let results: Vec<Result<u64, tusk::Error>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let share = &items[t * items.len() / threads..(t + 1) * items.len() / threads];
+                let work = &work;
+                s.spawn(move || work(share))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("benchmark thread panicked")).collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut total = 0;
+    for r in results {
+        total += r?;
+    }
+    Ok((elapsed, total))
+}
+
+/// A tusk index in a store: the tree's descriptor and how to reach it in a transaction.
+struct TuskIndex<'s> {
+    store: &'s Store,
+    kind: IndexChoice,
+    tree: HeapPtr,
+    txn_keys: usize,
+    lookups_per_txn: usize,
+}
+
+fn art_key(k: u64) -> [u8; 8] {
+    k.to_be_bytes()
+}
+
+impl TuskIndex<'_> {
+    fn create<'s>(store: &'s Store, kind: IndexChoice, name: &str, args: &IndexArgs) -> Result<TuskIndex<'s>, tusk::Error> {
+        let (tree, _) = store.transact(Commit::Sync, |tx| match kind {
+            IndexChoice::Btree => Ok(tx.btree(name)?.ptr()),
+            IndexChoice::Art => Ok(tx.art(name)?.ptr()),
+        })?;
+        Ok(TuskIndex { store, kind, tree, txn_keys: args.txn_keys.max(1), lookups_per_txn: args.lookups_per_txn.max(1) })
+    }
+
+    fn len(&self) -> Result<u64, tusk::Error> {
+        let (n, _) = self.store.transact(Commit::Async, |tx| match self.kind {
+            IndexChoice::Btree => tx.btree_at(self.tree)?.len(),
+            IndexChoice::Art => tx.art_at(self.tree)?.len(),
+        })?;
+        Ok(n)
+    }
+
+    /// Heap bytes held by the index's nodes and leaves (from its validator).
+    fn bytes(&self) -> Result<u64, tusk::Error> {
+        let (n, _) = self.store.transact(Commit::Async, |tx| match self.kind {
+            IndexChoice::Btree => Ok(tx.btree_at(self.tree)?.check()?.nodes * tusk_index::btree::layout::NODE_SIZE),
+            IndexChoice::Art => Ok(tx.art_at(self.tree)?.check()?.bytes),
+        })?;
+        Ok(n)
+    }
+}
+
+impl Contender for TuskIndex<'_> {
+    fn insert(&self, ops: &[(u64, u64)]) -> Result<(), tusk::Error> {
+        for batch in ops.chunks(self.txn_keys) {
+            self.store.transact(Commit::Async, |tx| {
+                match self.kind {
+                    IndexChoice::Btree => {
+                        let mut t = tx.btree_at(self.tree)?;
+                        for &(k, v) in batch {
+                            t.insert(k, v)?;
+                        }
+                    }
+                    IndexChoice::Art => {
+                        let mut a = tx.art_at(self.tree)?;
+                        for &(k, v) in batch {
+                            a.insert(&art_key(k), v)?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, keys: &[u64]) -> Result<u64, tusk::Error> {
+        let mut found = 0;
+        for batch in keys.chunks(self.lookups_per_txn) {
+            let (hits, _) = self.store.transact(Commit::Async, |tx| {
+                let mut hits = 0u64;
+                match self.kind {
+                    IndexChoice::Btree => {
+                        let mut t = tx.btree_at(self.tree)?;
+                        for &k in batch {
+                            hits += t.get(k)?.is_some() as u64;
+                        }
+                    }
+                    IndexChoice::Art => {
+                        let mut a = tx.art_at(self.tree)?;
+                        for &k in batch {
+                            hits += a.get(&art_key(k))?.is_some() as u64;
+                        }
+                    }
+                }
+                Ok(hits)
+            })?;
+            found += hits;
+        }
+        Ok(found)
+    }
+
+    fn scan(&self, from: u64, len: usize) -> Result<u64, tusk::Error> {
+        let (n, _) = self.store.transact(Commit::Async, |tx| {
+            let mut n = 0u64;
+            match self.kind {
+                IndexChoice::Btree => {
+                    for item in tx.btree_at(self.tree)?.range(from..)?.take(len) {
+                        item?;
+                        n += 1;
+                    }
+                }
+                IndexChoice::Art => {
+                    for item in tx.art_at(self.tree)?.range(art_key(from)..)?.take(len) {
+                        item?;
+                        n += 1;
+                    }
+                }
+            }
+            Ok(n)
+        })?;
+        Ok(n)
+    }
+
+    fn count_sum(&self, lo: u64, hi: u64) -> Result<(u64, u128), tusk::Error> {
+        let (cs, _) = self.store.transact(Commit::Async, |tx| match self.kind {
+            IndexChoice::Btree => {
+                let mut t = tx.btree_at(self.tree)?;
+                Ok((t.count(lo..hi)?, t.sum(lo..hi)?))
+            }
+            IndexChoice::Art => {
+                let mut a = tx.art_at(self.tree)?;
+                let (lo, hi) = (art_key(lo), art_key(hi));
+                Ok((a.count(lo..hi)?, a.sum(lo..hi)?))
+            }
+        })?;
+        Ok(cs)
+    }
+}
+
+/// `std::collections::BTreeMap`, behind a lock (taken once per call, as tusk takes one
+/// transaction per call).
+struct StdMap(RwLock<BTreeMap<u64, u64>>);
+
+impl Contender for StdMap {
+    fn insert(&self, ops: &[(u64, u64)]) -> Result<(), tusk::Error> {
+        for &(k, v) in ops {
+            self.0.write().expect("unpoisoned").insert(k, v);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, keys: &[u64]) -> Result<u64, tusk::Error> {
+        let map = self.0.read().expect("unpoisoned");
+        Ok(keys.iter().filter(|k| map.contains_key(k)).count() as u64)
+    }
+
+    fn scan(&self, from: u64, len: usize) -> Result<u64, tusk::Error> {
+        let map = self.0.read().expect("unpoisoned");
+        Ok(map.range(from..).take(len).count() as u64)
+    }
+
+    fn count_sum(&self, lo: u64, hi: u64) -> Result<(u64, u128), tusk::Error> {
+        let map = self.0.read().expect("unpoisoned");
+        Ok(map.range(lo..hi).fold((0, 0), |(n, s), (_, &v)| (n + 1, s + v as u128)))
+    }
+}
+
+/// The `congee` ART (concurrent, optimistic lock coupling; needs no lock of ours).
+struct Congee(congee::Congee<usize, usize>);
+
+impl Contender for Congee {
+    fn insert(&self, ops: &[(u64, u64)]) -> Result<(), tusk::Error> {
+        let guard = self.0.pin();
+        for &(k, v) in ops {
+            self.0.insert(k as usize, v as usize, &guard).expect("congee allocation");
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, keys: &[u64]) -> Result<u64, tusk::Error> {
+        let guard = self.0.pin();
+        Ok(keys.iter().filter(|&&k| self.0.get(&(k as usize), &guard).is_some()).count() as u64)
+    }
+
+    fn scan(&self, from: u64, len: usize) -> Result<u64, tusk::Error> {
+        let guard = self.0.pin();
+        let mut out = vec![(0usize, 0usize); len];
+        Ok(self.0.range(&(from as usize), &usize::MAX, &mut out, &guard) as u64)
+    }
+
+    fn count_sum(&self, lo: u64, hi: u64) -> Result<(u64, u128), tusk::Error> {
+        let guard = self.0.pin();
+        // congee has no aggregate: scan into a buffer sized to the range, as a user would.
+        let mut out = vec![(0usize, 0usize); 4096];
+        let n = self.0.range(&(lo as usize), &(hi as usize), &mut out, &guard);
+        Ok((n as u64, out[..n].iter().map(|&(_, v)| v as u128).sum()))
+    }
+}
+
+/// Bytes the global allocator holds right now.
+fn heap_allocated() -> i64 {
+    let s = crate::ALLOCATOR.stats();
+    s.bytes_allocated as i64 - s.bytes_deallocated as i64 + s.bytes_reallocated as i64
+}
+
+/// The distinct keys of `ops` with their last value, sorted.
+fn final_pairs(ops: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut pairs = ops.to_vec();
+    // Values are operation positions: the largest per key is the last upsert.
+    pairs.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(pairs.len());
+    for p in pairs {
+        match out.last_mut() {
+            Some(last) if last.0 == p.0 => *last = p,
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+struct Probes {
+    lookups: Vec<u64>,
+    scans: Vec<u64>,
+    aggs: Vec<(u64, u64, u64, u128)>,
+}
+
+fn probes(args: &IndexArgs, pairs: &[(u64, u64)]) -> Probes {
+    let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x9e37_79b9);
+    let n = pairs.len();
+    let lookups = args.lookups.unwrap_or(n.min(2_000_000));
+    let lookups = (0..lookups).map(|_| pairs[rng.random_range(0..n)].0).collect();
+    let scans = (0..args.scans).map(|_| pairs[rng.random_range(0..n)].0).collect();
+    let width = args.agg_width.min(n - 1).max(1);
+    let aggs = (0..args.aggs)
+        .map(|_| {
+            let i = rng.random_range(0..n - width.min(n - 1));
+            let (lo, hi) = (pairs[i].0, pairs[(i + width).min(n - 1)].0);
+            let count = ((i + width).min(n - 1) - i) as u64;
+            let sum = pairs[i..i + count as usize].iter().map(|&(_, v)| v as u128).sum();
+            (lo, hi, count, sum)
+        })
+        .collect();
+    Probes { lookups, scans, aggs }
+}
+
+/// Measures every phase on one contender; returns (insert, lookup, scan keys, aggs) per second.
+fn measure(c: &dyn Contender, args: &IndexArgs, ops: &[(u64, u64)], probes: &Probes, settle: impl Fn() -> Result<(), tusk::Error>, name: &str) -> Result<[f64; 4], Box<dyn std::error::Error>> {
+    let t = args.threads;
+    let started = Instant::now();
+    parallel(t, ops, |share| c.insert(share).map(|_| 0))?;
+    settle()?;
+    let insert = ops.len() as f64 / started.elapsed().as_secs_f64();
+    let (secs, found) = parallel(t, &probes.lookups, |share| c.lookup(share))?;
+    if found != probes.lookups.len() as u64 {
+        return Err(format!("{name}: {found} of {} present keys found", probes.lookups.len()).into());
+    }
+    let lookup = found as f64 / secs;
+    let (secs, scanned) = parallel(t, &probes.scans, |share| {
+        share.iter().try_fold(0, |n, &k| Ok(n + c.scan(k, args.scan_len)?))
+    })?;
+    if scanned < probes.scans.len() as u64 {
+        return Err(format!("{name}: scans from present keys returned {scanned} keys for {} scans", probes.scans.len()).into());
+    }
+    let scan = scanned as f64 / secs;
+    let (secs, _) = parallel(t, &probes.aggs, |share| {
+        for &(lo, hi, count, sum) in share {
+            let got = c.count_sum(lo, hi)?;
+            if got != (count, sum) {
+                panic!("{name}: count/sum of [{lo}, {hi}) is {got:?}, expected ({count}, {sum})");
+            }
+        }
+        Ok(0)
+    })?;
+    let aggs = probes.aggs.len() as f64 / secs;
+    Ok([insert, lookup, scan, aggs])
+}
+
+fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, Box<dyn std::error::Error>> {
+    let ops = order.generate(args.keys, args.seed);
+    let pairs = final_pairs(&ops);
+    if pairs.len() < 2 {
+        return Err("--keys must give at least 2 distinct keys".into());
+    }
+    let probes = probes(args, &pairs);
+    let mut row = Row {
+        index: kind.name(),
+        order: order.name(),
+        peer: kind.peer(),
+        keys: ops.len(),
+        distinct: pairs.len(),
+        threads: args.threads,
+        ..Row::default()
+    };
+
+    // tusk: a fresh store sized for the index (nodes of ≤ 512 bytes per ~14 keys, or ART leaves).
+    let dir = BenchDir::new(args.dir.clone())?;
+    let heap = ((pairs.len() as u64 * 160) + (256 << 20)).next_multiple_of(1 << 20);
+    let options = Options { heap_capacity: heap, io: args.io.to_io(), ..Options::default() };
+    let store = Store::open(dir.path(), options)?;
+    store.prefault();
+    let index = TuskIndex::create(&store, kind, "bench", args)?;
+    let settle = || {
+        store.is_stable(store.last_lsn(), true);
+        Ok(())
+    };
+    let [insert, lookup, scan, aggs] = measure(&index, args, &ops, &probes, settle, "tusk")?;
+    let len = index.len()?;
+    if len != pairs.len() as u64 {
+        return Err(format!("tusk {}: {len} keys after the inserts, expected {}", kind.name(), pairs.len()).into());
+    }
+    row.insert_per_s = insert;
+    row.lookup_per_s = lookup;
+    row.range_keys_per_s = scan;
+    row.count_sum_per_s = aggs;
+    row.bytes_per_key = index.bytes()? as f64 / pairs.len() as f64;
+    if kind == IndexChoice::Btree {
+        let started = Instant::now();
+        let (loaded, _) = store.transact(Commit::Async, |tx| {
+            let mut t = tx.btree("bulk")?;
+            t.bulk_load(pairs.iter().copied(), 1.0)
+        })?;
+        settle()?;
+        assert_eq!(loaded, pairs.len() as u64, "bulk load takes every pair");
+        row.bulk_load_per_s = Some(pairs.len() as f64 / started.elapsed().as_secs_f64());
+    }
+    store.close()?;
+    drop(dir);
+
+    // The peer, on the same operations.
+    let before = heap_allocated();
+    match kind {
+        IndexChoice::Btree => {
+            let map = StdMap(RwLock::new(BTreeMap::new()));
+            let [insert, lookup, scan, aggs] = measure(&map, args, &ops, &probes, || Ok(()), "BTreeMap")?;
+            row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
+            (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
+                (insert, lookup, scan, aggs);
+            drop(map);
+            let started = Instant::now();
+            let built: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+            row.peer_bulk_load_per_s = Some(pairs.len() as f64 / started.elapsed().as_secs_f64());
+            assert_eq!(built.len(), pairs.len());
+        }
+        IndexChoice::Art => {
+            let tree = Congee(congee::Congee::default());
+            let [insert, lookup, scan, aggs] = measure(&tree, args, &ops, &probes, || Ok(()), "congee")?;
+            row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
+            (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
+                (insert, lookup, scan, aggs);
+        }
+    }
+    Ok(row)
+}
+
+pub fn run(args: IndexArgs) -> CliResult {
+    if args.threads == 0 || args.keys < 2 {
+        return Err("--threads must be ≥ 1 and --keys ≥ 2".into());
+    }
+    if args.agg_width > 4096 {
+        return Err("--agg-width is at most 4096 (congee's scan buffer)".into());
+    }
+    let mut rows = Vec::new();
+    for &kind in &args.index {
+        for &order in &args.order {
+            if !args.json {
+                eprintln!("measuring {} / {} ({} keys, {} threads)...", kind.name(), order.name(), args.keys, args.threads);
+            }
+            let row = run_row(&args, kind, order)?;
+            if args.json {
+                println!("{}", row_json(&row));
+            }
+            rows.push(row);
+        }
+    }
+    if !args.json {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+fn row_json(r: &Row) -> serde_json::Value {
+    serde_json::json!({
+        "bench": "index",
+        "index": r.index,
+        "order": r.order,
+        "keys": r.keys,
+        "distinct_keys": r.distinct,
+        "threads": r.threads,
+        "insert_per_s": r.insert_per_s,
+        "bulk_load_per_s": r.bulk_load_per_s,
+        "lookup_per_s": r.lookup_per_s,
+        "range_keys_per_s": r.range_keys_per_s,
+        "count_sum_per_s": r.count_sum_per_s,
+        "bytes_per_key": r.bytes_per_key,
+        "peer": r.peer,
+        "peer_insert_per_s": r.peer_insert_per_s,
+        "peer_bulk_load_per_s": r.peer_bulk_load_per_s,
+        "peer_lookup_per_s": r.peer_lookup_per_s,
+        "peer_range_keys_per_s": r.peer_range_keys_per_s,
+        "peer_count_sum_per_s": r.peer_count_sum_per_s,
+        "peer_bytes_per_key": r.peer_bytes_per_key,
+        "lookup_ratio": r.lookup_per_s / r.peer_lookup_per_s,
+    })
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
+        "index", "order", "keys", "insert/s", "peer ins/s", "bulk/s", "lookup/s", "peer lkp/s", "ratio", "scan keys/s", "cnt+sum/s", "B/key"
+    );
+    for r in rows {
+        println!(
+            "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8.2} {:>12} {:>12} {:>8.1}",
+            r.index,
+            r.order,
+            r.keys,
+            rate(r.insert_per_s),
+            rate(r.peer_insert_per_s),
+            r.bulk_load_per_s.map_or("-".into(), rate),
+            rate(r.lookup_per_s),
+            rate(r.peer_lookup_per_s),
+            r.lookup_per_s / r.peer_lookup_per_s,
+            rate(r.range_keys_per_s),
+            rate(r.count_sum_per_s),
+            r.bytes_per_key,
+        );
+    }
+    println!("peers: btree vs std::collections::BTreeMap, art vs congee; peer scan/count+sum/B-per-key in --json");
+}

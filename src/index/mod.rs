@@ -1,0 +1,32 @@
+//! Index handles: `tx.btree("name")` and `tx.art("name")`.
+//!
+//! A handle borrows its transaction, so every operation on it is part of that transaction:
+//! it commits, aborts and retries with everything else the closure did, and the redo log,
+//! checkpoints and recovery cover the index with no code of their own (DESIGN.md, "the one
+//! idea"). The trees themselves live in `tusk-index`; these modules only name them under
+//! roots and turn their errors into [`Error`].
+
+mod art;
+mod btree;
+
+pub use art::{Art, ArtRange, ArtStats};
+pub use btree::{BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
+
+use tusk_index::IndexError;
+
+use crate::Error;
+
+impl From<IndexError> for Error {
+    fn from(e: IndexError) -> Error {
+        match e {
+            IndexError::Txn(e) => e.into(),
+            IndexError::NotABTree(offset) => Error::NotAnIndex { offset, kind: "B-link tree" },
+            IndexError::Invariant { node, what } => Error::IndexDamaged { node, what },
+            IndexError::NotEmpty => Error::BulkLoadNotEmpty,
+            IndexError::NotSorted { at_index } => Error::BulkLoadNotSorted { at_index },
+            IndexError::NotAnArt(offset) => Error::NotAnIndex { offset, kind: "adaptive radix tree" },
+            IndexError::KeyTooLong { len, max } => Error::KeyTooLong { len, max },
+            IndexError::ArtInvariant { node, what } => Error::IndexDamaged { node, what },
+        }
+    }
+}
