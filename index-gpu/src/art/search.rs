@@ -27,17 +27,22 @@ pub fn get<H: HeapRead>(heap: &mut H, meta: u64, key: &[u8]) -> Result<Option<u6
         }
         let off = slab::offset(heap, meta, link)?;
         if link::is_leaf(link) {
-            return if leaf::matches(heap, off, key)? { Ok(Some(leaf::value(heap, off)?)) } else { Ok(None) };
+            return leaf_value(heap, off, key);
         }
-        let (count, plen) = node::header(heap, off)?;
+        // Header, prefix and terminal link share a line: one validated read.
+        const _: () = assert!(node::HDR == 0 && PREFIX == 8 && TERMINAL == 16);
+        let mut words = [0u64; 3];
+        heap.load_words(off, &mut words)?;
+        let [hdr, prefix, terminal] = words;
+        let (count, plen) = node::decode_header(hdr);
         if plen > 0 {
-            if key.len() < depth + plen || !stored_prefix_matches(heap.load(off + PREFIX)?, plen, key, depth) {
+            if key.len() < depth + plen || !stored_prefix_matches(prefix, plen, key, depth) {
                 return Ok(None);
             }
             depth += plen;
         }
         let Some(&b) = key.get(depth) else {
-            link = heap.load(off + TERMINAL)?;
+            link = terminal;
             continue;
         };
         match node::child_slot(heap, link::kind(link), off, count, b)? {
@@ -46,4 +51,21 @@ pub fn get<H: HeapRead>(heap: &mut H, meta: u64, key: &[u8]) -> Result<Option<u6
         }
         depth += 1;
     }
+}
+
+/// The value of the leaf at `off` if it holds exactly `key`. Keys of up to 32 bytes are read
+/// with the length and value in one validated read of the leaf's words.
+fn leaf_value<H: HeapRead>(heap: &mut H, off: u64, key: &[u8]) -> Result<Option<u64>, IndexError> {
+    const _: () = assert!(leaf::LEN == 0 && leaf::VALUE == 8 && leaf::KEY == 16);
+    if key.len() > 32 {
+        return if leaf::matches(heap, off, key)? { Ok(Some(leaf::value(heap, off)?)) } else { Ok(None) };
+    }
+    let key_words = key.len().div_ceil(8);
+    let mut words = [0u64; 6];
+    heap.load_words(off, &mut words[..2 + key_words])?;
+    if words[0] != key.len() as u64 {
+        return Ok(None);
+    }
+    let same = (0..key_words).all(|i| words[2 + i] == leaf::key_word(key, 8 * i));
+    Ok(same.then_some(words[1]))
 }
