@@ -178,6 +178,11 @@ fn prepare(config: &Config) -> Result<Vec<u64>, CrashtestError> {
 
 /// Runs `config.cycles` cycles; `on_cycle` sees each as it ends.
 pub fn run(config: &Config, mut on_cycle: impl FnMut(&CycleOutcome)) -> Result<Summary, CrashtestError> {
+    if config.workload == Workload::Index && config.commit == CommitChoice::Partition {
+        return Err(CrashtestError::Config(
+            "the index workload does not use Partition commits: a Partition record applied beyond an LSN gap can leave a tree inconsistent (README, Guarantees)".into(),
+        ));
+    }
     if config.faults.is_empty() {
         return Err(CrashtestError::Config("no fault model to draw from".into()));
     }
