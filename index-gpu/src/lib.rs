@@ -17,6 +17,7 @@ pub mod catalog;
 pub mod error;
 pub mod heap;
 pub mod image;
+pub mod named;
 
 pub use art::{Art, ArtIter, ArtStats, MAX_KEY_LEN};
 pub use btree::BTree;

@@ -65,14 +65,7 @@ impl Art {
 
     /// The tree under the named root `name`, created (and the root set) if missing.
     pub fn named(tx: &mut Transaction<'_>, name: &str) -> Result<Art, IndexError> {
-        match tx.root(name)? {
-            Some(ptr) => Art::open(tx, ptr),
-            None => {
-                let tree = Art::create(tx)?;
-                tx.set_root(name, tree.ptr())?;
-                Ok(tree)
-            }
-        }
+        crate::named::open_or_create(tx, name, Art::open, Art::create, Art::ptr)
     }
 
     /// The descriptor's pointer, to store under a root or in another object.

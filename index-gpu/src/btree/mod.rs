@@ -65,14 +65,7 @@ impl BTree {
 
     /// The tree under the named root `name`, created (and the root set) if missing.
     pub fn named(tx: &mut Transaction<'_>, name: &str) -> Result<BTree, IndexError> {
-        match tx.root(name)? {
-            Some(ptr) => BTree::open(tx, ptr),
-            None => {
-                let tree = BTree::create(tx)?;
-                tx.set_root(name, tree.ptr())?;
-                Ok(tree)
-            }
-        }
+        crate::named::open_or_create(tx, name, BTree::open, BTree::create, BTree::ptr)
     }
 
     /// The descriptor's pointer, to store under a root or in another object.
