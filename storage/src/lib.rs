@@ -5,6 +5,7 @@
 //! - [`layout`]: where the heap keeps its own metadata (superblock, allocator heads, roots).
 //! - [`log_format`]: redo-log records and segment headers, framed and checksummed.
 //! - [`io`]: the I/O backends (io_uring, plain pwrite/fdatasync, fault injection).
+//! - [`process`]: fork, shared memory and pipes for fork snapshots.
 //!
 //! `unsafe` lives here and nowhere else above index-gpu (DESIGN.md, Conventions).
 
@@ -14,6 +15,8 @@ pub mod heap;
 pub mod io;
 pub mod layout;
 pub mod mapped;
+#[cfg(not(loom))]
+pub mod process;
 pub mod log_files;
 pub mod log_format;
 pub mod region;

@@ -142,3 +142,46 @@ pub(crate) fn prefetch_ptr(p: *const u8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
+
+/// A plain byte region reserved like the heap (zero until touched, never moved), for copies
+/// of the heap that readers use with ordinary loads: memcpy snapshots. Reserving the heap's
+/// whole capacity up front lets a snapshot grow with the heap without moving.
+#[cfg(not(loom))]
+pub struct ImageRegion {
+    region: AnonRegion,
+    /// Bytes at the front that may have been written (the rest is still untouched zero).
+    touched: u64,
+}
+
+#[cfg(not(loom))]
+impl ImageRegion {
+    pub fn reserve(bytes: u64) -> Result<ImageRegion, StorageError> {
+        Ok(ImageRegion { region: AnonRegion::reserve(bytes)?, touched: 0 })
+    }
+
+    /// Reserved bytes.
+    pub fn capacity(&self) -> u64 {
+        self.region.len as u64
+    }
+
+    /// Bytes at the front that have been handed out for writing (resident or about to be).
+    pub fn touched(&self) -> u64 {
+        self.touched
+    }
+
+    /// The first `len` bytes.
+    pub fn bytes(&self, len: u64) -> &[u8] {
+        assert!(len <= self.capacity(), "{len} bytes of a {}-byte region", self.capacity());
+        // SAFETY: in bounds (checked); the mapping lives as long as self and is only written
+        // through `&mut self`, so no write overlaps this shared borrow.
+        unsafe { std::slice::from_raw_parts(self.region.base, len as usize) }
+    }
+
+    /// The first `len` bytes, for writing.
+    pub fn bytes_mut(&mut self, len: u64) -> &mut [u8] {
+        assert!(len <= self.capacity(), "{len} bytes of a {}-byte region", self.capacity());
+        self.touched = self.touched.max(len);
+        // SAFETY: in bounds (checked); exclusive through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.region.base, len as usize) }
+    }
+}

@@ -12,6 +12,7 @@ use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
 use crate::log::LogManager;
+use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
 use crate::sync::{AtomicBool, AtomicU64};
 use crate::transaction::Transaction;
@@ -48,6 +49,8 @@ pub struct Engine {
     pub(crate) log: Option<LogManager>,
     dirty_epoch: AtomicU64,
     closed: AtomicBool,
+    /// Commit write-back passes it; snapshots close it (see [`crate::snapshot::gate`]).
+    pub(crate) gate: CommitGate,
 }
 
 /// Optimistic chunk copies tried before the copy locks the chunk's stripes.
@@ -74,6 +77,7 @@ impl Engine {
             log,
             dirty_epoch: AtomicU64::new(1),
             closed: AtomicBool::new(false),
+            gate: CommitGate::new(),
         })
     }
 
@@ -104,6 +108,11 @@ impl Engine {
             return true;
         }
         wait && log.wait_durable(lsn).is_ok()
+    }
+
+    /// The calling thread's slot (spreads per-thread state such as gate counters).
+    pub(crate) fn thread_slot(&self) -> usize {
+        THREAD_SLOT.with(|s| *s)
     }
 
     /// The log partition the calling thread appends to.

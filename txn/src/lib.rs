@@ -7,6 +7,7 @@
 //! - [`alloc`], [`roots`]: the allocator and the named roots, both transactional.
 //! - [`log`]: per-partition log buffers, the writer thread, the durable watermark.
 //! - [`engine`]: what a store shares between its threads.
+//! - [`snapshot`]: the snapshot gate, the consistent incremental page copy, fork servers.
 
 pub mod alloc;
 pub mod checkpoint;
@@ -14,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod log;
 pub mod roots;
+pub mod snapshot;
 pub mod stripes;
 pub mod sync;
 pub mod transaction;

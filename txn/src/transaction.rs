@@ -402,7 +402,9 @@ impl<'e> Transaction<'e> {
             self.unlock_restore();
             return self.conflict();
         }
-        // Point of no return: the transaction commits.
+        // Point of no return: the transaction commits. The gate pass spans the LSN draw and
+        // the write-back, so a snapshot sees all of this commit or none of it.
+        let pass = engine.gate.enter(engine.thread_slot());
         let partition = engine.partition_of_current_thread();
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
         let (lsn, over_bound) = match &engine.log {
@@ -419,6 +421,7 @@ impl<'e> Transaction<'e> {
             heap.store_word_masked(w.offset, w.value, w.mask);
             heap.stamp_dirty(w.offset, 8, epoch);
         }
+        drop(pass);
         for &(s, _) in &self.bufs.locked {
             engine.stripes.unlock_with(s, lsn);
         }
