@@ -127,6 +127,30 @@ pub enum Error {
         /// Index of the first pair not above its predecessor.
         at_index: u64,
     },
+    /// A snapshot has no root of this name.
+    #[error("no root named {0:?} in the snapshot")]
+    NoSuchRoot(String),
+    /// A fork snapshot's child process is gone (killed, crashed) or answered nonsense; the
+    /// snapshot cannot answer any more (take a new one).
+    #[error("the fork snapshot's child process (pid {pid}) {reason}")]
+    SnapshotChild {
+        /// The child's process id.
+        pid: i32,
+        /// What happened to it.
+        reason: String,
+    },
+    /// A query on a fork snapshot failed in the child with an error that has no variant here.
+    #[error("snapshot query failed: {0}")]
+    SnapshotQuery(String),
+    /// A memcpy snapshot needs more memory than is free (or than
+    /// [`crate::SnapshotOptions::memory_limit`] allows); nothing was copied.
+    #[error("a snapshot needs {needed} more bytes of memory, only {available} are available")]
+    SnapshotMemory {
+        /// Bytes the copy would add.
+        needed: u64,
+        /// Bytes available (MemAvailable, or the configured limit if lower).
+        available: u64,
+    },
     /// An I/O error on a file of the store.
     #[error("{path}: {source}")]
     Io {

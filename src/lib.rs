@@ -34,14 +34,20 @@ pub mod crashtest;
 mod error;
 mod index;
 mod options;
+mod snapshot;
 mod store;
 mod transaction;
 
 pub use error::Error;
 pub use index::{Art, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 pub use options::{Durability, Options};
+pub use snapshot::{
+    snapshot_costs, Snapshot, SnapshotArt, SnapshotArtRange, SnapshotBTree, SnapshotBTreeRange, SnapshotCosts, SnapshotInfo, SnapshotMode,
+    SnapshotOptions,
+};
 pub use store::Store;
 pub use transaction::Transaction;
+pub use tusk_index::btree::TreeStats as BTreeSnapshotStats;
 pub use tusk_recovery::{RecoveryReport, TornTail};
 pub use tusk_storage::io::{FaultPlan, Io, RecordConfig};
 pub use tusk_storage::HeapPtr;

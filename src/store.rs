@@ -198,6 +198,10 @@ impl Store {
         &self.recovery
     }
 
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir

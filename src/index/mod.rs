@@ -16,15 +16,19 @@ use tusk_index::IndexError;
 
 use crate::Error;
 
+/// How [`Error::NotAnIndex`] names each kind of index.
+pub(crate) const BTREE_KIND: &str = "B-link tree";
+pub(crate) const ART_KIND: &str = "adaptive radix tree";
+
 impl From<IndexError> for Error {
     fn from(e: IndexError) -> Error {
         match e {
             IndexError::Txn(e) => e.into(),
-            IndexError::NotABTree(offset) => Error::NotAnIndex { offset, kind: "B-link tree" },
+            IndexError::NotABTree(offset) => Error::NotAnIndex { offset, kind: BTREE_KIND },
             IndexError::Invariant { node, what } => Error::IndexDamaged { node, what },
             IndexError::NotEmpty => Error::BulkLoadNotEmpty,
             IndexError::NotSorted { at_index } => Error::BulkLoadNotSorted { at_index },
-            IndexError::NotAnArt(offset) => Error::NotAnIndex { offset, kind: "adaptive radix tree" },
+            IndexError::NotAnArt(offset) => Error::NotAnIndex { offset, kind: ART_KIND },
             IndexError::KeyTooLong { len, max } => Error::KeyTooLong { len, max },
             IndexError::ArtInvariant { node, what } => Error::IndexDamaged { node, what },
         }

@@ -83,6 +83,25 @@ impl Transaction<'_> {
     }
 }
 
+/// The root `name` of a heap image read word by word through `load` (a snapshot: the same
+/// table [`Transaction::root`] reads, without a transaction).
+pub fn lookup(mut load: impl FnMut(u64) -> Result<u64, TxnError>, name: &str) -> Result<Option<HeapPtr>, TxnError> {
+    check_name(name)?;
+    let mut stored = [0u8; ROOT_NAME_MAX];
+    for i in 0..MAX_ROOTS {
+        if load(entry(i))? != name.len() as u64 {
+            continue;
+        }
+        for (w, chunk) in stored.chunks_mut(8).enumerate() {
+            chunk.copy_from_slice(&load(entry(i) + 8 + 8 * w as u64)?.to_le_bytes());
+        }
+        if &stored[..name.len()] == name.as_bytes() {
+            return Ok(Some(HeapPtr(load(entry(i) + 8 + ROOT_NAME_MAX as u64)?)));
+        }
+    }
+    Ok(None)
+}
+
 /// Every named root of a heap that nobody writes to (a recovered heap being inspected), in
 /// table order. Entries with a damaged length are skipped: the table is read, not trusted.
 pub fn list(heap: &tusk_storage::Heap) -> Vec<(String, HeapPtr)> {

@@ -24,16 +24,20 @@ mod fork {
     impl Engine {
         /// Forks a child whose copy-on-write image of the heap is the committed state at the
         /// returned LSN; it answers requests with `serve(heap, request, answer)` (see
-        /// [`ForkServer`]). Writers are held for the fork itself, the returned pause.
+        /// [`ForkServer`]). Writers are held for the fork itself, the returned pause. Also
+        /// starts a dirty epoch: pages stamped above the returned one changed after the fork.
         pub fn fork_server(
             &self,
             shm_bytes: usize,
             serve: impl Fn(&Heap, &[u8], &mut [u8]) -> usize,
-        ) -> Result<(ForkServer, u64, Duration), TxnError> {
+        ) -> Result<(ForkServer, u64, u64, Duration), TxnError> {
             let heap = self.heap();
-            let ((server, lsn), pause) = self.with_gate_closed(|lsn| (ForkServer::spawn(shm_bytes, |req, out| serve(heap, req, out)), lsn))?;
+            let ((server, lsn, epoch), pause) = self.with_gate_closed(|lsn| {
+                let server = ForkServer::spawn(shm_bytes, |req, out| serve(heap, req, out));
+                (server, lsn, self.advance_dirty_epoch())
+            })?;
             let server = server.map_err(|e| TxnError::Storage(StorageError::io("fork", e)))?;
-            Ok((server, lsn, pause))
+            Ok((server, lsn, epoch, pause))
         }
     }
 }
