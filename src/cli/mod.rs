@@ -9,6 +9,8 @@ mod demo;
 mod demo_index;
 mod inspect;
 mod key_orders;
+#[cfg_attr(not(test), allow(dead_code))]
+mod page_dists;
 mod report;
 
 use std::path::PathBuf;
