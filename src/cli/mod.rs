@@ -9,7 +9,11 @@ mod demo;
 mod demo_index;
 mod inspect;
 mod key_orders;
+#[cfg_attr(not(test), allow(dead_code))]
+mod page_dists;
 mod report;
+#[cfg_attr(not(test), allow(dead_code))]
+mod svg_plot;
 
 use std::path::PathBuf;
 
