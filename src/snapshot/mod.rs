@@ -228,13 +228,22 @@ impl Snapshot {
             }
         }
         let threads = self.threads();
-        let (mut target, state) = match self.image.take() {
-            Some((t, s)) => (t, incremental.then_some(s)),
+        let (mut target, previous) = match self.image.take() {
+            Some((t, s)) => (t, Some(s)),
             None => (ImageTarget::new(self.engine.heap().capacity(), threads)?, None),
         };
         target.set_threads(threads);
+        // A failed copy (the store closed) leaves the snapshot as it was: the copy checks
+        // first and the image target cannot fail half way.
+        let from = if incremental { previous } else { None };
+        let (state, report) = match self.engine.copy_pages_consistent(from, &mut target) {
+            Ok(done) => done,
+            Err(e) => {
+                self.image = previous.map(|p| (target, p));
+                return Err(e.into());
+            }
+        };
         self.fork = None;
-        let (state, report) = self.engine.copy_pages_consistent(state, &mut target)?;
         self.image = Some((target, state));
         let info = SnapshotInfo {
             mode: SnapshotMode::Memcpy,
@@ -249,8 +258,6 @@ impl Snapshot {
     }
 
     fn fork_now(&mut self) -> Result<(SnapshotInfo, u64), Error> {
-        // The old child first: one child per snapshot.
-        self.fork = None;
         let extent = self.engine.used_extent();
         let serve = |heap: &tusk_storage::Heap, request: &[u8], out: &mut [u8]| -> usize {
             let answer = match Query::decode(request) {
@@ -265,6 +272,7 @@ impl Snapshot {
             bytes.len()
         };
         let (server, lsn, epoch, pause) = self.engine.fork_server(self.options.fork_shared_bytes, serve)?;
+        // The old child (if any) ends here, once the new one holds the snapshot.
         self.fork = Some(std::sync::Mutex::new(server));
         Ok((SnapshotInfo { mode: SnapshotMode::Fork, lsn, extent, bytes_copied: 0, pause, elapsed: pause, reason: String::new() }, epoch))
     }
