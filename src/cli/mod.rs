@@ -1,6 +1,7 @@
 //! Command-line interface. Everything the user sees is printed here, nowhere below.
 
 mod bench_index;
+mod bench_snapshot;
 mod bench_store;
 mod bench_txn;
 mod crash_child;
@@ -9,10 +10,8 @@ mod demo;
 mod demo_index;
 mod inspect;
 mod key_orders;
-#[cfg_attr(not(test), allow(dead_code))]
 mod page_dists;
 mod report;
-#[cfg_attr(not(test), allow(dead_code))]
 mod svg_plot;
 
 use std::path::PathBuf;
@@ -59,6 +58,9 @@ enum Bench {
     Checkpoint(bench_store::CheckpointArgs),
     /// The B-link tree and the ART against BTreeMap and congee, over six key orders.
     Index(bench_index::IndexArgs),
+    /// Snapshots for query readers: memcpy, incremental, fork and Auto over seven update
+    /// distributions; snapshot time against size; queries on each kind.
+    Snapshot(bench_snapshot::SnapshotArgs),
 }
 
 /// The I/O backend, as a command-line choice.
@@ -90,6 +92,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench { bench: Bench::Recovery(args) } => bench_store::recovery(args),
         Command::Bench { bench: Bench::Checkpoint(args) } => bench_store::checkpoint(args),
         Command::Bench { bench: Bench::Index(args) } => bench_index::run(args),
+        Command::Bench { bench: Bench::Snapshot(args) } => bench_snapshot::run(args),
         Command::CrashChild(args) => crash_child::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),

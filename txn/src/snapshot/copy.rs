@@ -171,7 +171,7 @@ fn push_run(runs: &mut Vec<Range<u64>>, run: Range<u64>) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 

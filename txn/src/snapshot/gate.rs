@@ -5,14 +5,18 @@
 //! waits until every transaction inside has left: then the heap holds exactly the commits
 //! with LSN ≤ the clock, and nothing of any later one — the one state a snapshot needs.
 //!
-//! Entering costs one atomic add on a per-thread-slot counter (its own cache line) and one
-//! load of the `closed` flag; the closer sets the flag and then reads every counter. Both
-//! sides use SeqCst, so (Dekker) either the committer sees the flag and backs out, or the
-//! closer sees the counter and waits for it. Transactions wait at a closed gate while still
-//! holding their stripe locks; the closer never takes stripe locks, so no cycle forms.
+//! Entering costs one atomic add on a per-thread-slot counter (its own cache line), a fence
+//! and one load of the `closed` flag; the closer sets the flag, fences, and then reads every
+//! counter. With a SeqCst fence between each side's store and load (Dekker), either the
+//! committer sees the flag and backs out, or the closer sees the counter and waits for it.
+//! (Fences rather than SeqCst accesses, which give the same guarantee in the C++ model:
+//! loom models SeqCst accesses only as acquire/release, so with them its model of this file
+//! failed; with fences, which it models exactly, it passes.) Transactions wait at a closed
+//! gate while still holding their stripe locks; the closer never takes stripe locks, so no
+//! cycle forms.
 
-use crate::sync::{AtomicBool, AtomicU64, Mutex};
-use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+use crate::sync::{fence, AtomicBool, AtomicU64, Mutex};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
 /// Counters per gate (threads share one when their slots collide, which costs only
 /// contention).
@@ -73,11 +77,12 @@ impl CommitGate {
     pub fn enter(&self, thread_slot: usize) -> Pass<'_> {
         let slot = &self.slots[thread_slot % SLOTS].0;
         loop {
-            slot.fetch_add(1, SeqCst);
-            if !self.closed.load(SeqCst) {
+            slot.fetch_add(1, Relaxed);
+            fence(SeqCst);
+            if !self.closed.load(Relaxed) {
                 return Pass { slot };
             }
-            slot.fetch_sub(1, SeqCst);
+            slot.fetch_sub(1, Release);
             wait_while(|| self.closed.load(Acquire));
         }
     }
@@ -85,9 +90,11 @@ impl CommitGate {
     /// Closes the gate and waits until no committer is inside.
     pub fn close(&self) -> Closed<'_> {
         let closer = self.closer.lock();
-        self.closed.store(true, SeqCst);
+        self.closed.store(true, Relaxed);
+        fence(SeqCst);
         for slot in self.slots.iter() {
-            wait_while(|| slot.0.load(SeqCst) != 0);
+            // Acquire: pairs with the Release of a leaving pass, so its write-back is visible.
+            wait_while(|| slot.0.load(Acquire) != 0);
         }
         Closed { gate: self, _closer: closer }
     }
@@ -108,7 +115,7 @@ fn wait_while(busy: impl Fn() -> bool) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
