@@ -154,7 +154,7 @@ pub(super) fn choose(snap: &Snapshot) -> Result<Choice, Error> {
     let engine = &snap.engine;
     let extent = engine.used_extent();
     let available = memory_available(snap.options.memory_limit);
-    let Some((image, state)) = snap.image.as_ref() else {
+    let Some((_, state)) = snap.image.as_ref() else {
         if available.is_some_and(|a| a < extent) {
             return Ok(Choice {
                 mode: SnapshotMode::Fork,
@@ -168,20 +168,23 @@ pub(super) fn choose(snap: &Snapshot) -> Result<Choice, Error> {
     let pages = extent / PAGE_SIZE;
     let scan = pages as f64 * 1e-9;
     let growth = extent.saturating_sub(state.extent) / PAGE_SIZE;
-    let lacking = engine.dirty_pages_since(state.epoch, state.extent.min(extent)) + growth;
-    let written = engine.dirty_pages_since(snap.epoch_at_refresh, extent);
+    let dirty = engine.dirty_pages_since(state.epoch, state.extent.min(extent));
+    let lacking = dirty + growth;
+    // Pages written since the last refresh: the same scan when that refresh was this image's.
+    let written = if snap.epoch_at_refresh == state.epoch { lacking } else { engine.dirty_pages_since(snap.epoch_at_refresh, extent) };
     let memcpy = extent as f64 / bandwidth;
     let incremental = (lacking * PAGE_SIZE) as f64 / bandwidth + scan;
-    let fork = costs.fork_s_per_resident_byte * resident_bytes() as f64 + written as f64 * costs.cow_per_page.as_secs_f64();
+    let faults = written as f64 * costs.cow_per_page.as_secs_f64();
+    // The fork itself needs the resident size (a read of /proc): only when it could still win.
+    let fork = if faults < memcpy.min(incremental) { costs.fork_s_per_resident_byte * resident_bytes() as f64 + faults } else { faults };
     let fork_refused = available.is_some_and(|a| a < extent);
-    let _ = image;
     let mut options = vec![(SnapshotMode::Memcpy, memcpy), (SnapshotMode::Incremental, incremental)];
     if !fork_refused {
         options.push((SnapshotMode::Fork, fork));
     }
     let (mode, _) = options.iter().copied().fold((SnapshotMode::Incremental, f64::INFINITY), |best, o| if o.1 < best.1 { o } else { best });
     let mut reason = format!(
-        "estimates: incremental {:.3} ms ({lacking} of {pages} pages dirty), memcpy {:.3} ms, fork {:.3} ms ({written} pages written last interval × {:.2} µs copy-on-write)",
+        "estimates: incremental {:.3} ms ({lacking} of {pages} pages dirty), memcpy {:.3} ms, fork ≥ {:.3} ms ({written} pages written last interval × {:.2} µs copy-on-write)",
         incremental * 1e3,
         memcpy * 1e3,
         fork * 1e3,

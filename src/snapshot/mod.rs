@@ -243,7 +243,7 @@ impl Snapshot {
                 return Err(e.into());
             }
         };
-        self.fork = None;
+        self.retire_fork();
         self.image = Some((target, state));
         let info = SnapshotInfo {
             mode: SnapshotMode::Memcpy,
@@ -272,9 +272,21 @@ impl Snapshot {
             bytes.len()
         };
         let (server, lsn, epoch, pause) = self.engine.fork_server(self.options.fork_shared_bytes, serve)?;
-        // The old child (if any) ends here, once the new one holds the snapshot.
+        // The old child (if any) ends once the new one holds the snapshot.
+        self.retire_fork();
         self.fork = Some(std::sync::Mutex::new(server));
         Ok((SnapshotInfo { mode: SnapshotMode::Fork, lsn, extent, bytes_copied: 0, pause, elapsed: pause, reason: String::new() }, epoch))
+    }
+
+    /// Tells the current child (if any) to end. A thread of its own waits for the exit and
+    /// reaps it (no zombie is left), so a refresh does not wait while the child tears down its
+    /// copy of the address space, which takes a while for a large heap.
+    fn retire_fork(&mut self) {
+        if let Some(server) = self.fork.take() {
+            let mut server = server.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+            server.retire();
+            std::thread::spawn(move || drop(server));
+        }
     }
 
     /// The in-memory image, when the snapshot is one.

@@ -310,6 +310,12 @@ impl ForkServer {
         ForkServerError::ChildGone { pid: self.child.pid(), exit }
     }
 
+    /// Tells the child to end (end-of-file on its requests) without waiting for it; dropping
+    /// the server then waits for the exit.
+    pub fn retire(&mut self) {
+        drop(self.to_child.take());
+    }
+
     /// Kills the child (tests of a crashed child).
     pub fn kill(&self) {
         self.child.kill();

@@ -14,9 +14,10 @@
 //!    heap holds every LSN ≤ the clock and nothing later (the gate), so that is the copy's
 //!    LSN; start another epoch, the target's new one, and open the gate.
 //!
-//! Writers pause only for step 3, which is proportional to what they wrote during step 2.
-//! When the target lacks little (below [`DIRECT_COPY_BYTES`]), step 2 is skipped and step
-//! 3 copies it all: one pass instead of two, and a pause of a few microseconds anyway.
+//! Writers pause only for step 3, which is proportional to what they wrote during step 2
+//! (and for step 1, microseconds). When the target lacks little (below
+//! [`DIRECT_COPY_BYTES`]), step 2 is skipped and step 3 copies it all: one pass instead of
+//! two, with a pause of at most the time to copy those bytes (~0.5 ms).
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -89,37 +90,34 @@ impl Engine {
         let heap = self.heap();
         let mut runs = Vec::new();
 
+        // Step 1. Every write-back from here on stamps above `e_mid`.
+        let pause = Instant::now();
+        let e_mid = {
+            let _closed = self.gate.close();
+            self.advance_dirty_epoch()
+        };
+        report.pause += pause.elapsed();
+        // What the target lacks now (its state's epoch is ≤ e_mid, so this covers every page
+        // written up to step 1 and perhaps some after).
         let extent_open = self.used_extent();
-        let lacking = |since: u64, runs: &mut Vec<Range<u64>>| -> u64 {
-            runs.clear();
-            match state {
-                None => {
-                    runs.push(0..extent_open);
-                    extent_open / PAGE_SIZE
+        let lacking = match state {
+            None => {
+                runs.push(0..extent_open);
+                extent_open / PAGE_SIZE
+            }
+            Some(s) => {
+                let old = s.extent.min(extent_open);
+                let dirty = heap.dirty_runs(0..old / PAGE_SIZE, s.epoch, &mut runs);
+                if extent_open > old {
+                    push_run(&mut runs, old..extent_open);
                 }
-                Some(s) => {
-                    let old = s.extent.min(extent_open);
-                    let dirty = heap.dirty_runs(0..old / PAGE_SIZE, since, runs);
-                    if extent_open > old {
-                        push_run(runs, old..extent_open);
-                    }
-                    dirty + (extent_open - old) / PAGE_SIZE
-                }
+                dirty + (extent_open - old) / PAGE_SIZE
             }
         };
-        // Step 2 is worth it only when the target lacks much.
-        let optimistic = match state {
-            None => extent_open > DIRECT_COPY_BYTES,
-            Some(s) => self.dirty_pages_since(s.epoch, s.extent.min(extent_open)) * PAGE_SIZE + extent_open.saturating_sub(s.extent) > DIRECT_COPY_BYTES,
-        };
+        // Step 2, only when the target lacks much; else step 3 copies it all.
+        let optimistic = lacking * PAGE_SIZE > DIRECT_COPY_BYTES;
         let (since_closed, covered) = if optimistic {
-            let pause = Instant::now();
-            let e_mid = {
-                let _closed = self.gate.close();
-                self.advance_dirty_epoch()
-            };
-            report.pause += pause.elapsed();
-            report.pages_open = lacking(state.map_or(0, |s| s.epoch), &mut runs);
+            report.pages_open = lacking;
             sink.copy_runs(heap, &runs)?;
             (e_mid, extent_open)
         } else {
@@ -130,11 +128,7 @@ impl Engine {
         let closed = self.gate.close();
         let extent = self.used_extent().max(covered);
         runs.clear();
-        let mut pages = if optimistic || state.is_some() {
-            heap.dirty_runs(0..covered.min(extent) / PAGE_SIZE, since_closed, &mut runs)
-        } else {
-            0
-        };
+        let mut pages = heap.dirty_runs(0..covered.min(extent) / PAGE_SIZE, since_closed, &mut runs);
         if extent > covered {
             push_run(&mut runs, covered..extent);
             pages += (extent - covered) / PAGE_SIZE;
