@@ -207,7 +207,7 @@ fn both_trees_on_a_snapshot_equal_their_models_at_its_lsn() {
         let lo: &[u8] = b"user/01000";
         let hi: &[u8] = b"user/02000";
         assert_eq!(art.count(lo..hi).unwrap(), users.range(lo.to_vec()..hi.to_vec()).count() as u64, "{what}");
-        assert_eq!(art.get(b"user/00001").unwrap(), users.get(&b"user/00001".to_vec()).copied(), "{what}");
+        assert_eq!(art.get(b"user/00001").unwrap(), users.get(b"user/00001".as_slice()).copied(), "{what}");
     }
 }
 
@@ -294,7 +294,7 @@ fn is_our_child(pid: i32) -> bool {
 fn a_killed_fork_child_is_an_error_not_a_hang_and_leaves_no_zombie() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), small_opts()).unwrap();
-    store.transact(Commit::Sync, |tx| Ok(tx.btree("t")?.insert(1, 2).map(|_| ())?)).unwrap();
+    store.transact(Commit::Sync, |tx| tx.btree("t")?.insert(1, 2).map(|_| ())).unwrap();
     let snap = store.snapshot(SnapshotMode::Fork).unwrap();
     let pid = snap.child_pid().unwrap();
     assert_eq!(snap.btree("t").unwrap().get(1).unwrap(), Some(2));
@@ -364,7 +364,7 @@ fn a_copy_larger_than_the_memory_limit_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), small_opts()).unwrap();
     let p = alloc_data_root(&store, 8 << 20);
-    store.transact(Commit::Sync, |tx| Ok(tx.write_at(p, 100, b"kept")?)).unwrap();
+    store.transact(Commit::Sync, |tx| tx.write_at(p, 100, b"kept")).unwrap();
     let options = SnapshotOptions { memory_limit: Some(1 << 20), ..SnapshotOptions::from(SnapshotMode::Memcpy) };
     match store.snapshot_with(options.clone()) {
         Err(Error::SnapshotMemory { needed, available }) => {
@@ -378,7 +378,7 @@ fn a_copy_larger_than_the_memory_limit_is_refused_and_changes_nothing() {
     assert_eq!(auto.mode(), SnapshotMode::Fork, "{}", auto.info().reason);
     assert!(auto.info().reason.contains("does not fit"), "{}", auto.info().reason);
     // The store carries on, and a snapshot within the limit sees everything.
-    store.transact(Commit::Sync, |tx| Ok(tx.write_at(p, 200, b"more")?)).unwrap();
+    store.transact(Commit::Sync, |tx| tx.write_at(p, 200, b"more")).unwrap();
     let snap = store.snapshot(SnapshotMode::Memcpy).unwrap();
     let mut buf = [0u8; 4];
     snap.read(HeapPtr(p.offset() + 100), &mut buf).unwrap();

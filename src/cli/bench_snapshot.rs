@@ -447,7 +447,7 @@ fn cow_on_heap(store: &Store, region: HeapPtr, pages: u64, args: &SnapshotArgs) 
         without.push(started.elapsed().as_secs_f64() / b.len() as f64);
     }
     let (f, w) = (median(with_fork), median(without));
-    let mut m = Measurement::new("cow", "fork", pages * PAGE >> 20);
+    let mut m = Measurement::new("cow", "fork", (pages * PAGE) >> 20);
     m.extra = json!({
         "cow_us_per_page": (f - w) * 1e6,
         "write_us_per_page_with_fork": f * 1e6,
@@ -470,7 +470,7 @@ fn queries(args: &SnapshotArgs, out: &mut Vec<Measurement>) -> CliResult {
     let mut keys: Vec<u64> = (0..args.query_keys).map(|_| rng.random::<u64>() >> 1).collect();
     keys.sort_unstable();
     keys.dedup();
-    store.transact(Commit::Async, |tx| Ok(tx.btree("orders")?.bulk_load(keys.iter().map(|&k| (k, k ^ 0x5555)), 1.0)?))?;
+    store.transact(Commit::Async, |tx| tx.btree("orders")?.bulk_load(keys.iter().map(|&k| (k, k ^ 0x5555)), 1.0))?;
     store.prefault();
     let lookups: Vec<u64> = (0..args.lookups).map(|_| keys[rng.random_range(0..keys.len())]).collect();
     let ranges: Vec<(u64, u64)> = (0..args.ranges)

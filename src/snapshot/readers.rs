@@ -260,10 +260,13 @@ impl<'s> SnapshotArt<'s> {
     }
 }
 
+/// Bounds of byte-string keys, owned.
+type OwnedBounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
 /// The entries of a range of a [`SnapshotArt`], fetched a page at a time.
 pub struct SnapshotArtRange<'s> {
     tree: SnapshotArt<'s>,
-    next: Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>,
+    next: Option<OwnedBounds>,
     page: VecDeque<(Vec<u8>, u64)>,
 }
 
