@@ -7,6 +7,7 @@ mod crash_child;
 mod crashtest;
 mod demo;
 mod demo_index;
+mod demo_snapshot;
 mod inspect;
 mod key_orders;
 #[cfg_attr(not(test), allow(dead_code))]
