@@ -22,6 +22,10 @@ fn demo_runs_and_verifies() {
     assert!(ok, "demo failed: {out}\n{err}");
     assert!(out.contains("money conserved         yes"), "{out}");
     assert!(out.contains("every transfer present  yes"), "{out}");
+    for mode in ["memcpy", "incremental", "fork", "auto"] {
+        assert!(out.lines().any(|l| l.starts_with(mode) && l.contains("pass (")), "no checked {mode} snapshot row: {out}");
+    }
+    assert!(out.contains("snapshots checked (money, validators, counts: pass)"), "{out}");
     // A second run replaces the previous demo store.
     let (ok, out, err) = tusk(&["demo", "--dir", store_dir.to_str().unwrap(), "--seconds", "0.5", "--accounts", "5000"]);
     assert!(ok, "second demo failed: {out}\n{err}");

@@ -1,8 +1,9 @@
 //! `tusk demo`: the main job. Loads a bank of accounts, runs transfers and audits on all
 //! cores with live throughput; loads a B-link tree and an ART and runs updates with lookups,
-//! range counts and prefix queries (`demo_index.rs`); closes, reopens (recovering from the
-//! checkpoint and the log), and verifies that every committed transfer survived, money was
-//! conserved, and both trees hold exactly what was committed.
+//! range counts and prefix queries (`demo_index.rs`); queries snapshots of every mode while
+//! transfers and index updates go on, checking each snapshot (`demo_snapshot.rs`); closes,
+//! reopens (recovering from the checkpoint and the log), and verifies that every committed
+//! transfer survived, money was conserved, and both trees hold exactly what was committed.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,9 +17,12 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::report::{rate, table};
-use super::{demo_index, CliResult};
+use super::{demo_index, demo_snapshot, CliResult};
 
-const INITIAL_BALANCE: u64 = 1_000;
+pub const INITIAL_BALANCE: u64 = 1_000;
+/// The root of the accounts (one u64 balance each) and of the per-thread transfer counts.
+pub const ACCOUNTS_ROOT: &str = "demo.accounts";
+pub const STATS_ROOT: &str = "demo.stats";
 const LOAD_BATCH: u64 = 8_192;
 
 #[derive(Args, Debug)]
@@ -40,6 +44,14 @@ pub struct DemoArgs {
     /// Seconds of index updates and queries.
     #[arg(long, default_value_t = 2.0)]
     index_seconds: f64,
+    /// Seconds of snapshot queries per snapshot mode (memcpy, incremental, fork, auto) while
+    /// transfers and index updates go on; 0 skips the snapshot phase.
+    #[arg(long, default_value_t = 0.25)]
+    snapshot_seconds: f64,
+    /// Reader threads querying each snapshot (default: half the worker threads, at least 1;
+    /// transfer and index update threads take the other half, at least 1 each).
+    #[arg(long)]
+    snapshot_readers: Option<usize>,
 }
 
 /// Removes an earlier demo store; refuses to touch a directory that is not one.
@@ -86,8 +98,8 @@ pub fn run(args: DemoArgs) -> CliResult {
     let ((bank, stats), _) = store.transact(Commit::Sync, |tx| {
         let bank = tx.alloc(accounts * 8)?;
         let stats = tx.alloc(8 * threads as u64)?;
-        tx.set_root("demo.accounts", bank)?;
-        tx.set_root("demo.stats", stats)?;
+        tx.set_root(ACCOUNTS_ROOT, bank)?;
+        tx.set_root(STATS_ROOT, stats)?;
         Ok((bank, stats))
     })?;
     let mut loaded = 0;
@@ -124,7 +136,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let workers: Vec<_> = (0..threads)
         .map(|t| {
             let (store, committed, audits, stop) = (store.clone(), committed.clone(), audits.clone(), stop.clone());
-            std::thread::spawn(move || work(&store, bank, stats, accounts, t, &committed, &audits, &stop))
+            std::thread::spawn(move || work(&store, bank, stats, accounts, t, t as u64 + 1, &committed, &audits, &stop))
         })
         .collect();
     let spinner = ProgressBar::new_spinner();
@@ -158,6 +170,22 @@ pub fn run(args: DemoArgs) -> CliResult {
     let (model, index_load_s) = demo_index::load(&store, index_keys, threads)?;
     let (model, mixed) = demo_index::mixed(&store, model, threads, args.index_seconds)?;
 
+    // Snapshot readers while transfers and index updates go on.
+    let half = (threads / 2).max(1);
+    let settings = demo_snapshot::Settings {
+        seconds: args.snapshot_seconds,
+        readers: args.snapshot_readers.unwrap_or(half).max(1),
+        bank_writers: half,
+        index_writers: half,
+    };
+    let (model, snapshots) = if args.snapshot_seconds > 0.0 {
+        let bank = demo_snapshot::Bank { ptr: bank, stats, accounts };
+        let (model, summary) = demo_snapshot::run(&store, &bank, &mut per_thread, model, &settings)?;
+        (model, Some(summary))
+    } else {
+        (model, None)
+    };
+
     let last_lsn = store.last_lsn();
     let (_, ckpt_error, checkpoints) = store.checkpoint_status();
     if let Some(e) = ckpt_error {
@@ -171,8 +199,8 @@ pub fn run(args: DemoArgs) -> CliResult {
     let reopen_s = reopen_started.elapsed().as_secs_f64();
     let report = store.recovery_report().clone();
     let ((total, counted), _) = store.transact(Commit::Async, |tx| {
-        let bank = tx.root("demo.accounts")?.ok_or(tusk::Error::InvalidPointer(0))?;
-        let stats = tx.root("demo.stats")?.ok_or(tusk::Error::InvalidPointer(0))?;
+        let bank = tx.root(ACCOUNTS_ROOT)?.ok_or(tusk::Error::InvalidPointer(0))?;
+        let stats = tx.root(STATS_ROOT)?.ok_or(tusk::Error::InvalidPointer(0))?;
         let mut total = 0u64;
         for i in 0..accounts {
             total += tx.read_u64_at(bank, i * 8)?;
@@ -224,6 +252,19 @@ pub fn run(args: DemoArgs) -> CliResult {
                 ),
             ),
             (
+                "snapshot readers",
+                snapshots.as_ref().map_or("skipped (--snapshot-seconds 0)".to_string(), |s| {
+                    let mut line = format!(
+                        "{} snapshots checked (money, validators, counts: pass), {} queries, while {} transfers and {} index update txns committed in {:.2} s",
+                        s.snapshots, s.queries, s.transfers, s.index_updates, s.seconds
+                    );
+                    for (mode, e) in &s.unavailable {
+                        line += &format!("; {} unavailable here: {e}", mode.name());
+                    }
+                    line
+                }),
+            ),
+            (
                 "indexes after reopen",
                 format!(
                     "{} orders, {} customers; validators {}, contents {}, range/prefix queries {}",
@@ -252,24 +293,26 @@ fn yes_no(ok: bool) -> &'static str {
 }
 
 /// One worker: transfers (every 64th with Sync commit), counting its own transfers in the
-/// heap in the same transaction; every 64th iteration a read-only audit of 256 accounts.
+/// heap in the same transaction (slot `thread` of `stats`); every 64th iteration a read-only
+/// audit of 256 accounts. Returns the transfers it committed once `stop` is set.
 #[allow(clippy::too_many_arguments)]
-fn work(
+pub fn work(
     store: &Store,
     bank: HeapPtr,
     stats: HeapPtr,
     accounts: u64,
     thread: usize,
+    seed: u64,
     committed: &AtomicU64,
     audits: &AtomicU64,
     stop: &AtomicBool,
 ) -> Result<u64, tusk::Error> {
-    let mut rng = SmallRng::seed_from_u64(thread as u64 + 1);
+    let mut rng = SmallRng::seed_from_u64(seed);
     let mut mine = 0u64;
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        if i % 64 == 0 {
+        if i.is_multiple_of(64) {
             let start = rng.random_range(0..accounts.saturating_sub(256).max(1));
             store.transact(Commit::Async, |tx| {
                 let mut sum = 0u64;
@@ -283,7 +326,7 @@ fn work(
         }
         let (from, to) = (rng.random_range(0..accounts), rng.random_range(0..accounts));
         let amount = rng.random_range(1..=50);
-        let mode = if i % 64 == 0 { Commit::Sync } else { Commit::Async };
+        let mode = if i.is_multiple_of(64) { Commit::Sync } else { Commit::Async };
         store.transact(mode, |tx| {
             let a = tx.read_u64_at(bank, from * 8)?;
             if a >= amount && from != to {

@@ -19,7 +19,7 @@ use super::report::rate;
 
 pub const ORDERS: &str = "demo.orders";
 pub const CUSTOMERS: &str = "demo.customers";
-const REGIONS: u64 = 24;
+pub const REGIONS: u64 = 24;
 const LOAD_BATCH: usize = 4_096;
 const OPS_PER_TXN: usize = 8;
 
@@ -41,7 +41,7 @@ pub fn customer_key(id: u64) -> Vec<u8> {
     format!("cust/{:02}/{id:08x}", id % REGIONS).into_bytes()
 }
 
-fn region_prefix(region: u64) -> Vec<u8> {
+pub fn region_prefix(region: u64) -> Vec<u8> {
     format!("cust/{region:02}/").into_bytes()
 }
 
@@ -110,15 +110,7 @@ pub struct Mixed {
 
 /// Updates and queries on `threads` threads for `seconds`; returns the models after it.
 pub fn mixed(store: &Store, model: Model, threads: usize, seconds: f64) -> Result<(Model, Mixed), Box<dyn std::error::Error>> {
-    // Split the model by residue class: each thread owns its share.
-    let mut shares: Vec<Model> = (0..threads).map(|_| Model::default()).collect();
-    for (k, v) in model.orders {
-        shares[(k % threads as u64) as usize].orders.insert(k, v);
-    }
-    for (k, v) in model.customers {
-        let id = u64::from_str_radix(std::str::from_utf8(&k[8..]).expect("ascii key"), 16).expect("hex id");
-        shares[(id % threads as u64) as usize].customers.insert(k, v);
-    }
+    let shares = split(model, threads);
     let (updates, queries, stop) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
     let started = Instant::now();
     let results: Vec<Result<Model, tusk::Error>> = std::thread::scope(|s| {
@@ -127,7 +119,7 @@ pub fn mixed(store: &Store, model: Model, threads: usize, seconds: f64) -> Resul
             .enumerate()
             .map(|(t, share)| {
                 let (updates, queries, stop) = (&updates, &queries, &stop);
-                s.spawn(move || worker(store, share, t, threads, updates, queries, stop))
+                s.spawn(move || worker(store, share, t, threads, 0x1DE0 + t as u64, updates, queries, stop))
             })
             .collect();
         let spinner = ProgressBar::new_spinner();
@@ -151,10 +143,7 @@ pub fn mixed(store: &Store, model: Model, threads: usize, seconds: f64) -> Resul
         spinner.finish_and_clear();
         handles.into_iter().map(|h| h.join().expect("index worker panicked")).collect()
     });
-    let mut merged = Model::default();
-    for r in results {
-        merged.merge(r?);
-    }
+    let merged = merge(results.into_iter().collect::<Result<Vec<Model>, _>>()?);
     let mixed = Mixed {
         updates: updates.load(Ordering::Relaxed),
         queries: queries.load(Ordering::Relaxed),
@@ -163,21 +152,55 @@ pub fn mixed(store: &Store, model: Model, threads: usize, seconds: f64) -> Resul
     Ok((merged, mixed))
 }
 
+/// Splits `model` by residue class into the shares of `threads` update threads (thread t
+/// owns the ids ≡ t mod threads, as [`worker`] expects).
+pub fn split(model: Model, threads: usize) -> Vec<Model> {
+    let mut shares: Vec<Model> = (0..threads).map(|_| Model::default()).collect();
+    for (k, v) in model.orders {
+        shares[(k % threads as u64) as usize].orders.insert(k, v);
+    }
+    for (k, v) in model.customers {
+        let id = u64::from_str_radix(std::str::from_utf8(&k[8..]).expect("ascii key"), 16).expect("hex id");
+        shares[(id % threads as u64) as usize].customers.insert(k, v);
+    }
+    shares
+}
+
+/// The whole model from the shares of [`split`].
+pub fn merge(shares: Vec<Model>) -> Model {
+    let mut merged = Model::default();
+    for share in shares {
+        merged.merge(share);
+    }
+    merged
+}
+
 enum Update {
     Order(u64, Option<u64>),
     Customer(Vec<u8>, Option<u64>),
 }
 
 /// One thread: 3 of 4 transactions update (8 upserts/removes over both trees, own keys
-/// only); the 4th queries: a lookup, a range count and sum, a prefix count and sum.
-fn worker(store: &Store, mut own: Model, t: usize, threads: usize, updates: &AtomicU64, queries: &AtomicU64, stop: &AtomicBool) -> Result<Model, tusk::Error> {
-    let mut rng = SmallRng::seed_from_u64(0x1DE0 + t as u64);
+/// only); the 4th queries: a lookup, a range count and sum, a prefix count and sum. `own` is
+/// thread t's share of [`split`] into `threads`; returns it updated once `stop` is set.
+#[allow(clippy::too_many_arguments)]
+pub fn worker(
+    store: &Store,
+    mut own: Model,
+    t: usize,
+    threads: usize,
+    seed: u64,
+    updates: &AtomicU64,
+    queries: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<Model, tusk::Error> {
+    let mut rng = SmallRng::seed_from_u64(seed);
     let mut order_ids: Vec<u64> = own.orders.keys().copied().collect();
     let mut customer_ids: Vec<Vec<u8>> = own.customers.keys().cloned().collect();
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             let probe = order_ids.get(rng.random_range(0..order_ids.len().max(1))).copied().unwrap_or(0);
             let lo: u64 = rng.random();
             // One region's customers whose id starts with a given hex digit: about 1/400 of all.

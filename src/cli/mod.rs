@@ -8,6 +8,7 @@ mod crash_child;
 mod crashtest;
 mod demo;
 mod demo_index;
+mod demo_snapshot;
 mod inspect;
 mod key_orders;
 mod page_dists;
