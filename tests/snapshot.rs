@@ -416,7 +416,7 @@ fn auto_says_what_it_picked_and_why() {
     let p = alloc_data_root(&store, 16 << 20);
     let mut snap = store.snapshot(SnapshotMode::Auto).unwrap();
     assert_eq!(snap.mode(), SnapshotMode::Memcpy, "the first Auto snapshot is a full copy");
-    store.transact(Commit::Sync, |tx| Ok(tx.write_at(p, 4096 * 3, &[7u8; 64])?)).unwrap();
+    store.transact(Commit::Sync, |tx| tx.write_at(p, 4096 * 3, &[7u8; 64])).unwrap();
     let info = snap.refresh().unwrap();
     assert_eq!(info.mode, SnapshotMode::Incremental, "one dirty page: {}", info.reason);
     assert!(info.reason.contains("estimates"), "{}", info.reason);

@@ -132,6 +132,6 @@ mod tests {
         image.copy_runs(&heap, &[0..(40 << 20)]).unwrap();
         let mut expected = vec![0u8; 40 << 20];
         heap.read_bytes(0, &mut expected);
-        assert!(image.bytes() == expected.as_slice());
+        assert!(image.bytes() == expected.as_slice(), "the image differs from the heap");
     }
 }
