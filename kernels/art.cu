@@ -127,18 +127,27 @@ __device__ __forceinline__ int art_find_byte(u64 word, u32 b, u32 n) {
     return z ? (__ffsll((i64)z) - 1) / 8 : -1;
 }
 
-// Whether the leaf at `off` (in the mirror: checked by the caller for 16 + 8 * nw bytes) holds
-// exactly `key`: one round trip for length, value and key words.
-__device__ __forceinline__ bool art_leaf_is(const u8* __restrict__ heap, u64 off, const Key& key, u64& value) {
+// Whether the leaf of kind `kind` at `off` holds exactly `key` (search.rs: leaf_value): one
+// round trip for length, value and key words. Reads no further than the leaf's class holds
+// (a key longer than the class cannot be the leaf's), after checking that span is mirrored.
+// Returns 1 (value set), 0, or -1 after reporting an error.
+__device__ __forceinline__ int art_leaf_is(const u8* __restrict__ heap, u64 extent, u32 kind, u64 off, const Key& key,
+                                           u64& value, u64* err) {
     const u32 nw = (key.len + 7) / 8;
+    const u32 cap_words = 1u << (kind - ART_LEAF0);
+    const u32 nr = nw < cap_words ? nw : cap_words;
+    if ((off & 7ull) != 0 || !tusk_in_heap(extent, off, 16ull + 8ull * nr)) {
+        tusk_fail(err, TUSK_ERR_BAD_OFFSET, off);
+        return -1;
+    }
     const u64 len = tusk_ld(heap, off);
     value = tusk_ld(heap, off + 8);
-    bool same = len == (u64)key.len;
-    if (nw > 0) same = same && tusk_ld(heap, off + 16) == key.w0;
-    if (nw > 1) same = same && tusk_ld(heap, off + 24) == key.w1;
-    if (nw > 2) same = same && tusk_ld(heap, off + 32) == key.w2;
-    if (nw > 3) same = same && tusk_ld(heap, off + 40) == key.w3;
-    return same;
+    bool same = len == (u64)key.len && nw <= cap_words;
+    if (nr > 0) same = same && tusk_ld(heap, off + 16) == key.w0;
+    if (nr > 1) same = same && tusk_ld(heap, off + 24) == key.w1;
+    if (nr > 2) same = same && tusk_ld(heap, off + 32) == key.w2;
+    if (nr > 3) same = same && tusk_ld(heap, off + 40) == key.w3;
+    return same ? 1 : 0;
 }
 
 // Point lookup (search.rs: get) by one thread. Returns 1 found (value set), 0 absent, -1 after
@@ -159,13 +168,7 @@ __device__ __forceinline__ int art_get_one(const u8* __restrict__ heap, u64 exte
             tusk_fail(err, TUSK_ERR_BAD_LINK, link);
             return -1;
         }
-        if (kind >= ART_LEAF0) {
-            if ((off & 7ull) != 0 || !tusk_in_heap(extent, off, 16ull + 8ull * ((key.len + 7) / 8))) {
-                tusk_fail(err, TUSK_ERR_BAD_OFFSET, off);
-                return -1;
-            }
-            return art_leaf_is(heap, off, key, value) ? 1 : 0;
-        }
+        if (kind >= ART_LEAF0) return art_leaf_is(heap, extent, kind, off, key, value, err);
         if ((off & 63ull) != 0 || !tusk_in_heap(extent, off, s.slot[kind])) {
             tusk_fail(err, TUSK_ERR_BAD_OFFSET, off);
             return -1;
@@ -299,16 +302,22 @@ __device__ __forceinline__ bool art_add_leaf(const u8* __restrict__ heap, u64 ex
     return true;
 }
 
-// Whether the leaf at `off` has a key starting with the prefix `p`.
+// Whether the leaf at `off` has a key starting with the prefix `p`: its length first, then
+// only as many key words as the prefix spans (all inside the key, hence inside the leaf).
 __device__ __forceinline__ bool art_leaf_starts_with(const u8* __restrict__ heap, u64 extent, u64 off, const Key& p,
                                                      u64* err, bool& failed) {
     const u32 nw = (p.len + 7) / 8;
-    if ((off & 7ull) != 0 || !tusk_in_heap(extent, off, 16ull + 8ull * nw)) {
+    if ((off & 7ull) != 0 || !tusk_in_heap(extent, off, 16)) {
         tusk_fail(err, TUSK_ERR_BAD_OFFSET, off);
         failed = true;
         return false;
     }
     if (tusk_ld(heap, off) < (u64)p.len) return false;
+    if (!tusk_in_heap(extent, off, 16ull + 8ull * nw)) {
+        tusk_fail(err, TUSK_ERR_BAD_OFFSET, off);
+        failed = true;
+        return false;
+    }
     for (u32 i = 0; i < nw; ++i) {
         const u64 m = art_bytes_mask(p.len - 8 * i);
         if (((tusk_ld(heap, off + 16 + 8ull * i) ^ p.word(i)) & m) != 0) return false;
