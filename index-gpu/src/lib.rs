@@ -9,7 +9,8 @@
 //! - [`image`]: a plain read-only heap image on which the read paths run without the STM.
 //! - [`error`]: the crate's typed errors.
 //!
-//! The device mirror comes with the GPU issue.
+//! - [`mirror`]: the GPU mirror of both indexes (a device copy of the heap, synced by dirty
+//!   pages) and its batch kernels.
 
 pub mod art;
 pub mod btree;
@@ -17,6 +18,7 @@ pub mod catalog;
 pub mod error;
 pub mod heap;
 pub mod image;
+pub mod mirror;
 pub mod named;
 
 pub use art::{Art, ArtIter, ArtStats, MAX_KEY_LEN};

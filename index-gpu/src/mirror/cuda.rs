@@ -1,0 +1,1024 @@
+//! The CUDA backend of the GPU mirror: one device buffer holding the heap's bytes
+//! `[0, extent)` at their heap offsets, so that the kernels (tusk-kernels) follow the trees'
+//! offsets unchanged, and batch queries over it.
+//!
+//! - **Sync** ([`CudaMirror::upload`]): the changed runs are packed in 4 KiB pieces into
+//!   `staging_buffers` pinned buffers, each with a table of (heap offset, length); a buffer is
+//!   copied to the device in one go on its own stream and scattered to the heap by a kernel,
+//!   while the host fills the next buffer. Many small runs thus cost one copy and one launch
+//!   per buffer. The device buffer grows (allocate larger, copy device to device, zero the
+//!   rest) when the extent does.
+//! - **Queries** (`btree_get`, `btree_count_sum`, `art_get`, `art_count_sum_prefix`): a batch
+//!   goes through in chunks on two streams, each chunk packed into pinned memory, copied in,
+//!   answered and copied out while the host packs the next, so copies and kernels overlap.
+//! - **Timing** (`time_*`): the inputs uploaded once and kept on the device; the kernel alone
+//!   timed with CUDA events (median over rounds after a warm-up), and the end-to-end path
+//!   (host slice in, host vector out) timed with the host clock.
+//!
+//! Every driver call's result is checked; every launch's too, and each kernel's error slot
+//! after it completes (a damaged offset or link in the mirror is reported as the CPU read
+//! path would report it, never followed). `unsafe` is confined to this module and `raw`.
+
+mod raw;
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use cudarc::driver::CudaContext;
+use tusk_kernels as kernels;
+use tusk_txn::TxnError;
+
+use self::raw::{driver, DeviceBuffer, Event, Module, PinnedBuffer, Stream};
+use super::{GpuOptions, MirrorError};
+use crate::art::link as art_link;
+use crate::IndexError;
+
+/// Threads per block of every launch.
+const BLOCK: u32 = kernels::BLOCK_THREADS;
+/// The heap buffer grows by at least a quarter, in steps of this many bytes.
+const HEAP_GRANULE: u64 = 2 << 20;
+/// Pinned and device bytes per query slot for one chunk's inputs and outputs.
+const CHUNK_IN_BYTES: usize = 16 << 20;
+const CHUNK_OUT_BYTES: usize = 24 << 20;
+/// Query slots (each a stream with its buffers): two, so a chunk's copies and kernel overlap
+/// the packing of the next.
+const QUERY_SLOTS: usize = 2;
+const MIN_STAGING_BUFFERS: usize = 2;
+/// A kernel's error slot: code, then offset.
+const ERR_BYTES: usize = 16;
+const PIECE: usize = kernels::SCATTER_PIECE;
+/// Alignment of the sections (keys, offsets, lengths; values, flags) inside a chunk.
+const SECTION: usize = 256;
+/// Longest ART key or prefix the kernels take.
+pub const GPU_MAX_KEY: usize = kernels::ART_MAX_KEY;
+/// Tile widths of the B-link lookup kernel.
+pub const BTREE_TILE_WIDTHS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+/// The B-link lookup kernel used unless told otherwise: tile width and whether internal nodes'
+/// children are loaded with their keys (measured on an H100, see the module's tests).
+pub const DEFAULT_BTREE_KERNEL: (u32, bool) = (8, true);
+
+/// What one of the timing functions measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KernelTiming {
+    /// Median milliseconds of the kernel alone over device-resident inputs and outputs.
+    pub kernel_ms: f64,
+    /// Median milliseconds from a host slice of queries to a host vector of answers.
+    pub end_to_end_ms: f64,
+}
+
+#[derive(Clone, Copy)]
+struct Kernel {
+    f: sys::CUfunction,
+    /// Resident blocks the whole device holds (multiprocessors × occupancy): the grid of a
+    /// grid-stride launch never needs more.
+    blocks: u32,
+}
+
+struct Kernels {
+    scatter: Kernel,
+    btree_get: Vec<((u32, bool), Kernel)>,
+    btree_count_sum: Kernel,
+    art_get: Kernel,
+    art_get_nospec: Kernel,
+    art_prefix: Kernel,
+}
+
+/// One pinned staging buffer of the sync with its device twin: a table of
+/// (heap offset, length) pairs, then the pieces, PIECE bytes apart.
+struct Staging {
+    pinned: PinnedBuffer,
+    dev: DeviceBuffer,
+    err: DeviceBuffer,
+    stream: Stream,
+    done: Event,
+    in_flight: bool,
+}
+
+/// One query slot: a stream and the buffers of one chunk.
+struct QuerySlot {
+    stream: Stream,
+    done: Event,
+    pin_in: PinnedBuffer,
+    pin_out: PinnedBuffer,
+    pin_err: PinnedBuffer,
+    dev_in: DeviceBuffer,
+    dev_out: DeviceBuffer,
+    dev_err: DeviceBuffer,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    BtreeGet,
+    BtreeCountSum,
+    ArtGet,
+    ArtPrefix,
+}
+
+impl Op {
+    fn is_art(self) -> bool {
+        matches!(self, Op::ArtGet | Op::ArtPrefix)
+    }
+
+    /// Output bytes per query (before section alignment).
+    fn out_per_query(self) -> usize {
+        match self {
+            Op::BtreeGet | Op::ArtGet => 9,
+            Op::BtreeCountSum | Op::ArtPrefix => 24,
+        }
+    }
+}
+
+/// A batch's queries.
+enum Input<'a> {
+    Words(&'a [u64]),
+    Ranges(&'a [(u64, u64)]),
+    /// ART keys or prefixes of at most GPU_MAX_KEY bytes; `fixed`: all of this length.
+    Keys { keys: &'a [&'a [u8]], fixed: Option<usize> },
+}
+
+impl Input<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Input::Words(w) => w.len(),
+            Input::Ranges(r) => r.len(),
+            Input::Keys { keys, .. } => keys.len(),
+        }
+    }
+
+    /// Most input bytes one query takes (before section alignment).
+    fn in_per_query(&self) -> usize {
+        match self {
+            Input::Words(_) => 8,
+            Input::Ranges(_) => 16,
+            Input::Keys { fixed: Some(len), .. } => 8 * len.div_ceil(8),
+            Input::Keys { fixed: None, .. } => 8 * GPU_MAX_KEY.div_ceil(8) + 4 + 1,
+        }
+    }
+
+    /// The `fixed_len` kernel argument (-1: per-key offsets and lengths).
+    fn fixed_len(&self) -> i32 {
+        match self {
+            Input::Keys { fixed: Some(len), .. } => *len as i32,
+            _ => -1,
+        }
+    }
+}
+
+/// Where things sit in one chunk's input and output bytes.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    n: usize,
+    in_bytes: usize,
+    /// Variable-length keys: the u32 word offsets and the u8 lengths.
+    offs_at: usize,
+    lens_at: usize,
+    /// Lookups: the found flags after the values.
+    found_at: usize,
+    out_bytes: usize,
+}
+
+fn align(x: usize) -> usize {
+    x.next_multiple_of(SECTION)
+}
+
+/// Packs queries `range` of `input` into `dst`; returns the layout.
+fn pack(op: Op, input: &Input<'_>, range: Range<usize>, dst: &mut [u8]) -> Layout {
+    let n = range.len();
+    let (mut offs_at, mut lens_at) = (0, 0);
+    let in_bytes = match input {
+        Input::Words(w) => {
+            for (d, k) in dst[..8 * n].chunks_exact_mut(8).zip(&w[range]) {
+                d.copy_from_slice(&k.to_le_bytes());
+            }
+            8 * n
+        }
+        Input::Ranges(r) => {
+            for (d, (lo, hi)) in dst[..16 * n].chunks_exact_mut(16).zip(&r[range]) {
+                d[..8].copy_from_slice(&lo.to_le_bytes());
+                d[8..].copy_from_slice(&hi.to_le_bytes());
+            }
+            16 * n
+        }
+        Input::Keys { keys, fixed: Some(len) } => {
+            let stride = 8 * len.div_ceil(8);
+            if stride > 0 {
+                for (d, k) in dst[..stride * n].chunks_exact_mut(stride).zip(&keys[range]) {
+                    d[..k.len()].copy_from_slice(k);
+                    d[k.len()..].fill(0);
+                }
+            }
+            stride * n
+        }
+        Input::Keys { keys, fixed: None } => {
+            let keys = &keys[range];
+            let words: usize = keys.iter().map(|k| k.len().div_ceil(8)).sum();
+            offs_at = align(8 * words);
+            lens_at = align(offs_at + 4 * n);
+            let mut w = 0usize;
+            for (i, k) in keys.iter().enumerate() {
+                let span = 8 * k.len().div_ceil(8);
+                dst[8 * w..8 * w + k.len()].copy_from_slice(k);
+                dst[8 * w + k.len()..8 * w + span].fill(0);
+                let at = u32::try_from(w).expect("chunk word offsets fit u32");
+                dst[offs_at + 4 * i..offs_at + 4 * i + 4].copy_from_slice(&at.to_le_bytes());
+                dst[lens_at + i] = k.len() as u8;
+                w += span / 8;
+            }
+            lens_at + n
+        }
+    };
+    let (found_at, out_bytes) = match op {
+        Op::BtreeGet | Op::ArtGet => (align(8 * n), align(8 * n) + n),
+        Op::BtreeCountSum | Op::ArtPrefix => (0, 24 * n),
+    };
+    Layout { n, in_bytes, offs_at, lens_at, found_at, out_bytes }
+}
+
+fn decode_get(out: &[u8], layout: &Layout, dst: &mut Vec<Option<u64>>) {
+    let vals = &out[..8 * layout.n];
+    let found = &out[layout.found_at..layout.found_at + layout.n];
+    dst.extend(vals.chunks_exact(8).zip(found).map(|(v, &f)| (f != 0).then(|| u64::from_le_bytes(v.try_into().expect("8 bytes")))));
+}
+
+fn decode_count_sum(out: &[u8], layout: &Layout, dst: &mut Vec<(u64, u128)>) {
+    dst.extend(out[..24 * layout.n].chunks_exact(24).map(|w| {
+        let word = |i: usize| u64::from_le_bytes(w[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        (word(0), word(1) as u128 | (word(2) as u128) << 64)
+    }));
+}
+
+/// A kernel's error slot as the error the CPU read path would give for the same damage.
+fn kernel_error(op: Op, code: u64, at: u64) -> MirrorError {
+    let art = |what: &str| MirrorError::Index(IndexError::ArtInvariant { node: at, what: what.to_string() });
+    match code {
+        kernels::err::BAD_OFFSET => MirrorError::Index(IndexError::Txn(TxnError::InvalidPointer(at))),
+        kernels::err::LOOP if op.is_art() => art("a lookup that does not end (a cycle of links)"),
+        kernels::err::LOOP => MirrorError::Index(IndexError::Invariant { node: at, what: "a descent or leaf chain that does not end (a cycle)".into() }),
+        kernels::err::BAD_LINK => art("a link of an unknown kind, index 0, or beyond its slab's chunks"),
+        kernels::err::BAD_TERMINAL => art("a terminal link that is not a leaf"),
+        kernels::err::TOO_DEEP => MirrorError::Unsupported(format!("prefix {at} of a chunk: its subtree is deeper than the GPU walk's stack")),
+        _ => MirrorError::Driver(format!("kernel reported unknown error code {code} at {at}")),
+    }
+}
+
+fn err_slot(bytes: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    (word(0), word(1))
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    assert!(!xs.is_empty(), "median of nothing");
+    xs.sort_by(f64::total_cmp);
+    let m = xs.len() / 2;
+    if xs.len() % 2 == 1 {
+        xs[m]
+    } else {
+        (xs[m - 1] + xs[m]) / 2.0
+    }
+}
+
+/// Checks ART query keys against the device limit; Some(len) when all have one length.
+fn check_keys(keys: &[&[u8]], what: &str) -> Result<Option<usize>, MirrorError> {
+    if let Some((i, k)) = keys.iter().enumerate().find(|(_, k)| k.len() > GPU_MAX_KEY) {
+        return Err(MirrorError::Unsupported(format!("{what} {i} has {} bytes, more than the {GPU_MAX_KEY} the GPU kernels take", k.len())));
+    }
+    let first = keys.first().map_or(0, |k| k.len());
+    Ok(keys.iter().all(|k| k.len() == first).then_some(first))
+}
+
+/// A device handle and the heap mirror on it.
+pub struct CudaMirror {
+    name: String,
+    compute: (u32, u32),
+    /// The mirrored extent: heap bytes [0, extent) are on the device.
+    extent: u64,
+    heap: Option<DeviceBuffer>,
+    /// ART slot sizes then base exponents, one u64 per kind each (from `art::link`).
+    art_geometry: DeviceBuffer,
+    staging: Vec<Staging>,
+    pieces_per_staging: usize,
+    /// Bytes of a staging buffer before its pieces (the table, rounded up to a piece).
+    table_bytes: usize,
+    query: Mutex<Vec<QuerySlot>>,
+    btree_kernel: (u32, bool),
+    art_speculate: bool,
+    kernels: Kernels,
+    // Dropped after every handle above that lives in it.
+    _module: Module,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the raw driver handles (functions, streams, events, device and pinned pointers) may be
+// used from any thread while the context is current, and every method makes it current first
+// (`bind`). Host-side mutable state is reached through `&mut self` (uploads) or the `query`
+// mutex (batches); timing functions use buffers and a stream of their own.
+unsafe impl Send for CudaMirror {}
+// SAFETY: as above: shared (`&self`) methods touch no unsynchronized mutable state.
+unsafe impl Sync for CudaMirror {}
+
+impl CudaMirror {
+    /// Opens the device. Never panics: without libcuda, without a device (or the one asked
+    /// for), or when NVRTC is missing or fails, returns the typed error.
+    pub fn open(options: &GpuOptions) -> Result<CudaMirror, MirrorError> {
+        // SAFETY: probing for the driver library only dlopens (and closes) it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(MirrorError::NoDriver("libcuda.so.1 (the NVIDIA driver library) is not on this machine".into()));
+        }
+        // cudarc panics when a driver entry point is missing (a driver older than its
+        // bindings): an error here, not a crash.
+        match std::panic::catch_unwind(|| CudaMirror::open_device(options)) {
+            Ok(r) => r,
+            Err(p) => {
+                let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+                Err(MirrorError::Driver(format!("CUDA driver unusable: {}", msg.unwrap_or_else(|| "panic".into()))))
+            }
+        }
+    }
+
+    fn open_device(options: &GpuOptions) -> Result<CudaMirror, MirrorError> {
+        cu::init().map_err(|e| {
+            if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
+                MirrorError::NoDevice(format!("cuInit: {e}"))
+            } else {
+                MirrorError::NoDriver(format!("cuInit: {e}"))
+            }
+        })?;
+        let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
+        if options.device >= count.max(0) as usize {
+            return Err(MirrorError::NoDevice(format!("device {} asked for, {count} present", options.device)));
+        }
+        let ctx = CudaContext::new(options.device).map_err(|e| driver("retaining the primary context", e))?;
+        ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| driver("compute capability", e))?;
+        let compute = (major as u32, minor as u32);
+        let name = ctx.name().map_err(|e| driver("cuDeviceGetName", e))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| driver("multiprocessor count", e))?
+            .max(1) as u32;
+        let mut driver_version: std::ffi::c_int = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(|e| driver("cuDriverGetVersion", e))?;
+
+        let compiled = kernels::compile(compute.0, compute.1, driver_version).map_err(|e| MirrorError::Compile(e.to_string()))?;
+        let module = Module::load(&compiled.ptx)?;
+        let kernel = |name: &str| -> Result<Kernel, MirrorError> {
+            let f = module.function(name)?;
+            // SAFETY: f is a function of the live module.
+            let per_sm = unsafe { cu::occupancy::max_active_block_per_multiprocessor(f, BLOCK as i32, 0) }
+                .map_err(|e| driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+            Ok(Kernel { f, blocks: sms * per_sm.max(1) as u32 })
+        };
+        let mut btree_get = Vec::new();
+        for width in BTREE_TILE_WIDTHS {
+            for preload in [false, true] {
+                if let Some(name) = kernels::names::btree_get(width, preload) {
+                    btree_get.push(((width, preload), kernel(name)?));
+                }
+            }
+        }
+        let kernels = Kernels {
+            scatter: kernel(kernels::names::SCATTER)?,
+            btree_get,
+            btree_count_sum: kernel(kernels::names::BTREE_COUNT_SUM)?,
+            art_get: kernel(kernels::names::ART_GET)?,
+            art_get_nospec: kernel(kernels::names::ART_GET_NOSPEC)?,
+            art_prefix: kernel(kernels::names::ART_COUNT_SUM_PREFIX)?,
+        };
+
+        // The ART's slot geometry, straight from the Rust definitions.
+        let mut geometry = Vec::with_capacity(2 * art_link::KINDS);
+        geometry.extend((0..art_link::KINDS as u8).map(art_link::slot_size));
+        geometry.extend((0..art_link::KINDS as u8).map(|k| art_link::base_log2(k) as u64));
+        let art_geometry = DeviceBuffer::alloc(8 * geometry.len())?;
+        // SAFETY: the buffer holds 8 * geometry.len() bytes; a synchronous copy.
+        unsafe { cu::memcpy_htod_sync(art_geometry.ptr(), &geometry) }.map_err(|e| driver("cuMemcpyHtoD", e))?;
+
+        let pieces_per_staging = (options.staging_bytes / PIECE).max(1);
+        let table_bytes = (16 * pieces_per_staging).next_multiple_of(PIECE);
+        let mut staging = Vec::new();
+        for _ in 0..options.staging_buffers.max(MIN_STAGING_BUFFERS) {
+            let bytes = table_bytes + pieces_per_staging * PIECE;
+            let err = DeviceBuffer::alloc(ERR_BYTES)?;
+            // SAFETY: err holds ERR_BYTES bytes.
+            unsafe { cu::memset_d8_sync(err.ptr(), 0, ERR_BYTES) }.map_err(|e| driver("cuMemsetD8", e))?;
+            staging.push(Staging {
+                pinned: PinnedBuffer::alloc(bytes)?,
+                dev: DeviceBuffer::alloc(bytes)?,
+                err,
+                stream: Stream::new()?,
+                done: Event::new()?,
+                in_flight: false,
+            });
+        }
+        let mut slots = Vec::with_capacity(QUERY_SLOTS);
+        for _ in 0..QUERY_SLOTS {
+            slots.push(QuerySlot {
+                stream: Stream::new()?,
+                done: Event::new()?,
+                pin_in: PinnedBuffer::alloc(CHUNK_IN_BYTES)?,
+                pin_out: PinnedBuffer::alloc(CHUNK_OUT_BYTES)?,
+                pin_err: PinnedBuffer::alloc(ERR_BYTES)?,
+                dev_in: DeviceBuffer::alloc(CHUNK_IN_BYTES)?,
+                dev_out: DeviceBuffer::alloc(CHUNK_OUT_BYTES)?,
+                dev_err: DeviceBuffer::alloc(ERR_BYTES)?,
+            });
+        }
+        // SAFETY: everything above was created synchronously or on the legacy stream; wait for
+        // it before the non-blocking streams start.
+        unsafe { sys::cuCtxSynchronize() }.result().map_err(|e| driver("cuCtxSynchronize", e))?;
+        Ok(CudaMirror {
+            name: format!("{name} (sm_{}{})", compute.0, compute.1),
+            compute,
+            extent: 0,
+            heap: None,
+            art_geometry,
+            staging,
+            pieces_per_staging,
+            table_bytes,
+            query: Mutex::new(slots),
+            btree_kernel: DEFAULT_BTREE_KERNEL,
+            art_speculate: true,
+            kernels,
+            _module: module,
+            ctx,
+        })
+    }
+
+    fn bind(&self) -> Result<(), MirrorError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))
+    }
+
+    /// The device, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
+    pub fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute
+    }
+
+    /// Heap bytes mirrored: [0, extent).
+    pub fn extent(&self) -> u64 {
+        self.extent
+    }
+
+    /// Picks the B-link lookup kernel: tile width (one of [`BTREE_TILE_WIDTHS`]) and whether
+    /// internal nodes' children are loaded with their keys (widths ≥ 4). For measurements.
+    pub fn set_btree_kernel(&mut self, width: u32, preload: bool) -> Result<(), MirrorError> {
+        if !self.kernels.btree_get.iter().any(|(k, _)| *k == (width, preload)) {
+            return Err(MirrorError::Unsupported(format!("no B-link lookup kernel for tile width {width} with preload {preload}")));
+        }
+        self.btree_kernel = (width, preload);
+        Ok(())
+    }
+
+    /// The B-link lookup kernel in use: (tile width, preload).
+    pub fn btree_kernel(&self) -> (u32, bool) {
+        self.btree_kernel
+    }
+
+    /// Whether ART lookups load the child for the next key byte together with a node's header
+    /// (right whenever the node has no compressed prefix). For measurements.
+    pub fn set_art_speculation(&mut self, on: bool) {
+        self.art_speculate = on;
+    }
+
+    /// Copies `runs` (ascending, disjoint, 8-byte aligned byte ranges of the heap; page-aligned
+    /// in practice) from `image` (image[i] is heap offset i) to the same device offsets, after
+    /// growing the device buffer to `extent` bytes if needed. Staged through the pinned
+    /// buffers, copies overlapped on their streams. Returns once every copy has completed.
+    pub fn upload(&mut self, image: &[u8], runs: &[Range<u64>], extent: u64) -> Result<(), MirrorError> {
+        let mut prev = 0u64;
+        for r in runs {
+            assert!(r.start <= r.end && r.start >= prev, "runs must ascend and not overlap: {r:?} after {prev}");
+            assert!(r.start.is_multiple_of(8) && r.end.is_multiple_of(8), "runs must be 8-byte aligned: {r:?}");
+            assert!(r.end <= extent && r.end <= image.len() as u64, "run {r:?} beyond the extent {extent} or the image of {} bytes", image.len());
+            prev = r.end;
+        }
+        self.bind()?;
+        self.grow(extent)?;
+        self.extent = extent;
+        let result = self.stage_runs(image, runs);
+        // Whatever happened, nothing may still be copying when this returns.
+        let mut synced = Ok(());
+        for s in &mut self.staging {
+            let r = s.stream.sync();
+            s.in_flight = false;
+            if synced.is_ok() {
+                synced = r;
+            }
+        }
+        result?;
+        synced?;
+        for s in &self.staging {
+            let mut slot = [0u8; ERR_BYTES];
+            // SAFETY: err holds ERR_BYTES bytes; its stream is idle (synchronized above).
+            unsafe { cu::memcpy_dtoh_sync(&mut slot, s.err.ptr()) }.map_err(|e| driver("cuMemcpyDtoH", e))?;
+            let (code, at) = err_slot(&slot);
+            if code != 0 {
+                // SAFETY: as above; clears the slot for the next sync.
+                unsafe { cu::memset_d8_sync(s.err.ptr(), 0, ERR_BYTES) }.map_err(|e| driver("cuMemsetD8", e))?;
+                return Err(MirrorError::Driver(format!("sync scatter refused a piece at heap offset {at} (code {code})")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the device buffer hold at least `extent` bytes, keeping [0, self.extent) and
+    /// zeroing the rest.
+    fn grow(&mut self, extent: u64) -> Result<(), MirrorError> {
+        let cap = self.heap.as_ref().map_or(0, |h| h.bytes() as u64);
+        if extent <= cap && self.heap.is_some() {
+            return Ok(());
+        }
+        let want = extent.max(cap + cap / 4).next_multiple_of(HEAP_GRANULE);
+        let new = match DeviceBuffer::alloc(want as usize) {
+            Err(MirrorError::OutOfMemory { .. }) => DeviceBuffer::alloc(extent.next_multiple_of(PIECE as u64) as usize)?,
+            r => r?,
+        };
+        let keep = self.extent.min(cap) as usize;
+        let stream = &self.staging[0].stream;
+        if let Some(old) = &self.heap {
+            if keep > 0 {
+                // SAFETY: both buffers hold at least `keep` bytes; ordered on this stream.
+                unsafe { cu::memcpy_dtod_async(new.ptr(), old.ptr(), keep, stream.raw()) }.map_err(|e| driver("cuMemcpyDtoDAsync", e))?;
+            }
+        }
+        // SAFETY: [keep, size) lies in the new buffer.
+        unsafe { cu::memset_d8_async(new.at(keep), 0, new.bytes() - keep, stream.raw()) }.map_err(|e| driver("cuMemsetD8Async", e))?;
+        stream.sync()?;
+        self.heap = Some(new);
+        Ok(())
+    }
+
+    fn stage_runs(&mut self, image: &[u8], runs: &[Range<u64>]) -> Result<(), MirrorError> {
+        let mut cur = 0usize;
+        let mut used = 0usize;
+        for r in runs {
+            let mut off = r.start;
+            while off < r.end {
+                if used == self.pieces_per_staging {
+                    self.submit(cur, used)?;
+                    cur = (cur + 1) % self.staging.len();
+                    used = 0;
+                }
+                let s = &mut self.staging[cur];
+                if s.in_flight {
+                    s.done.sync()?;
+                    s.in_flight = false;
+                }
+                let len = (PIECE as u64).min(r.end - off) as usize;
+                let table_bytes = self.table_bytes;
+                let buf = s.pinned.as_mut_slice();
+                buf[16 * used..16 * used + 8].copy_from_slice(&off.to_le_bytes());
+                buf[16 * used + 8..16 * used + 16].copy_from_slice(&(len as u64).to_le_bytes());
+                let at = table_bytes + used * PIECE;
+                buf[at..at + len].copy_from_slice(&image[off as usize..off as usize + len]);
+                used += 1;
+                off += len as u64;
+            }
+        }
+        if used > 0 {
+            self.submit(cur, used)?;
+        }
+        Ok(())
+    }
+
+    /// Copies staging buffer `i`'s first `pieces` table entries and pieces to the device and
+    /// scatters them into the heap, on the buffer's stream.
+    fn submit(&mut self, i: usize, pieces: usize) -> Result<(), MirrorError> {
+        let heap = self.heap.as_ref().expect("grown before staging").ptr();
+        let extent = self.extent;
+        let table_bytes = self.table_bytes;
+        let scatter = self.kernels.scatter;
+        let s = &mut self.staging[i];
+        let stream = s.stream.raw();
+        let data_bytes = pieces * PIECE;
+        // SAFETY: source ranges lie in the pinned buffer, destinations in its device twin of
+        // the same size; the pinned bytes stay untouched until `done` completes (the host waits
+        // for it before refilling the buffer).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(s.dev.ptr(), s.pinned.ptr(), 16 * pieces, stream)
+                .result()
+                .map_err(|e| driver("cuMemcpyHtoDAsync (sync table)", e))?;
+            sys::cuMemcpyHtoDAsync_v2(s.dev.at(table_bytes), (s.pinned.ptr() as *const u8).add(table_bytes) as *const c_void, data_bytes, stream)
+                .result()
+                .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
+        }
+        let (mut a_heap, mut a_extent, mut a_table, mut a_data, mut a_n, mut a_err) =
+            (heap, extent, s.dev.ptr(), s.dev.at(table_bytes), pieces as u64, s.err.ptr());
+        let mut params = [
+            &mut a_heap as *mut u64 as *mut c_void,
+            &mut a_extent as *mut u64 as *mut c_void,
+            &mut a_table as *mut u64 as *mut c_void,
+            &mut a_data as *mut u64 as *mut c_void,
+            &mut a_n as *mut u64 as *mut c_void,
+            &mut a_err as *mut u64 as *mut c_void,
+        ];
+        let blocks = (pieces as u32).min(scatter.blocks).max(1);
+        // SAFETY: the parameters match tusk_scatter's signature; every pointer is a live
+        // device buffer of the sizes the kernel reads or writes (it bounds-checks heap writes).
+        unsafe { cu::launch_kernel(scatter.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, &mut params) }
+            .map_err(|e| driver("launching tusk_scatter", e))?;
+        s.done.record(&s.stream)?;
+        s.in_flight = true;
+        Ok(())
+    }
+
+    fn heap_ptr(&self, meta: u64) -> Result<u64, MirrorError> {
+        match &self.heap {
+            Some(h) => Ok(h.ptr()),
+            // Nothing mirrored: the descriptor is not in the (empty) image.
+            None => Err(MirrorError::Index(IndexError::Txn(TxnError::InvalidPointer(meta)))),
+        }
+    }
+
+    fn kernel_for(&self, op: Op) -> Kernel {
+        match op {
+            Op::BtreeGet => self
+                .kernels
+                .btree_get
+                .iter()
+                .find(|(k, _)| *k == self.btree_kernel)
+                .map(|(_, f)| *f)
+                .expect("set_btree_kernel checks the choice"),
+            Op::BtreeCountSum => self.kernels.btree_count_sum,
+            Op::ArtGet if self.art_speculate => self.kernels.art_get,
+            Op::ArtGet => self.kernels.art_get_nospec,
+            Op::ArtPrefix => self.kernels.art_prefix,
+        }
+    }
+
+    /// Launches `op`'s kernel over `layout.n` queries whose inputs sit at `dev_in` and whose
+    /// answers go to `dev_out`, on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(&self, op: Op, meta: u64, heap: u64, dev_in: u64, dev_out: u64, err: u64, layout: &Layout, fixed_len: i32, stream: sys::CUstream) -> Result<(), MirrorError> {
+        let k = self.kernel_for(op);
+        let threads_per_query: u64 = match op {
+            Op::BtreeGet => self.btree_kernel.0 as u64,
+            Op::BtreeCountSum | Op::ArtPrefix => 32,
+            Op::ArtGet => 1,
+        };
+        let want = (layout.n as u64 * threads_per_query).div_ceil(BLOCK as u64);
+        let blocks = want.clamp(1, k.blocks as u64) as u32;
+        let (mut a_heap, mut a_extent, mut a_meta, mut a_n, mut a_err) = (heap, self.extent, meta, layout.n as u64, err);
+        let mut a_geom = self.art_geometry.ptr();
+        let (mut a_in, mut a_offs, mut a_lens) = (dev_in, dev_in + layout.offs_at as u64, dev_in + layout.lens_at as u64);
+        let mut a_fixed = fixed_len;
+        let (mut a_out, mut a_found) = (dev_out, dev_out + layout.found_at as u64);
+        macro_rules! p {
+            ($x:expr) => {
+                $x as *mut _ as *mut c_void
+            };
+        }
+        let mut params: Vec<*mut c_void> = match op {
+            Op::BtreeGet => vec![p!(&mut a_heap), p!(&mut a_extent), p!(&mut a_meta), p!(&mut a_in), p!(&mut a_n), p!(&mut a_out), p!(&mut a_found), p!(&mut a_err)],
+            Op::BtreeCountSum => vec![p!(&mut a_heap), p!(&mut a_extent), p!(&mut a_meta), p!(&mut a_in), p!(&mut a_n), p!(&mut a_out), p!(&mut a_err)],
+            Op::ArtGet => vec![
+                p!(&mut a_heap),
+                p!(&mut a_extent),
+                p!(&mut a_meta),
+                p!(&mut a_geom),
+                p!(&mut a_in),
+                p!(&mut a_offs),
+                p!(&mut a_lens),
+                p!(&mut a_fixed),
+                p!(&mut a_n),
+                p!(&mut a_out),
+                p!(&mut a_found),
+                p!(&mut a_err),
+            ],
+            Op::ArtPrefix => vec![
+                p!(&mut a_heap),
+                p!(&mut a_extent),
+                p!(&mut a_meta),
+                p!(&mut a_geom),
+                p!(&mut a_in),
+                p!(&mut a_offs),
+                p!(&mut a_lens),
+                p!(&mut a_fixed),
+                p!(&mut a_n),
+                p!(&mut a_out),
+                p!(&mut a_err),
+            ],
+        };
+        // SAFETY: the parameter lists match the kernels' signatures (btree.cu, art.cu) in
+        // order and type; the input and output pointers name device buffers holding the
+        // layout's bytes, the heap pointer `extent` bytes (every offset the kernels follow is
+        // checked against it), the error slot ERR_BYTES.
+        unsafe { cu::launch_kernel(k.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, &mut params) }.map_err(|e| driver(&format!("launching the {op:?} kernel"), e))
+    }
+
+    /// Most queries of `input` per chunk.
+    fn chunk_queries(op: Op, input: &Input<'_>) -> usize {
+        let by_in = (CHUNK_IN_BYTES - 3 * SECTION) / input.in_per_query().max(1);
+        let by_out = (CHUNK_OUT_BYTES - 2 * SECTION) / op.out_per_query();
+        by_in.min(by_out).max(1)
+    }
+
+    /// Answers a batch through the query slots: chunks packed into pinned memory, copied in,
+    /// answered and copied out on alternating streams while the host packs the next chunk.
+    fn run_batch<T>(&self, op: Op, meta: u64, input: &Input<'_>, decode: impl Fn(&[u8], &Layout, &mut Vec<T>)) -> Result<Vec<T>, MirrorError> {
+        let n = input.len();
+        let mut out = Vec::with_capacity(n);
+        if n == 0 {
+            return Ok(out);
+        }
+        self.bind()?;
+        let heap = self.heap_ptr(meta)?;
+        let mut slots = self.query.lock().unwrap_or_else(|e| e.into_inner());
+        let result = self.run_chunks(op, meta, heap, input, &mut slots, &decode, &mut out);
+        if result.is_err() {
+            // Nothing may still write into the slots' pinned buffers after this returns.
+            for s in slots.iter() {
+                let _ = s.stream.sync();
+            }
+        }
+        result.map(|()| out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_chunks<T>(
+        &self,
+        op: Op,
+        meta: u64,
+        heap: u64,
+        input: &Input<'_>,
+        slots: &mut [QuerySlot],
+        decode: &impl Fn(&[u8], &Layout, &mut Vec<T>),
+        out: &mut Vec<T>,
+    ) -> Result<(), MirrorError> {
+        let n = input.len();
+        let per = Self::chunk_queries(op, input);
+        let mut pending: VecDeque<(usize, Layout)> = VecDeque::new();
+        let finish = |slot: &QuerySlot, layout: &Layout, out: &mut Vec<T>| -> Result<(), MirrorError> {
+            slot.done.sync()?;
+            let (code, at) = err_slot(slot.pin_err.as_slice());
+            if code != 0 {
+                return Err(kernel_error(op, code, at));
+            }
+            decode(&slot.pin_out.as_slice()[..layout.out_bytes], layout, out);
+            Ok(())
+        };
+        let mut start = 0usize;
+        let mut chunk = 0usize;
+        while start < n {
+            let end = n.min(start + per);
+            let si = chunk % slots.len();
+            // The slot's previous chunk must be finished, and the ones before it decoded first.
+            if let Some(pos) = pending.iter().position(|p| p.0 == si) {
+                for _ in 0..=pos {
+                    let (s, layout) = pending.pop_front().expect("position found");
+                    finish(&slots[s], &layout, out)?;
+                }
+            }
+            let slot = &mut slots[si];
+            let layout = pack(op, input, start..end, slot.pin_in.as_mut_slice());
+            assert!(layout.in_bytes <= slot.dev_in.bytes() && layout.out_bytes <= slot.dev_out.bytes(), "chunk layout {layout:?} exceeds the slot");
+            let stream = slot.stream.raw();
+            // SAFETY: every copy stays inside its pinned and device buffers (checked above); the
+            // pinned bytes are not touched by the host until `done` completes.
+            unsafe {
+                cu::memset_d8_async(slot.dev_err.ptr(), 0, ERR_BYTES, stream).map_err(|e| driver("cuMemsetD8Async", e))?;
+                if layout.in_bytes > 0 {
+                    sys::cuMemcpyHtoDAsync_v2(slot.dev_in.ptr(), slot.pin_in.ptr(), layout.in_bytes, stream).result().map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+                }
+            }
+            self.launch(op, meta, heap, slot.dev_in.ptr(), slot.dev_out.ptr(), slot.dev_err.ptr(), &layout, input.fixed_len(), stream)?;
+            // SAFETY: as above.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(slot.pin_out.mut_ptr(), slot.dev_out.ptr(), layout.out_bytes, stream).result().map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+                sys::cuMemcpyDtoHAsync_v2(slot.pin_err.mut_ptr(), slot.dev_err.ptr(), ERR_BYTES, stream).result().map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+            }
+            slot.done.record(&slot.stream)?;
+            pending.push_back((si, layout));
+            start = end;
+            chunk += 1;
+        }
+        while let Some((s, layout)) = pending.pop_front() {
+            finish(&slots[s], &layout, out)?;
+        }
+        Ok(())
+    }
+
+    /// B-link point lookups; `meta` is the tree descriptor's heap offset (root at meta + 8).
+    pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
+        self.run_batch(Op::BtreeGet, meta, &Input::Words(keys), decode_get)
+    }
+
+    /// Count and sum of the values of keys in [lo, hi] (inclusive; empty when lo > hi), per
+    /// range.
+    pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        self.run_batch(Op::BtreeCountSum, meta, &Input::Ranges(ranges), decode_count_sum)
+    }
+
+    /// ART point lookups for keys of at most 32 bytes (a longer key fails the batch with
+    /// [`MirrorError::Unsupported`]: the caller answers it on the CPU).
+    pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
+        let fixed = check_keys(keys, "key")?;
+        self.run_batch(Op::ArtGet, meta, &Input::Keys { keys, fixed }, decode_get)
+    }
+
+    /// Count and sum of the values of the keys starting with each prefix (prefixes of at most
+    /// 32 bytes; the empty prefix is the whole tree).
+    pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        let fixed = check_keys(prefixes, "prefix")?;
+        self.run_batch(Op::ArtPrefix, meta, &Input::Keys { keys: prefixes, fixed }, decode_count_sum)
+    }
+
+    /// Times `op` over `input`: the kernel alone on device-resident buffers (CUDA events,
+    /// median of `rounds` after a warm-up), and `end_to_end` (host clock, median of `rounds`
+    /// after a warm-up).
+    fn time_op(&self, op: Op, meta: u64, input: &Input<'_>, rounds: usize, end_to_end: Option<&dyn Fn() -> Result<(), MirrorError>>) -> Result<KernelTiming, MirrorError> {
+        let rounds = rounds.max(1);
+        let n = input.len();
+        self.bind()?;
+        let heap = self.heap_ptr(meta)?;
+        let in_bytes = n * input.in_per_query() + 3 * SECTION;
+        let mut host = vec![0u8; in_bytes];
+        let layout = pack(op, input, 0..n, &mut host);
+        let dev_in = DeviceBuffer::alloc(layout.in_bytes)?;
+        let dev_out = DeviceBuffer::alloc(layout.out_bytes)?;
+        let dev_err = DeviceBuffer::alloc(ERR_BYTES)?;
+        let stream = Stream::new()?;
+        let (start, stop) = (Event::new()?, Event::new()?);
+        // SAFETY: synchronous copies into buffers of at least these sizes.
+        unsafe {
+            cu::memcpy_htod_sync(dev_in.ptr(), &host[..layout.in_bytes]).map_err(|e| driver("cuMemcpyHtoD", e))?;
+            cu::memset_d8_sync(dev_err.ptr(), 0, ERR_BYTES).map_err(|e| driver("cuMemsetD8", e))?;
+        }
+        drop(host);
+        let check = |stream: &Stream| -> Result<(), MirrorError> {
+            stream.sync()?;
+            let mut slot = [0u8; ERR_BYTES];
+            // SAFETY: the error slot holds ERR_BYTES bytes; its stream is idle.
+            unsafe { cu::memcpy_dtoh_sync(&mut slot, dev_err.ptr()) }.map_err(|e| driver("cuMemcpyDtoH", e))?;
+            let (code, at) = err_slot(&slot);
+            if code != 0 {
+                return Err(kernel_error(op, code, at));
+            }
+            Ok(())
+        };
+        let launch = || self.launch(op, meta, heap, dev_in.ptr(), dev_out.ptr(), dev_err.ptr(), &layout, input.fixed_len(), stream.raw());
+        launch()?;
+        check(&stream)?;
+        let mut kernel = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            start.record(&stream)?;
+            launch()?;
+            stop.record(&stream)?;
+            stop.sync()?;
+            kernel.push(start.elapsed_ms(&stop)?);
+        }
+        check(&stream)?;
+        let Some(end_to_end) = end_to_end else {
+            return Ok(KernelTiming { kernel_ms: median(kernel), end_to_end_ms: f64::NAN });
+        };
+        end_to_end()?;
+        let mut e2e = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            end_to_end()?;
+            e2e.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(KernelTiming { kernel_ms: median(kernel), end_to_end_ms: median(e2e) })
+    }
+
+    /// B-link lookups timed: kernel alone on device-resident keys, and end to end.
+    pub fn time_btree_get(&self, meta: u64, keys: &[u64], rounds: usize) -> Result<KernelTiming, MirrorError> {
+        self.time_op(Op::BtreeGet, meta, &Input::Words(keys), rounds, Some(&|| self.btree_get(meta, keys).map(drop)))
+    }
+
+    /// B-link lookups timed, the kernel alone (for sweeps over kernel variants): median ms.
+    pub fn time_btree_get_kernel(&self, meta: u64, keys: &[u64], rounds: usize) -> Result<f64, MirrorError> {
+        Ok(self.time_op(Op::BtreeGet, meta, &Input::Words(keys), rounds, None)?.kernel_ms)
+    }
+
+    /// B-link range count/sum timed.
+    pub fn time_btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)], rounds: usize) -> Result<KernelTiming, MirrorError> {
+        self.time_op(Op::BtreeCountSum, meta, &Input::Ranges(ranges), rounds, Some(&|| self.btree_count_sum(meta, ranges).map(drop)))
+    }
+
+    /// ART lookups timed.
+    pub fn time_art_get(&self, meta: u64, keys: &[&[u8]], rounds: usize) -> Result<KernelTiming, MirrorError> {
+        let fixed = check_keys(keys, "key")?;
+        self.time_op(Op::ArtGet, meta, &Input::Keys { keys, fixed }, rounds, Some(&|| self.art_get(meta, keys).map(drop)))
+    }
+
+    /// ART lookups timed, the kernel alone: median ms.
+    pub fn time_art_get_kernel(&self, meta: u64, keys: &[&[u8]], rounds: usize) -> Result<f64, MirrorError> {
+        let fixed = check_keys(keys, "key")?;
+        Ok(self.time_op(Op::ArtGet, meta, &Input::Keys { keys, fixed }, rounds, None)?.kernel_ms)
+    }
+
+    /// ART prefix count/sum timed.
+    pub fn time_art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]], rounds: usize) -> Result<KernelTiming, MirrorError> {
+        let fixed = check_keys(prefixes, "prefix")?;
+        self.time_op(Op::ArtPrefix, meta, &Input::Keys { keys: prefixes, fixed }, rounds, Some(&|| self.art_count_sum_prefix(meta, prefixes).map(drop)))
+    }
+}
+
+impl Drop for CudaMirror {
+    fn drop(&mut self) {
+        // The fields' owners free driver objects: the context must be current, and no copy may
+        // still be running into memory about to be freed.
+        if self.bind().is_ok() {
+            for s in &self.staging {
+                let _ = s.stream.sync();
+            }
+            for s in self.query.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
+                let _ = s.stream.sync();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for CudaMirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaMirror").field("device", &self.name).field("extent", &self.extent).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_fixed_and_variable_keys() {
+        let keys: Vec<&[u8]> = vec![b"", b"a", b"abcdefghi", &[0xFF; 32]];
+        let input = Input::Keys { keys: &keys, fixed: None };
+        let mut buf = vec![0xAAu8; 4096];
+        let l = pack(Op::ArtGet, &input, 0..keys.len(), &mut buf);
+        // words: "" 0, "a" 1, "abcdefghi" 2, 32 bytes 4 = 7 words
+        assert_eq!(l.offs_at, 256);
+        let offs: Vec<u32> = (0..4).map(|i| u32::from_le_bytes(buf[l.offs_at + 4 * i..l.offs_at + 4 * i + 4].try_into().unwrap())).collect();
+        assert_eq!(offs, [0, 0, 1, 3]);
+        assert_eq!(&buf[l.lens_at..l.lens_at + 4], &[0, 1, 9, 32]);
+        assert_eq!(&buf[8..24], b"abcdefghi\0\0\0\0\0\0\0");
+        assert_eq!(buf[1..8], [0; 7], "padding zeroed");
+        assert_eq!(l.found_at, 256);
+        assert_eq!(l.out_bytes, 256 + 4);
+
+        let same: Vec<&[u8]> = vec![b"12345678", b"abcdefgh"];
+        assert_eq!(check_keys(&same, "key").unwrap(), Some(8));
+        let input = Input::Keys { keys: &same, fixed: Some(8) };
+        let l = pack(Op::ArtPrefix, &input, 1..2, &mut buf);
+        assert_eq!(l.in_bytes, 8);
+        assert_eq!(&buf[..8], b"abcdefgh");
+        assert_eq!(l.out_bytes, 24);
+        assert_eq!(input.fixed_len(), 8);
+    }
+
+    #[test]
+    fn long_keys_are_unsupported() {
+        let long = [7u8; GPU_MAX_KEY + 1];
+        let keys: Vec<&[u8]> = vec![b"x", &long];
+        assert!(matches!(check_keys(&keys, "key"), Err(MirrorError::Unsupported(_))));
+        assert_eq!(check_keys(&[], "key").unwrap(), Some(0));
+    }
+
+    #[test]
+    fn decoding_and_chunking() {
+        let mut out = vec![0u8; 512];
+        out[..8].copy_from_slice(&5u64.to_le_bytes());
+        out[8..16].copy_from_slice(&6u64.to_le_bytes());
+        let l = Layout { n: 2, in_bytes: 16, offs_at: 0, lens_at: 0, found_at: 256, out_bytes: 258 };
+        out[256] = 1;
+        let mut got = Vec::new();
+        decode_get(&out, &l, &mut got);
+        assert_eq!(got, [Some(5), None]);
+        let mut agg = vec![0u8; 24];
+        agg[..8].copy_from_slice(&3u64.to_le_bytes());
+        agg[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        agg[16..24].copy_from_slice(&2u64.to_le_bytes());
+        let mut got = Vec::new();
+        decode_count_sum(&agg, &Layout { n: 1, ..l }, &mut got);
+        assert_eq!(got, [(3, u64::MAX as u128 | 2u128 << 64)]);
+        for op in [Op::BtreeGet, Op::BtreeCountSum, Op::ArtGet, Op::ArtPrefix] {
+            for input in [Input::Words(&[]), Input::Ranges(&[]), Input::Keys { keys: &[], fixed: None }, Input::Keys { keys: &[], fixed: Some(32) }] {
+                // A full chunk's worst-case layout fits a slot's buffers.
+                let per = CudaMirror::chunk_queries(op, &input);
+                assert!(per * input.in_per_query() + 3 * SECTION <= CHUNK_IN_BYTES);
+                let out = if op.out_per_query() == 9 { align(8 * per) + per } else { 24 * per };
+                assert!(out <= CHUNK_OUT_BYTES, "{op:?}");
+            }
+        }
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn open_without_a_gpu_is_an_error_not_a_panic() {
+        match CudaMirror::open(&GpuOptions::default()) {
+            Ok(m) => eprintln!("a GPU is present: {}", m.device_name()),
+            Err(e) => eprintln!("no GPU: {e}"),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The GPU mirror of the indexes (DESIGN.md): device memory holding the heap's used extent at
+//! the same offsets, synced by copying only the pages dirtied since the last sync, and batch
+//! kernels for B-link lookups and range count/sum and ART lookups and prefix count/sum.
+
+pub mod cuda;
+
+/// How a mirror is made.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// Which backend: `Auto` uses CUDA when a usable device is present, else the CPU.
+    pub backend: Backend,
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Pinned staging buffers for syncs, and the bytes of each.
+    pub staging_buffers: usize,
+    pub staging_bytes: usize,
+    /// CPU backend threads (0: one per core).
+    pub cpu_threads: usize,
+}
+
+impl Default for GpuOptions {
+    fn default() -> GpuOptions {
+        GpuOptions { backend: Backend::Auto, device: 0, staging_buffers: 4, staging_bytes: 8 << 20, cpu_threads: 0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    Cuda,
+    Cpu,
+}
+
+/// Why a mirror could not be made or answer.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    /// No CUDA driver library (libcuda.so.1) on this machine.
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+    /// The driver is there but no device (or not the one asked for).
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// NVRTC (libnvrtc) is missing or failed to compile a kernel.
+    #[error("kernel compilation failed: {0}")]
+    Compile(String),
+    /// Device memory exhausted.
+    #[error("out of device memory: {bytes} bytes requested")]
+    OutOfMemory { bytes: u64 },
+    /// A query the device does not answer: an ART key or prefix longer than the kernels take
+    /// (32 bytes), or an ART subtree deeper than the prefix walk's stack. The caller answers it
+    /// on the CPU.
+    #[error("not answered on the GPU: {0}")]
+    Unsupported(String),
+    /// Any other CUDA driver error.
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error(transparent)]
+    Txn(#[from] tusk_txn::TxnError),
+    #[error(transparent)]
+    Index(#[from] crate::IndexError),
+}

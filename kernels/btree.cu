@@ -1,0 +1,266 @@
+// B-link tree kernels over the heap mirror: batched point lookups and range count/sum.
+//
+// They read the CPU tree's nodes in place (index-gpu/src/btree/layout.rs), 512 bytes each:
+//   byte   0  level (low 32 bits, 0 = leaf) | count (high 32 bits)
+//   byte   8  high key (meaningful only when the right link is not 0)
+//   byte  16  right link (0 for the rightmost node of a level)
+//   byte  64  keys[28], ascending, `count` valid
+//   byte 288  values[28] (internal nodes: children; child i covers [keys[i], keys[i+1]))
+// and answer exactly as the CPU read paths (search.rs, range.rs) do.
+//
+// Point lookups (WCWS, "warp-cooperative work sharing"): a tile of T lanes serves one query
+// at a time. At each node the tile loads the header (broadcast) and the key array in one
+// coalesced read, each lane KPL = 32 / T keys as 16-byte pairs, issued together with the
+// header so that a level costs one memory round trip, then counts the keys below the query
+// with a tile reduction. Lehman–Yao: a key at or beyond the high key moves right. With VALS,
+// an internal node's children are loaded with its keys (its level is known from the parent),
+// so the child pointer comes from a register shuffle instead of a second round trip.
+
+#define BT_NODE 512ull
+#define BT_CAP 28
+#define BT_KEYS 64ull
+#define BT_VALUES 288ull
+
+// What a descent hands back: the leaf holding (or that would hold) the key, its header, and
+// the key's lower bound in it (lt: keys < key; le: keys <= key; found iff le > lt).
+struct BtLeaf {
+    u64 node;
+    u64 high;
+    u64 right;
+    u32 count;
+    u32 lt;
+    u32 le;
+};
+
+// The most nodes a descent or chain walk can visit in a mirror of `extent` bytes: every node
+// at most once (a longer walk follows a cycle in damaged data and is reported).
+__device__ __forceinline__ u64 bt_max_steps(u64 extent) {
+    return extent / BT_NODE + 2;
+}
+
+__device__ __forceinline__ bool bt_node_ok(u64 extent, u64 node) {
+    return (node & 63ull) == 0 && tusk_in_heap(extent, node, BT_NODE);
+}
+
+// Lane `tl`'s share of a node's keys (and, if `vals`, children): slots tl*KPL .. tl*KPL+KPL-1.
+// Slots past the 28 are not loaded. The loads do not depend on the header, so the compiler
+// issues them together with it.
+template <int T, bool VALS>
+__device__ __forceinline__ void bt_load(const u8* __restrict__ heap, u64 node, int tl, bool vals,
+                                        u64 (&k)[32 / T], u64 (&v)[32 / T]) {
+    constexpr int KPL = 32 / T;
+    const int base = tl * KPL;
+    if (KPL == 1) {
+        k[0] = 0;
+        v[0] = 0;
+        if (base < BT_CAP) {
+            k[0] = tusk_ld(heap, node + BT_KEYS + 8ull * base);
+            if (VALS && vals) v[0] = tusk_ld(heap, node + BT_VALUES + 8ull * base);
+        }
+    } else {
+        #pragma unroll
+        for (int m = 0; m < KPL / 2; ++m) {
+            const int i = base + 2 * m;
+            k[2 * m] = 0;
+            k[2 * m + 1] = 0;
+            v[2 * m] = 0;
+            v[2 * m + 1] = 0;
+            if (i < BT_CAP) {
+                const ulonglong2 p = tusk_ld2(heap, node + BT_KEYS + 8ull * i);
+                k[2 * m] = p.x;
+                k[2 * m + 1] = p.y;
+                if (VALS && vals) {
+                    const ulonglong2 c = tusk_ld2(heap, node + BT_VALUES + 8ull * i);
+                    v[2 * m] = c.x;
+                    v[2 * m + 1] = c.y;
+                }
+            }
+        }
+    }
+}
+
+// Descends from `root` to the leaf for `key` (search.rs: descend). Every lane of the tile
+// calls it with the same arguments and gets the same answer. False after reporting an error.
+template <int T, bool VALS>
+__device__ __forceinline__ bool bt_descend(const u8* __restrict__ heap, u64 extent, u64 root, u64 key,
+                                           const Tile<T>& t, u64* err, BtLeaf& out) {
+    constexpr int KPL = 32 / T;
+    const u64 max_steps = bt_max_steps(extent);
+    u64 node = root;
+    int expect = -1;  // the level expected at `node` (unknown at the root)
+    for (u64 step = 0; step < max_steps; ++step) {
+        if (!bt_node_ok(extent, node)) {
+            if (t.tl == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, node);
+            return false;
+        }
+        const bool pre = VALS && expect > 0;
+        const u64 lc = tusk_ld(heap, node);
+        const u64 high = tusk_ld(heap, node + 8);
+        const u64 right = tusk_ld(heap, node + 16);
+        u64 k[KPL];
+        u64 v[KPL];
+        bt_load<T, VALS>(heap, node, t.tl, pre, k, v);
+        if (right != 0 && key >= high) {  // Lehman–Yao: the key lies beyond this node
+            node = right;
+            continue;
+        }
+        const u32 level = (u32)lc;
+        const u32 count = (u32)(lc >> 32);
+        const u32 n = count < BT_CAP ? count : BT_CAP;
+        u32 lt = 0, le = 0;
+        #pragma unroll
+        for (int j = 0; j < KPL; ++j) {
+            const u32 i = (u32)(t.tl * KPL + j);
+            if (i < n) {
+                lt += k[j] < key ? 1u : 0u;
+                le += k[j] <= key ? 1u : 0u;
+            }
+        }
+        const u32 both = t.sum(lt | (le << 16));
+        lt = both & 0xffffu;
+        le = both >> 16;
+        if (level == 0) {
+            out.node = node;
+            out.high = high;
+            out.right = right;
+            out.count = count;
+            out.lt = lt;
+            out.le = le;
+            return true;
+        }
+        // layout.rs child_slot: keys[lt] == key ? lt : lt - 1 (keys[0] is the node's low bound).
+        const u32 slot = (le > lt) ? lt : (lt > 0 ? lt - 1 : 0);
+        u64 child;
+        if (pre) {
+            // Shuffle each of the owner's KPL children and keep the one asked for: selecting
+            // from `v` with a run-time index first would move `v` to local memory.
+            const int owner = (int)(slot / KPL);
+            const u32 j_at = slot % KPL;
+            child = 0;
+            #pragma unroll
+            for (int j = 0; j < KPL; ++j) {
+                const u64 c = t.bcast(v[j], owner);
+                child = ((u32)j == j_at) ? c : child;
+            }
+        } else {
+            child = tusk_ld(heap, node + BT_VALUES + 8ull * slot);
+        }
+        expect = (int)level - 1;
+        node = child;
+    }
+    if (t.tl == 0) tusk_fail(err, TUSK_ERR_LOOP, root);
+    return false;
+}
+
+template <int T, bool VALS>
+__device__ __forceinline__ void bt_get(const u8* __restrict__ heap, u64 extent, u64 meta,
+                                       const u64* __restrict__ keys, u64 n, u64* __restrict__ vals,
+                                       u8* __restrict__ found, u64* err) {
+    const Tile<T> t;
+    if ((meta & 7ull) != 0 || !tusk_in_heap(extent, meta, 16)) {
+        if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
+        return;
+    }
+    const u64 root = tusk_ld(heap, meta + 8);
+    const u64 tiles = tusk_threads() / T;
+    for (u64 q = tusk_thread() / T; q < n; q += tiles) {
+        const u64 key = keys[q];
+        BtLeaf leaf;
+        u64 value = 0;
+        u8 hit = 0;
+        if (bt_descend<T, VALS>(heap, extent, root, key, t, err, leaf) && leaf.le > leaf.lt) {
+            hit = 1;
+            if (t.tl == 0) value = tusk_ld(heap, leaf.node + BT_VALUES + 8ull * leaf.lt);
+        }
+        if (t.tl == 0) {
+            vals[q] = value;
+            found[q] = hit;
+        }
+    }
+}
+
+#define TUSK_BTREE_GET(NAME, T, VALS)                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                              \
+    NAME(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ keys, u64 n, \
+         u64* __restrict__ vals, u8* __restrict__ found, u64* err) {                               \
+        bt_get<T, VALS>(heap, extent, meta, keys, n, vals, found, err);                            \
+    }
+
+TUSK_BTREE_GET(tusk_btree_get_t1, 1, false)
+TUSK_BTREE_GET(tusk_btree_get_t2, 2, false)
+TUSK_BTREE_GET(tusk_btree_get_t4, 4, false)
+TUSK_BTREE_GET(tusk_btree_get_t8, 8, false)
+TUSK_BTREE_GET(tusk_btree_get_t16, 16, false)
+TUSK_BTREE_GET(tusk_btree_get_t32, 32, false)
+TUSK_BTREE_GET(tusk_btree_get_t4v, 4, true)
+TUSK_BTREE_GET(tusk_btree_get_t8v, 8, true)
+TUSK_BTREE_GET(tusk_btree_get_t16v, 16, true)
+TUSK_BTREE_GET(tusk_btree_get_t32v, 32, true)
+
+// Count and sum of the values of the keys in [lo, hi] (inclusive; empty when lo > hi), one warp
+// per range: one descent to the leaf holding lo, then along the leaf chain by right links
+// (range.rs: for_each_run), each leaf's values summed by the lanes in one coalesced read. A leaf
+// whose high key is at most the end is taken whole without reading its keys, as on the CPU.
+// out[3q] = count, out[3q+1..3q+3] = sum (lo, hi words).
+extern "C" __global__ void __launch_bounds__(256)
+tusk_btree_count_sum(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ ranges,
+                     u64 n, u64* __restrict__ out, u64* err) {
+    const Tile<32> t;
+    const int lane = t.tl;
+    if ((meta & 7ull) != 0 || !tusk_in_heap(extent, meta, 16)) {
+        if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
+        return;
+    }
+    const u64 root = tusk_ld(heap, meta + 8);
+    const u64 max_steps = bt_max_steps(extent);
+    const u64 warps = tusk_threads() / 32;
+    for (u64 q = tusk_thread() / 32; q < n; q += warps) {
+        const u64 lo = ranges[2 * q];
+        const u64 hi = ranges[2 * q + 1];
+        u64 cnt = 0, slo = 0, shi = 0;
+        BtLeaf leaf;
+        if (lo <= hi && bt_descend<32, false>(heap, extent, root, lo, t, err, leaf)) {
+            // The range is [lo, end) with end = hi + 1 over u128: end_max stands for 2^64.
+            const bool end_max = hi == ~0ull;
+            const u64 end = hi + 1;
+            u64 node = leaf.node, high = leaf.high, right = leaf.right;
+            u32 count = leaf.count, from = leaf.lt;
+            for (u64 step = 0;; ++step) {
+                if (step >= max_steps) {
+                    if (lane == 0) tusk_fail(err, TUSK_ERR_LOOP, node);
+                    break;
+                }
+                const u32 m = count < BT_CAP ? count : BT_CAP;
+                const bool inside = right != 0 && (end_max || high <= end);
+                u32 to;
+                if (inside || end_max) {
+                    to = m;
+                } else {
+                    const u64 k = (u32)lane < m ? tusk_ld(heap, node + BT_KEYS + 8ull * lane) : 0;
+                    to = __popc(__ballot_sync(0xffffffffu, (u32)lane < m && k < end));
+                }
+                if ((u32)lane >= from && (u32)lane < to) {
+                    tusk_add128(slo, shi, tusk_ld(heap, node + BT_VALUES + 8ull * lane));
+                }
+                if (from < to) cnt += to - from;
+                if (!inside) break;
+                node = right;
+                if (!bt_node_ok(extent, node)) {
+                    if (lane == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, node);
+                    break;
+                }
+                const u64 lc = tusk_ld(heap, node);
+                high = tusk_ld(heap, node + 8);
+                right = tusk_ld(heap, node + 16);
+                count = (u32)(lc >> 32);
+                from = 0;
+            }
+        }
+        tusk_warp_sum128(slo, shi);
+        if (lane == 0) {
+            out[3 * q] = cnt;
+            out[3 * q + 1] = slo;
+            out[3 * q + 2] = shi;
+        }
+    }
+}
