@@ -151,6 +151,20 @@ pub enum Error {
         /// Bytes available (MemAvailable, or the configured limit if lower).
         available: u64,
     },
+    /// A GPU mirror was asked for with `GpuBackend::Cuda` and none is usable here (no CUDA
+    /// driver, no device, or NVRTC missing or failing). `GpuBackend::Auto` falls back to the
+    /// CPU engine instead.
+    #[error("no usable GPU: {0}")]
+    GpuUnavailable(String),
+    /// The GPU ran out of memory for the mirror or a batch.
+    #[error("out of GPU memory: {bytes} bytes requested")]
+    GpuOutOfMemory {
+        /// Bytes the failed allocation asked for.
+        bytes: u64,
+    },
+    /// A CUDA driver error during a sync or a query.
+    #[error("GPU error: {0}")]
+    Gpu(String),
     /// An I/O error on a file of the store.
     #[error("{path}: {source}")]
     Io {

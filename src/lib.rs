@@ -33,6 +33,7 @@ mod checkpoints;
 pub mod crashtest;
 mod error;
 mod index;
+mod mirror;
 mod options;
 mod snapshot;
 mod store;
@@ -40,6 +41,7 @@ mod transaction;
 
 pub use error::Error;
 pub use index::{Art, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
+pub use mirror::{Answers, GpuBackend, GpuMirror, GpuOptions, MirrorArt, MirrorBTree, SyncReport};
 pub use options::{Durability, Options};
 pub use snapshot::{
     snapshot_costs, Snapshot, SnapshotArt, SnapshotArtRange, SnapshotBTree, SnapshotBTreeRange, SnapshotCosts, SnapshotInfo, SnapshotMode,

@@ -9,8 +9,8 @@
 //! - [`image`]: a plain read-only heap image on which the read paths run without the STM.
 //! - [`error`]: the crate's typed errors.
 //!
-//! - [`mirror`]: the GPU mirror of both indexes (a device copy of the heap, synced by dirty
-//!   pages) and its batch kernels.
+//! - [`mirror`]: the GPU mirror (device copy of the heap synced by dirty pages, batch
+//!   kernels) and its CPU engine over a host image.
 
 pub mod art;
 pub mod btree;

@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::report::{rate, table};
-use super::{demo_index, demo_snapshot, CliResult};
+use super::{demo_gpu, demo_index, demo_snapshot, CliResult};
 
 pub const INITIAL_BALANCE: u64 = 1_000;
 /// The root of the accounts (one u64 balance each) and of the per-thread transfer counts.
@@ -186,6 +186,9 @@ pub fn run(args: DemoArgs) -> CliResult {
         (model, None)
     };
 
+    // The GPU mirror (or its CPU engine) answers batches; checked against the trees.
+    let (model, gpu) = demo_gpu::run(&store, model)?;
+
     let last_lsn = store.last_lsn();
     let (_, ckpt_error, checkpoints) = store.checkpoint_status();
     if let Some(e) = ckpt_error {
@@ -264,6 +267,7 @@ pub fn run(args: DemoArgs) -> CliResult {
                     line
                 }),
             ),
+            ("GPU mirror", gpu.line.clone()),
             (
                 "indexes after reopen",
                 format!(

@@ -1,5 +1,6 @@
 //! Command-line interface. Everything the user sees is printed here, nowhere below.
 
+mod bench_gpu;
 mod bench_index;
 mod bench_snapshot;
 mod bench_store;
@@ -7,6 +8,7 @@ mod bench_txn;
 mod crash_child;
 mod crashtest;
 mod demo;
+mod demo_gpu;
 mod demo_index;
 mod demo_snapshot;
 mod inspect;
@@ -62,6 +64,8 @@ enum Bench {
     /// Snapshots for query readers: memcpy, incremental, fork and Auto over seven update
     /// distributions; snapshot time against size; queries on each kind.
     Snapshot(bench_snapshot::SnapshotArgs),
+    /// The GPU mirror: batch lookups, ranges and syncs against the CPU engine.
+    Gpu(bench_gpu::GpuArgs),
 }
 
 /// The I/O backend, as a command-line choice.
@@ -94,6 +98,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench { bench: Bench::Checkpoint(args) } => bench_store::checkpoint(args),
         Command::Bench { bench: Bench::Index(args) } => bench_index::run(args),
         Command::Bench { bench: Bench::Snapshot(args) } => bench_snapshot::run(args),
+        Command::Bench { bench: Bench::Gpu(args) } => bench_gpu::run(args),
         Command::CrashChild(args) => crash_child::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),

@@ -1,0 +1,245 @@
+//! The mirror: a host image of the heap kept at one LSN by the consistent incremental page
+//! copy (the same mechanism as incremental snapshots), and, with the CUDA backend, a device
+//! copy that each sync updates with exactly the pages that copy brought over.
+//!
+//! Why a host image with the device copy: the device needs a consistent source to upload
+//! from (the live heap changes under the copy, and the copy's second pass fixes pages up
+//! only in its own target), the CPU engine answers at exactly the mirror's LSN from it (keys
+//! too long for the kernels; the equality checks of GPU answers), and it is the whole
+//! backend when there is no GPU. Its cost is one more copy of the heap's used extent in host
+//! memory.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tusk_storage::Heap;
+use tusk_txn::snapshot::copy::{CopyState, PageSink};
+use tusk_txn::snapshot::image::ImageTarget;
+use tusk_txn::{Engine, TxnError};
+
+use super::cpu;
+use super::cuda::CudaMirror;
+use super::{Backend, GpuOptions, MirrorError};
+
+/// Longest ART key or prefix the kernels take; longer ones are answered on the CPU.
+pub const DEVICE_MAX_KEY: usize = 32;
+
+/// What one sync did.
+#[derive(Clone, Debug, Default)]
+pub struct SyncReport {
+    /// The mirror now answers for every LSN ≤ this and nothing after.
+    pub lsn: u64,
+    /// Pages copied into the host image (pages written during the copy count twice).
+    pub pages: u64,
+    /// Bytes uploaded to the device (0 on the CPU backend).
+    pub uploaded: u64,
+    /// Time of the host copy and of the upload.
+    pub host: Duration,
+    pub upload: Duration,
+    /// How long commits were held at the gate.
+    pub pause: Duration,
+}
+
+/// A page sink that fills the host image and remembers what it copied.
+struct Recording<'a> {
+    image: &'a mut ImageTarget,
+    runs: Vec<Range<u64>>,
+}
+
+impl PageSink for Recording<'_> {
+    fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
+        self.image.copy_runs(heap, runs)?;
+        self.runs.extend(runs.iter().cloned());
+        Ok(())
+    }
+}
+
+/// Sorted, merged, disjoint runs.
+fn coalesce(mut runs: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    runs.sort_unstable_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(runs.len());
+    for r in runs {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+pub struct Mirror {
+    engine: Arc<Engine>,
+    image: ImageTarget,
+    state: Option<CopyState>,
+    lsn: u64,
+    device: Option<CudaMirror>,
+    backend: String,
+    threads: usize,
+}
+
+impl Mirror {
+    /// Opens the backend `options` ask for (`Auto`: CUDA when usable, else the CPU, saying
+    /// why in [`Mirror::backend`]) and syncs once.
+    pub fn open(engine: Arc<Engine>, options: &GpuOptions) -> Result<Mirror, MirrorError> {
+        let threads = match options.cpu_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            t => t,
+        };
+        let (device, backend) = match options.backend {
+            Backend::Cpu => (None, format!("cpu ({threads} threads, chosen)")),
+            Backend::Cuda => {
+                let d = CudaMirror::open(options)?;
+                let name = format!("cuda ({})", d.device_name());
+                (Some(d), name)
+            }
+            Backend::Auto => match CudaMirror::open(options) {
+                Ok(d) => {
+                    let name = format!("cuda ({})", d.device_name());
+                    (Some(d), name)
+                }
+                Err(why) => (None, format!("cpu ({threads} threads; no GPU: {why})")),
+            },
+        };
+        let image = ImageTarget::new(engine.heap().capacity(), threads)?;
+        let mut mirror = Mirror { engine, image, state: None, lsn: 0, device, backend, threads };
+        mirror.sync()?;
+        Ok(mirror)
+    }
+
+    /// "cuda (device)" or "cpu (threads; why no GPU)".
+    pub fn backend(&self) -> &str {
+        &self.backend
+    }
+
+    /// Whether queries run on the GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// Every answer is exact for this LSN.
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+
+    /// The host image (heap offset i at index i), at [`Mirror::lsn`].
+    pub fn image(&self) -> &[u8] {
+        self.image.bytes()
+    }
+
+    /// Brings the mirror to the committed state at one LSN, copying only the pages dirtied
+    /// since the last sync, to the host image and then to the device.
+    pub fn sync(&mut self) -> Result<SyncReport, MirrorError> {
+        let started = Instant::now();
+        let mut sink = Recording { image: &mut self.image, runs: Vec::new() };
+        let (state, copy) = self.engine.copy_pages_consistent(self.state, &mut sink)?;
+        let runs = coalesce(sink.runs);
+        let host = started.elapsed();
+        let mut report = SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, host, pause: copy.pause, ..SyncReport::default() };
+        if let Some(device) = self.device.as_mut() {
+            let started = Instant::now();
+            if let Err(e) = device.upload(self.image.bytes(), &runs, copy.extent) {
+                // The device copy is now unknown: the next sync uploads everything.
+                self.state = None;
+                return Err(e);
+            }
+            report.upload = started.elapsed();
+            report.uploaded = runs.iter().map(|r| r.end - r.start).sum();
+        }
+        self.state = Some(state);
+        self.lsn = copy.lsn;
+        Ok(report)
+    }
+
+    pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
+        match &self.device {
+            Some(d) => d.btree_get(meta, keys),
+            None => Ok(cpu::btree_get(self.image(), self.threads, meta, keys)?),
+        }
+    }
+
+    pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        match &self.device {
+            Some(d) => d.btree_count_sum(meta, ranges),
+            None => Ok(cpu::btree_count_sum(self.image(), self.threads, meta, ranges)?),
+        }
+    }
+
+    pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
+        self.split_by_length(keys, |d, short| d.art_get(meta, short), |long| cpu::art_get(self.image(), self.threads, meta, long))
+    }
+
+    pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        self.split_by_length(
+            prefixes,
+            |d, short| d.art_count_sum_prefix(meta, short),
+            |long| cpu::art_count_sum_prefix(self.image(), self.threads, meta, long),
+        )
+    }
+
+    /// The CPU engine's answers at the mirror's LSN (what GPU answers must equal).
+    pub fn cpu(&self) -> CpuEngine<'_> {
+        CpuEngine { image: self.image(), threads: self.threads }
+    }
+
+    /// The CUDA backend, for the benchmark's device-resident timings.
+    pub fn device(&self) -> Option<&CudaMirror> {
+        self.device.as_ref()
+    }
+
+    /// Sends keys of at most [`DEVICE_MAX_KEY`] bytes to the device and longer ones to the
+    /// CPU engine, and puts the answers back in order.
+    fn split_by_length<T>(
+        &self,
+        keys: &[&[u8]],
+        on_device: impl FnOnce(&CudaMirror, &[&[u8]]) -> Result<Vec<T>, MirrorError>,
+        on_cpu: impl Fn(&[&[u8]]) -> Result<Vec<T>, crate::IndexError>,
+    ) -> Result<Vec<T>, MirrorError> {
+        let Some(device) = &self.device else { return Ok(on_cpu(keys)?) };
+        if keys.iter().all(|k| k.len() <= DEVICE_MAX_KEY) {
+            // A batch the kernels cannot finish (a subtree deeper than their walk's stack)
+            // is answered by the CPU engine, at the same LSN.
+            return match on_device(device, keys) {
+                Err(MirrorError::Unsupported(_)) => Ok(on_cpu(keys)?),
+                done => done,
+            };
+        }
+        let (short, long): (Vec<(usize, &[u8])>, Vec<(usize, &[u8])>) = keys.iter().copied().enumerate().partition(|(_, k)| k.len() <= DEVICE_MAX_KEY);
+        let short_keys: Vec<&[u8]> = short.iter().map(|&(_, k)| k).collect();
+        let long_keys: Vec<&[u8]> = long.iter().map(|&(_, k)| k).collect();
+        let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
+        let short_answers = match on_device(device, &short_keys) {
+            Err(MirrorError::Unsupported(_)) => on_cpu(&short_keys)?,
+            done => done?,
+        };
+        for ((i, _), v) in short.iter().zip(short_answers) {
+            out[*i] = Some(v);
+        }
+        for ((i, _), v) in long.iter().zip(on_cpu(&long_keys)?) {
+            out[*i] = Some(v);
+        }
+        Ok(out.into_iter().map(|v| v.expect("every key answered")).collect())
+    }
+}
+
+/// The CPU engine over a mirror's host image.
+pub struct CpuEngine<'m> {
+    image: &'m [u8],
+    threads: usize,
+}
+
+impl CpuEngine<'_> {
+    pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
+        Ok(cpu::btree_get(self.image, self.threads, meta, keys)?)
+    }
+    pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        Ok(cpu::btree_count_sum(self.image, self.threads, meta, ranges)?)
+    }
+    pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
+        Ok(cpu::art_get(self.image, self.threads, meta, keys)?)
+    }
+    pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        Ok(cpu::art_count_sum_prefix(self.image, self.threads, meta, prefixes)?)
+    }
+}
+

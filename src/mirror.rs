@@ -1,0 +1,165 @@
+//! The GPU mirror of the indexes: `store.gpu_mirror(GpuOptions::default())`.
+//!
+//! Device memory holds the heap's used extent at the same offsets, so the kernels follow the
+//! trees' heap offsets unchanged; [`GpuMirror::sync`] brings it to the committed state at one
+//! LSN by copying only the pages dirtied since the previous sync (the dirty epochs and the
+//! consistent incremental copy that snapshots use), through a host image at that LSN. Batch
+//! queries go to the GPU; every answer carries the LSN it is exact for. Without a usable GPU
+//! (no driver, no device, no NVRTC), `GpuOptions::default()` runs the same API on CPU threads
+//! over the host image and [`GpuMirror::backend`] says so and why; asking for
+//! `GpuBackend::Cuda` explicitly makes that an error instead.
+
+use tusk_index::mirror::{Mirror, MirrorError};
+use tusk_storage::HeapPtr;
+
+pub use tusk_index::mirror::{Backend as GpuBackend, GpuOptions, SyncReport};
+
+use crate::{Error, Store};
+
+/// Answers of one batch, and the LSN they are exact for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answers<T> {
+    /// One answer per query, in order.
+    pub values: Vec<T>,
+    /// The mirror's LSN: the answers equal the trees' after exactly the commits up to it.
+    pub lsn: u64,
+}
+
+/// A mirror of the store's indexes on the GPU (or its CPU engine); see the module docs.
+pub struct GpuMirror {
+    inner: Mirror,
+}
+
+impl Store {
+    /// Opens a mirror of the heap's indexes and syncs it once.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tusk::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use tusk::{Commit, GpuOptions, Store};
+    /// let store = Store::open(dir.path(), tusk::Options::default())?;
+    /// store.transact(Commit::Async, |tx| tx.btree("orders")?.bulk_load((0..1000u64).map(|k| (k, 2 * k)), 1.0))?;
+    /// let mut mirror = store.gpu_mirror(GpuOptions::default())?;   // CPU threads where no GPU
+    /// let orders = mirror.btree("orders")?;
+    /// let found = orders.get_batch(&[7, 5000])?;
+    /// assert_eq!(found.values, vec![Some(14), None]);
+    /// let ranges = orders.count_sum_batch(&[(10, 19)])?;            // inclusive bounds
+    /// assert_eq!(ranges.values, vec![(10, 290)]);
+    /// store.transact(Commit::Async, |tx| tx.btree("orders")?.insert(5000, 1).map(|_| ()))?;
+    /// mirror.sync()?;                                                // ships the dirty pages
+    /// assert_eq!(mirror.btree("orders")?.get_batch(&[5000])?.values, vec![Some(1)]);
+    /// # Ok(()) }
+    /// ```
+    pub fn gpu_mirror(&self, options: GpuOptions) -> Result<GpuMirror, Error> {
+        Ok(GpuMirror { inner: Mirror::open(self.engine().clone(), &options)? })
+    }
+}
+
+impl GpuMirror {
+    /// `"cuda (device name)"`, or `"cpu (N threads; no GPU: why)"`.
+    pub fn backend(&self) -> &str {
+        self.inner.backend()
+    }
+
+    /// Whether batches run on the GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.inner.on_gpu()
+    }
+
+    /// The LSN every answer is exact for, until the next sync.
+    pub fn lsn(&self) -> u64 {
+        self.inner.lsn()
+    }
+
+    /// Brings the mirror to the current committed state, copying only the pages dirtied since
+    /// the last sync; returns what it did (its `lsn` is the new [`GpuMirror::lsn`]).
+    pub fn sync(&mut self) -> Result<SyncReport, Error> {
+        Ok(self.inner.sync()?)
+    }
+
+    fn root(&self, name: &str) -> Result<HeapPtr, Error> {
+        let mut image = tusk_index::image::HeapImage::new(self.inner.image());
+        use tusk_index::heap::HeapRead;
+        tusk_txn::roots::lookup(|off| image.load(off), name)?.ok_or_else(|| Error::NoSuchRoot(name.to_string()))
+    }
+
+    /// The B-link tree under root `name` at the mirror's LSN.
+    pub fn btree(&self, name: &str) -> Result<MirrorBTree<'_>, Error> {
+        let ptr = self.root(name)?;
+        tusk_index::BTree::open(&mut tusk_index::image::HeapImage::new(self.inner.image()), ptr)?;
+        Ok(MirrorBTree { mirror: self, meta: ptr.offset() })
+    }
+
+    /// The ART under root `name` at the mirror's LSN.
+    pub fn art(&self, name: &str) -> Result<MirrorArt<'_>, Error> {
+        let ptr = self.root(name)?;
+        tusk_index::Art::open(&mut tusk_index::image::HeapImage::new(self.inner.image()), ptr)?;
+        Ok(MirrorArt { mirror: self, meta: ptr.offset() })
+    }
+
+    /// The mirror's inner engine (benchmarks: device-resident timings, the CPU engine).
+    #[doc(hidden)]
+    pub fn inner(&self) -> &Mirror {
+        &self.inner
+    }
+}
+
+/// A B-link tree of the mirror: batch reads.
+pub struct MirrorBTree<'m> {
+    mirror: &'m GpuMirror,
+    meta: u64,
+}
+
+impl MirrorBTree<'_> {
+    /// The tree's descriptor offset (benchmarks).
+    pub fn ptr(&self) -> HeapPtr {
+        HeapPtr(self.meta)
+    }
+
+    /// The value under each key (`None`: absent).
+    pub fn get_batch(&self, keys: &[u64]) -> Result<Answers<Option<u64>>, Error> {
+        Ok(Answers { values: self.mirror.inner.btree_get(self.meta, keys)?, lsn: self.mirror.lsn() })
+    }
+
+    /// Count and sum of the values of the keys in each `[lo, hi]` (inclusive; empty when lo > hi).
+    pub fn count_sum_batch(&self, ranges: &[(u64, u64)]) -> Result<Answers<(u64, u128)>, Error> {
+        Ok(Answers { values: self.mirror.inner.btree_count_sum(self.meta, ranges)?, lsn: self.mirror.lsn() })
+    }
+}
+
+/// An ART of the mirror: batch reads.
+pub struct MirrorArt<'m> {
+    mirror: &'m GpuMirror,
+    meta: u64,
+}
+
+impl MirrorArt<'_> {
+    /// The tree's descriptor offset (benchmarks).
+    pub fn ptr(&self) -> HeapPtr {
+        HeapPtr(self.meta)
+    }
+
+    /// The value under each key. Keys over 32 bytes are answered by the CPU engine, at the
+    /// same LSN.
+    pub fn get_batch(&self, keys: &[&[u8]]) -> Result<Answers<Option<u64>>, Error> {
+        Ok(Answers { values: self.mirror.inner.art_get(self.meta, keys)?, lsn: self.mirror.lsn() })
+    }
+
+    /// Count and sum of the values of the keys starting with each prefix.
+    pub fn count_prefix_batch(&self, prefixes: &[&[u8]]) -> Result<Answers<(u64, u128)>, Error> {
+        Ok(Answers { values: self.mirror.inner.art_count_sum_prefix(self.meta, prefixes)?, lsn: self.mirror.lsn() })
+    }
+}
+
+impl From<MirrorError> for Error {
+    fn from(e: MirrorError) -> Error {
+        match e {
+            MirrorError::Txn(e) => e.into(),
+            MirrorError::Index(e) => e.into(),
+            MirrorError::OutOfMemory { bytes } => Error::GpuOutOfMemory { bytes },
+            e @ (MirrorError::NoDriver(_) | MirrorError::NoDevice(_) | MirrorError::Compile(_)) => Error::GpuUnavailable(e.to_string()),
+            MirrorError::Driver(what) => Error::Gpu(what),
+            MirrorError::Unsupported(what) => Error::Gpu(what),
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The GPU mirror through the public API: answers equal the trees (BTreeMap models of what
+//! was committed) at the mirror's LSN, for fresh random keys of every order and after rounds
+//! of batch updates and syncs. The tests run on whatever backend `GpuOptions::default()`
+//! finds — the CUDA kernels on the device machine, the CPU engine elsewhere — and say which;
+//! the test that needs a GPU prints why it was skipped where there is none.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::small_opts;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tusk::{BTreeOp, Commit, Error, GpuBackend, GpuMirror, GpuOptions, Options, Store};
+
+fn opts() -> Options {
+    Options { heap_capacity: 256 << 20, checkpoint_interval: None, ..small_opts() }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    Shuffled,
+    Ascending,
+    Dense,
+}
+
+fn keys(order: Order, n: usize, rng: &mut SmallRng) -> Vec<u64> {
+    match order {
+        Order::Shuffled => (0..n).map(|_| rng.random()).collect(),
+        Order::Ascending => {
+            let mut k: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+            k.sort_unstable();
+            k
+        }
+        // A dense band with repeats, around the middle of the key space.
+        Order::Dense => (0..n).map(|_| (1u64 << 63) + rng.random_range(0..n as u64 / 2)).collect(),
+    }
+}
+
+/// ART keys: 8-byte big-endian numbers, short strings that prefix each other, and long keys
+/// (over the kernels' 32 bytes) that share long prefixes.
+fn art_keys(n: usize, rng: &mut SmallRng) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| match i % 4 {
+            0 | 1 => rng.random::<u64>().to_be_bytes().to_vec(),
+            2 => format!("user/{}", rng.random_range(0..n / 2)).into_bytes(),
+            _ => format!("tenant/{:03}/a-rather-long-shared-path/item-{}", rng.random_range(0..8), rng.random_range(0..n)).into_bytes(),
+        })
+        .collect()
+}
+
+struct Models {
+    orders: BTreeMap<u64, u64>,
+    users: BTreeMap<Vec<u8>, u64>,
+}
+
+fn check_mirror(mirror: &GpuMirror, models: &Models, rng: &mut SmallRng, what: &str) {
+    let orders = mirror.btree("orders").unwrap();
+    let present: Vec<u64> = models.orders.keys().copied().collect();
+    let mut probe: Vec<u64> = (0..2000).map(|_| present[rng.random_range(0..present.len())]).collect();
+    probe.extend((0..2000).map(|_| rng.random::<u64>()));
+    probe.extend([0, u64::MAX, 1 << 63]);
+    let got = orders.get_batch(&probe).unwrap();
+    assert_eq!(got.lsn, mirror.lsn());
+    let expected: Vec<Option<u64>> = probe.iter().map(|k| models.orders.get(k).copied()).collect();
+    assert_eq!(got.values, expected, "{what}: B-link lookups on {}", mirror.backend());
+
+    let mut ranges: Vec<(u64, u64)> = (0..500)
+        .map(|_| {
+            let a = present[rng.random_range(0..present.len())];
+            let b = present[rng.random_range(0..present.len())];
+            (a.min(b), a.max(b))
+        })
+        .collect();
+    ranges.extend([(0, u64::MAX), (5, 4), (present[0], present[0]), (u64::MAX, u64::MAX), (0, 0)]);
+    let got = orders.count_sum_batch(&ranges).unwrap();
+    let expected: Vec<(u64, u128)> = ranges
+        .iter()
+        .map(|&(lo, hi)| {
+            if lo > hi {
+                return (0, 0);
+            }
+            let r = models.orders.range(lo..=hi);
+            (r.clone().count() as u64, r.map(|(_, v)| *v as u128).sum())
+        })
+        .collect();
+    assert_eq!(got.values, expected, "{what}: B-link count/sum on {}", mirror.backend());
+
+    let users = mirror.art("users").unwrap();
+    let stored: Vec<&Vec<u8>> = models.users.keys().collect();
+    let mut probe: Vec<Vec<u8>> = (0..2000).map(|_| stored[rng.random_range(0..stored.len())].clone()).collect();
+    probe.extend(art_keys(1000, rng));
+    probe.extend([Vec::new(), b"user/".to_vec(), b"tenant/001/a-rather-long-shared-path/".to_vec()]);
+    let refs: Vec<&[u8]> = probe.iter().map(Vec::as_slice).collect();
+    let got = users.get_batch(&refs).unwrap();
+    let expected: Vec<Option<u64>> = probe.iter().map(|k| models.users.get(k).copied()).collect();
+    assert_eq!(got.values, expected, "{what}: ART lookups on {}", mirror.backend());
+
+    let mut prefixes: Vec<Vec<u8>> = vec![Vec::new(), b"user/".to_vec(), b"user/1".to_vec(), b"tenant/".to_vec(), b"tenant/003/a-rather-long-shared-path/item-".to_vec(), b"zzz".to_vec()];
+    prefixes.extend((0..200).map(|_| {
+        let k = stored[rng.random_range(0..stored.len())];
+        k[..rng.random_range(0..=k.len())].to_vec()
+    }));
+    let refs: Vec<&[u8]> = prefixes.iter().map(Vec::as_slice).collect();
+    let got = users.count_prefix_batch(&refs).unwrap();
+    let expected: Vec<(u64, u128)> = prefixes
+        .iter()
+        .map(|p| {
+            let m = models.users.iter().filter(|(k, _)| k.starts_with(p));
+            (m.clone().count() as u64, m.map(|(_, v)| *v as u128).sum())
+        })
+        .collect();
+    assert_eq!(got.values, expected, "{what}: ART prefix count/sum on {}", mirror.backend());
+}
+
+fn load(store: &Store, order: Order, rng: &mut SmallRng) -> Models {
+    let mut models = Models { orders: BTreeMap::new(), users: BTreeMap::new() };
+    for chunk in keys(order, 30_000, rng).chunks(2000) {
+        let ops: Vec<BTreeOp> = chunk.iter().map(|&k| BTreeOp::Upsert { key: k, value: k.rotate_left(7) }).collect();
+        store.transact(Commit::Async, |tx| tx.btree("orders")?.apply_batch(&ops).map(|_| ())).unwrap();
+        models.orders.extend(chunk.iter().map(|&k| (k, k.rotate_left(7))));
+    }
+    for chunk in art_keys(20_000, rng).chunks(1000) {
+        store
+            .transact(Commit::Async, |tx| {
+                let mut users = tx.art("users")?;
+                for (i, k) in chunk.iter().enumerate() {
+                    users.insert(k, k.len() as u64 * 1000 + i as u64)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        for (i, k) in chunk.iter().enumerate() {
+            models.users.insert(k.clone(), k.len() as u64 * 1000 + i as u64);
+        }
+    }
+    models
+}
+
+#[test]
+fn mirror_answers_equal_the_trees_for_every_key_order() {
+    for (seed, order) in [Order::Shuffled, Order::Ascending, Order::Dense].into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), opts()).unwrap();
+        let mut rng = SmallRng::seed_from_u64(seed as u64);
+        let models = load(&store, order, &mut rng);
+        let mirror = store.gpu_mirror(GpuOptions::default()).unwrap();
+        eprintln!("mirror backend: {}", mirror.backend());
+        assert_eq!(mirror.lsn(), store.last_lsn());
+        check_mirror(&mirror, &models, &mut rng, &format!("{order:?}"));
+    }
+}
+
+/// Rounds of batch updates that split and merge B-link nodes and grow and shrink ART nodes,
+/// each followed by a sync that copies only dirty pages; the mirror equals the models after
+/// each, and never shows a commit after its LSN.
+#[test]
+fn syncs_after_batch_updates_keep_the_mirror_equal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(77);
+    let mut models = load(&store, Order::Shuffled, &mut rng);
+    let mut mirror = store.gpu_mirror(GpuOptions::default()).unwrap();
+    let extent_pages = store.heap_used().div_ceil(4096);
+    for round in 0..8 {
+        // Removes of a third of the keys in some rounds (merges), inserts in others (splits).
+        let present: Vec<u64> = models.orders.keys().copied().collect();
+        let ops: Vec<BTreeOp> = (0..3000)
+            .map(|_| {
+                if round % 2 == 1 {
+                    BTreeOp::Remove { key: present[rng.random_range(0..present.len())] }
+                } else {
+                    let k = rng.random::<u64>();
+                    BTreeOp::Upsert { key: k, value: round }
+                }
+            })
+            .collect();
+        let stored: Vec<Vec<u8>> = models.users.keys().cloned().collect();
+        let art_removes: Vec<Vec<u8>> = (0..1500).map(|_| stored[rng.random_range(0..stored.len())].clone()).collect();
+        let art_inserts = art_keys(1500, &mut rng);
+        store
+            .transact(Commit::Async, |tx| {
+                tx.btree("orders")?.apply_batch(&ops)?;
+                let mut users = tx.art("users")?;
+                for k in &art_removes {
+                    users.remove(k)?;
+                }
+                for k in &art_inserts {
+                    users.insert(k, round)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        // The mirror still answers at its old LSN.
+        let before = mirror.lsn();
+        let probe: Vec<u64> = ops.iter().map(|o| o.key()).take(50).collect();
+        let old: Vec<Option<u64>> = probe.iter().map(|k| models.orders.get(k).copied()).collect();
+        assert_eq!(mirror.btree("orders").unwrap().get_batch(&probe).unwrap().values, old, "a commit after the mirror's LSN showed");
+        for op in &ops {
+            match *op {
+                BTreeOp::Upsert { key, value } => models.orders.insert(key, value),
+                BTreeOp::Remove { key } => models.orders.remove(&key),
+            };
+        }
+        for k in &art_removes {
+            models.users.remove(k);
+        }
+        for k in &art_inserts {
+            models.users.insert(k.clone(), round);
+        }
+        let report = mirror.sync().unwrap();
+        assert!(report.lsn > before && report.lsn == store.last_lsn());
+        assert!(report.pages < extent_pages, "round {round}: a sync copied {} of {extent_pages} pages", report.pages);
+        check_mirror(&mirror, &models, &mut rng, &format!("round {round}"));
+    }
+}
+
+#[test]
+fn the_cuda_backend_runs_or_says_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    match store.gpu_mirror(GpuOptions { backend: GpuBackend::Cuda, ..GpuOptions::default() }) {
+        Ok(mirror) => {
+            assert!(mirror.on_gpu());
+            assert!(mirror.backend().starts_with("cuda"), "{}", mirror.backend());
+            eprintln!("GPU present: {}", mirror.backend());
+        }
+        Err(Error::GpuUnavailable(why)) => {
+            eprintln!("SKIPPED the CUDA backend test: no usable GPU here ({why})");
+            let auto = store.gpu_mirror(GpuOptions::default()).unwrap();
+            assert!(!auto.on_gpu());
+            assert!(auto.backend().starts_with("cpu") && auto.backend().contains("no GPU"), "the CPU fallback says why: {}", auto.backend());
+        }
+        Err(e) => panic!("a missing GPU must be GpuUnavailable, got {e}"),
+    }
+    let cpu = store.gpu_mirror(GpuOptions { backend: GpuBackend::Cpu, ..GpuOptions::default() }).unwrap();
+    assert!(!cpu.on_gpu() && cpu.backend().starts_with("cpu"));
+}
+
+#[test]
+fn missing_roots_and_wrong_kinds_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.transact(Commit::Sync, |tx| tx.btree("orders").map(|_| ())).unwrap();
+    let mirror = store.gpu_mirror(GpuOptions::default()).unwrap();
+    assert!(matches!(mirror.btree("nothing"), Err(Error::NoSuchRoot(_))));
+    assert!(matches!(mirror.art("orders"), Err(Error::NotAnIndex { .. })));
+    let empty = mirror.btree("orders").unwrap();
+    assert_eq!(empty.get_batch(&[1, 2]).unwrap().values, vec![None, None]);
+    assert_eq!(empty.count_sum_batch(&[(0, u64::MAX)]).unwrap().values, vec![(0, 0)]);
+    assert_eq!(empty.get_batch(&[]).unwrap().values, Vec::<Option<u64>>::new());
+}
