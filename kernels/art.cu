@@ -15,6 +15,10 @@
 // Query keys (at most 32 bytes, TUSK_ART_MAX_KEY) arrive packed little-endian 8 bytes to a
 // word, zero-padded, as leaf.rs packs them: either all of one length (`fixed_len` >= 0, key q at
 // word q * ceil(fixed_len / 8)) or with per-key word offsets and lengths.
+//
+// Measured on an H100 (16 M random 8-byte big-endian keys, shuffled lookups, kernel alone):
+// 9.45 G lookups/s, with or without the speculative child load (the top levels of such a tree
+// sit in L2; a lookup reads about four random sectors below them).
 
 #define ART_KINDS 14
 #define ART_CHUNKS 32

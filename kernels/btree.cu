@@ -15,6 +15,11 @@
 // with a tile reduction. Lehman–Yao: a key at or beyond the high key moves right. With VALS,
 // an internal node's children are loaded with its keys (its level is known from the parent),
 // so the child pointer comes from a register shuffle instead of a second round trip.
+//
+// Measured on an H100 (64 M keys, full nodes, shuffled lookups, kernel alone): T = 1 3.24 G/s,
+// T = 4 up to 3.29, T = 8 2.76-3.08, T = 32 1.54; VALS 25-35% slower (twice the bytes of every
+// internal node for one fewer round trip). The narrow tiles win by keeping more queries in
+// flight per multiprocessor; the mirror uses T = 1 (cuda.rs: DEFAULT_BTREE_KERNEL).
 
 #define BT_NODE 512ull
 #define BT_CAP 28
@@ -179,23 +184,29 @@ __device__ __forceinline__ void bt_get(const u8* __restrict__ heap, u64 extent, 
     }
 }
 
-#define TUSK_BTREE_GET(NAME, T, VALS)                                                              \
-    extern "C" __global__ void __launch_bounds__(256)                                              \
+// MINB: blocks of 256 threads each multiprocessor should hold at once (__launch_bounds__'s
+// second argument): it caps registers per thread, trading them for queries in flight.
+#define TUSK_BTREE_GET(NAME, T, VALS, MINB)                                                        \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                        \
     NAME(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ keys, u64 n, \
          u64* __restrict__ vals, u8* __restrict__ found, u64* err) {                               \
         bt_get<T, VALS>(heap, extent, meta, keys, n, vals, found, err);                            \
     }
 
-TUSK_BTREE_GET(tusk_btree_get_t1, 1, false)
-TUSK_BTREE_GET(tusk_btree_get_t2, 2, false)
-TUSK_BTREE_GET(tusk_btree_get_t4, 4, false)
-TUSK_BTREE_GET(tusk_btree_get_t8, 8, false)
-TUSK_BTREE_GET(tusk_btree_get_t16, 16, false)
-TUSK_BTREE_GET(tusk_btree_get_t32, 32, false)
-TUSK_BTREE_GET(tusk_btree_get_t4v, 4, true)
-TUSK_BTREE_GET(tusk_btree_get_t8v, 8, true)
-TUSK_BTREE_GET(tusk_btree_get_t16v, 16, true)
-TUSK_BTREE_GET(tusk_btree_get_t32v, 32, true)
+TUSK_BTREE_GET(tusk_btree_get_t1, 1, false, 1)
+TUSK_BTREE_GET(tusk_btree_get_t2, 2, false, 1)
+TUSK_BTREE_GET(tusk_btree_get_t4, 4, false, 1)
+TUSK_BTREE_GET(tusk_btree_get_t8, 8, false, 1)
+TUSK_BTREE_GET(tusk_btree_get_t16, 16, false, 1)
+TUSK_BTREE_GET(tusk_btree_get_t32, 32, false, 1)
+TUSK_BTREE_GET(tusk_btree_get_t4v, 4, true, 1)
+TUSK_BTREE_GET(tusk_btree_get_t8v, 8, true, 1)
+TUSK_BTREE_GET(tusk_btree_get_t16v, 16, true, 1)
+TUSK_BTREE_GET(tusk_btree_get_t32v, 32, true, 1)
+// Register-capped variants: more resident queries per multiprocessor (t1 with 3 blocks: 80
+// registers, a few spilled bytes; t2 with 4: 64 registers, none spilled; tighter caps spill more).
+TUSK_BTREE_GET(tusk_btree_get_t1_o3, 1, false, 3)
+TUSK_BTREE_GET(tusk_btree_get_t2_o4, 2, false, 4)
 
 // Count and sum of the values of the keys in [lo, hi] (inclusive; empty when lo > hi), one warp
 // per range: one descent to the leaf holding lo, then along the leaf chain by right links

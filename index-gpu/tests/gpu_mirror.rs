@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use tusk_index::heap::{HeapRead, HeapWrite};
 use tusk_index::image::HeapImage;
-use tusk_index::mirror::cuda::{CudaMirror, BTREE_TILE_WIDTHS, GPU_MAX_KEY};
+use tusk_index::mirror::cuda::{CudaMirror, BTREE_KERNELS, DEFAULT_BTREE_KERNEL, GPU_MAX_KEY};
 use tusk_index::mirror::{GpuOptions, MirrorError};
 use tusk_index::{Art, BTree, Op};
 use tusk_storage::layout::BRK_OFF;
@@ -303,16 +303,13 @@ fn empty_and_tiny_trees_and_errors() {
     assert!(matches!(mirror.btree_get(beyond, &[1]), Err(MirrorError::Index(tusk_index::IndexError::Txn(TxnError::InvalidPointer(_))))));
     assert!(matches!(mirror.art_get(beyond, &[b"k"]), Err(MirrorError::Index(_))));
     assert_eq!(mirror.btree_get(bt.ptr().offset(), &[7]).unwrap(), [Some(u64::MAX)]);
-    // Every tile width answers the same.
-    for w in BTREE_TILE_WIDTHS {
-        for pre in [false, true] {
-            if mirror.set_btree_kernel(w, pre).is_ok() {
-                assert_eq!(mirror.btree_get(bt.ptr().offset(), &[7, 8, 9, 0]).unwrap(), [Some(u64::MAX), Some(u64::MAX), None, None], "tile {w} preload {pre}");
-            }
-        }
+    // Every kernel variant answers the same.
+    for (w, pre, cap) in BTREE_KERNELS {
+        mirror.set_btree_kernel(w, pre, cap).unwrap();
+        assert_eq!(mirror.btree_get(bt.ptr().offset(), &[7, 8, 9, 0]).unwrap(), [Some(u64::MAX), Some(u64::MAX), None, None], "tile {w} preload {pre} capped {cap}");
     }
-    assert!(mirror.set_btree_kernel(3, false).is_err());
-    mirror.set_btree_kernel(8, true).unwrap();
+    assert!(mirror.set_btree_kernel(3, false, false).is_err());
+    mirror.set_btree_kernel(DEFAULT_BTREE_KERNEL.0, DEFAULT_BTREE_KERNEL.1, DEFAULT_BTREE_KERNEL.2).unwrap();
     // The heap grows past the device buffer: it grows too, keeping what it held.
     let before = mirror.extent();
     let keys: Vec<u64> = (0..200_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
@@ -353,13 +350,10 @@ fn btree_kernel_variants_agree() {
     rng.shuffle(&mut queries);
     let mut image = HeapImage::new(&prev);
     let cpu: Vec<Option<u64>> = queries.iter().map(|&k| tree.get(&mut image, k).unwrap()).collect();
-    for w in BTREE_TILE_WIDTHS {
-        for pre in [false, true] {
-            if mirror.set_btree_kernel(w, pre).is_ok() {
-                assert_eq!(mirror.btree_get(tree.ptr().offset(), &queries).unwrap(), cpu, "tile {w} preload {pre}");
-                eprintln!("{TEST}: tile {w} preload {pre}: {} lookups equal", queries.len());
-            }
-        }
+    for (w, pre, cap) in BTREE_KERNELS {
+        mirror.set_btree_kernel(w, pre, cap).unwrap();
+        assert_eq!(mirror.btree_get(tree.ptr().offset(), &queries).unwrap(), cpu, "tile {w} preload {pre} capped {cap}");
+        eprintln!("{TEST}: tile {w} preload {pre} capped {cap}: {} lookups equal", queries.len());
     }
 }
 
@@ -632,17 +626,16 @@ fn gpu_lookup_timing() {
         for (k, g) in sample.iter().zip(&got) {
             assert_eq!(*g, tree.get(&mut image, *k).unwrap());
         }
-        for w in BTREE_TILE_WIDTHS {
-            for pre in [false, true] {
-                if mirror.set_btree_kernel(w, pre).is_err() {
-                    continue;
-                }
+        for _repeat in 0..2 {
+            for (w, pre, cap) in BTREE_KERNELS {
+                mirror.set_btree_kernel(w, pre, cap).unwrap();
                 let ms = mirror.time_btree_get_kernel(meta, &keys, rounds).unwrap();
-                println!("| B-link | {}M | tile {w}{} | {ms:.3} | {:.2} | | |", n >> 20, if pre { "+preload" } else { "" }, n as f64 / ms / 1e6);
+                let name = format!("tile {w}{}{}", if pre { "+preload" } else { "" }, if cap { "+capped" } else { "" });
+                println!("| B-link | {}M | {name} | {ms:.3} | {:.2} | | |", n >> 20, n as f64 / ms / 1e6);
             }
         }
-        let best = tusk_index::mirror::cuda::DEFAULT_BTREE_KERNEL;
-        mirror.set_btree_kernel(best.0, best.1).unwrap();
+        let best = DEFAULT_BTREE_KERNEL;
+        mirror.set_btree_kernel(best.0, best.1, best.2).unwrap();
         let timing = mirror.time_btree_get(meta, &keys, 5).unwrap();
         println!(
             "| B-link | {}M | default {best:?} | {:.3} | {:.2} | {:.1} | {:.2} |",

@@ -42,6 +42,34 @@ pub mod names {
     pub const ART_GET_NOSPEC: &str = "tusk_art_get_nospec";
     pub const ART_COUNT_SUM_PREFIX: &str = "tusk_art_count_sum_prefix";
 
+    /// The B-link lookup kernel variants: (tile width, children preloaded, register-capped).
+    pub const BTREE_GET_VARIANTS: [(u32, bool, bool); 12] = [
+        (1, false, false),
+        (1, false, true),
+        (2, false, false),
+        (2, false, true),
+        (4, false, false),
+        (8, false, false),
+        (16, false, false),
+        (32, false, false),
+        (4, true, false),
+        (8, true, false),
+        (16, true, false),
+        (32, true, false),
+    ];
+
+    /// The B-link lookup kernel for a tile of `width` lanes (1, 2, 4, 8, 16, 32), with
+    /// internal nodes' children loaded together with their keys (`preload`; widths ≥ 4), or
+    /// with registers capped for more queries in flight (`capped`; widths 1 and 2).
+    pub fn btree_get_variant(width: u32, preload: bool, capped: bool) -> Option<&'static str> {
+        match (width, preload, capped) {
+            (1, false, true) => Some("tusk_btree_get_t1_o3"),
+            (2, false, true) => Some("tusk_btree_get_t2_o4"),
+            (_, _, true) => None,
+            _ => btree_get(width, preload),
+        }
+    }
+
     /// The B-link lookup kernel for a tile of `width` lanes (1, 2, 4, 8, 16, 32), with
     /// internal nodes' children loaded together with their keys (`preload`; widths ≥ 4).
     pub fn btree_get(width: u32, preload: bool) -> Option<&'static str> {
@@ -319,6 +347,9 @@ mod tests {
             assert!(src.contains(names::btree_get(w, true).unwrap()));
         }
         assert!(names::btree_get(3, false).is_none() && names::btree_get(1, true).is_none());
+        for (w, p, c) in names::BTREE_GET_VARIANTS {
+            assert!(src.contains(names::btree_get_variant(w, p, c).unwrap()), "{w} {p} {c}");
+        }
         assert!(src.contains(&format!("#define TUSK_PIECE {SCATTER_PIECE}ull")));
         assert!(src.contains(&format!("#define TUSK_ART_MAX_KEY {ART_MAX_KEY}u")));
         assert!(!src.contains("#include"), "NVRTC gets no include path");

@@ -23,6 +23,7 @@ mod raw;
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -45,9 +46,13 @@ const HEAP_GRANULE: u64 = 2 << 20;
 /// Pinned and device bytes per query slot for one chunk's inputs and outputs.
 const CHUNK_IN_BYTES: usize = 16 << 20;
 const CHUNK_OUT_BYTES: usize = 24 << 20;
-/// Query slots (each a stream with its buffers): two, so a chunk's copies and kernel overlap
-/// the packing of the next.
-const QUERY_SLOTS: usize = 2;
+/// Query slots (each a stream with its buffers): a chunk's copies and kernel overlap the
+/// packing of the next and the decoding of the one before.
+const QUERY_SLOTS: usize = 3;
+/// Host threads that pack and decode a chunk (at most; one per core).
+const MAX_HOST_THREADS: usize = 16;
+/// Fewest queries a host thread packs or decodes (fewer: not worth a thread).
+const MIN_PART: usize = 1 << 15;
 const MIN_STAGING_BUFFERS: usize = 2;
 /// A kernel's error slot: code, then offset.
 const ERR_BYTES: usize = 16;
@@ -56,11 +61,16 @@ const PIECE: usize = kernels::SCATTER_PIECE;
 const SECTION: usize = 256;
 /// Longest ART key or prefix the kernels take.
 pub const GPU_MAX_KEY: usize = kernels::ART_MAX_KEY;
-/// Tile widths of the B-link lookup kernel.
-pub const BTREE_TILE_WIDTHS: [u32; 6] = [1, 2, 4, 8, 16, 32];
-/// The B-link lookup kernel used unless told otherwise: tile width and whether internal nodes'
-/// children are loaded with their keys (measured on an H100, see the module's tests).
-pub const DEFAULT_BTREE_KERNEL: (u32, bool) = (8, true);
+/// The B-link lookup kernel variants: (tile width, internal nodes' children loaded with their
+/// keys, registers capped for more queries in flight).
+pub const BTREE_KERNELS: [(u32, bool, bool); 12] = kernels::names::BTREE_GET_VARIANTS;
+/// The B-link lookup kernel used unless told otherwise: one thread per query, scanning a node's
+/// 28 keys with fourteen 16-byte loads issued at once. Measured on an H100 (`gpu_lookup_timing`
+/// in tests/gpu_mirror.rs, bulk-loaded full nodes, shuffled present keys, kernel alone, two
+/// machines): 64 M keys 3.24–3.27 G lookups/s (tile 4: 2.93–3.29, tile 8: 2.76–3.08, tile 32:
+/// 1.51–1.54; preloading children costs 25–35%: 448 instead of 224 bytes per internal node);
+/// 16 M keys 3.86–3.91 G/s (tile 4: 3.80–4.15).
+pub const DEFAULT_BTREE_KERNEL: (u32, bool, bool) = (1, false, false);
 
 /// What one of the timing functions measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -81,7 +91,7 @@ struct Kernel {
 
 struct Kernels {
     scatter: Kernel,
-    btree_get: Vec<((u32, bool), Kernel)>,
+    btree_get: Vec<((u32, bool, bool), Kernel)>,
     btree_count_sum: Kernel,
     art_get: Kernel,
     art_get_nospec: Kernel,
@@ -186,51 +196,43 @@ fn align(x: usize) -> usize {
     x.next_multiple_of(SECTION)
 }
 
-/// Packs queries `range` of `input` into `dst`; returns the layout.
-fn pack(op: Op, input: &Input<'_>, range: Range<usize>, dst: &mut [u8]) -> Layout {
+/// Items per part when `n` items are split among at most `threads` threads, no part (but the
+/// last) shorter than MIN_PART.
+fn part_len(n: usize, threads: usize) -> usize {
+    n.div_ceil(threads.max(1)).max(MIN_PART).min(n).max(1)
+}
+
+/// Runs `f(part, first)` on the parts of `dst` (`part` items each, the last shorter), `first`
+/// being the part's first index in `dst`; on scoped threads, the first part on the caller's.
+fn par_parts<A: Send>(dst: &mut [A], part: usize, f: impl Fn(&mut [A], usize) + Sync) {
+    let part = part.max(1);
+    if dst.len() <= part {
+        f(dst, 0);
+        return;
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let mut parts = dst.chunks_mut(part).enumerate();
+        let (_, first) = parts.next().expect("dst is longer than one part");
+        for (i, chunk) in parts {
+            scope.spawn(move || f(chunk, i * part));
+        }
+        f(first, 0);
+    });
+}
+
+/// Where queries `range` of `input` go in a chunk's input bytes, and where the answers come.
+fn layout(op: Op, input: &Input<'_>, range: Range<usize>) -> Layout {
     let n = range.len();
     let (mut offs_at, mut lens_at) = (0, 0);
     let in_bytes = match input {
-        Input::Words(w) => {
-            for (d, k) in dst[..8 * n].chunks_exact_mut(8).zip(&w[range]) {
-                d.copy_from_slice(&k.to_le_bytes());
-            }
-            8 * n
-        }
-        Input::Ranges(r) => {
-            for (d, (lo, hi)) in dst[..16 * n].chunks_exact_mut(16).zip(&r[range]) {
-                d[..8].copy_from_slice(&lo.to_le_bytes());
-                d[8..].copy_from_slice(&hi.to_le_bytes());
-            }
-            16 * n
-        }
-        Input::Keys { keys, fixed: Some(len) } => {
-            let stride = 8 * len.div_ceil(8);
-            if stride > 0 {
-                for (d, k) in dst[..stride * n].chunks_exact_mut(stride).zip(&keys[range]) {
-                    d[..k.len()].copy_from_slice(k);
-                    d[k.len()..].fill(0);
-                }
-            }
-            stride * n
-        }
         Input::Keys { keys, fixed: None } => {
-            let keys = &keys[range];
-            let words: usize = keys.iter().map(|k| k.len().div_ceil(8)).sum();
+            let words: usize = keys[range].iter().map(|k| k.len().div_ceil(8)).sum();
             offs_at = align(8 * words);
             lens_at = align(offs_at + 4 * n);
-            let mut w = 0usize;
-            for (i, k) in keys.iter().enumerate() {
-                let span = 8 * k.len().div_ceil(8);
-                dst[8 * w..8 * w + k.len()].copy_from_slice(k);
-                dst[8 * w + k.len()..8 * w + span].fill(0);
-                let at = u32::try_from(w).expect("chunk word offsets fit u32");
-                dst[offs_at + 4 * i..offs_at + 4 * i + 4].copy_from_slice(&at.to_le_bytes());
-                dst[lens_at + i] = k.len() as u8;
-                w += span / 8;
-            }
             lens_at + n
         }
+        _ => n * input.in_per_query(),
     };
     let (found_at, out_bytes) = match op {
         Op::BtreeGet | Op::ArtGet => (align(8 * n), align(8 * n) + n),
@@ -239,17 +241,78 @@ fn pack(op: Op, input: &Input<'_>, range: Range<usize>, dst: &mut [u8]) -> Layou
     Layout { n, in_bytes, offs_at, lens_at, found_at, out_bytes }
 }
 
-fn decode_get(out: &[u8], layout: &Layout, dst: &mut Vec<Option<u64>>) {
-    let vals = &out[..8 * layout.n];
-    let found = &out[layout.found_at..layout.found_at + layout.n];
-    dst.extend(vals.chunks_exact(8).zip(found).map(|(v, &f)| (f != 0).then(|| u64::from_le_bytes(v.try_into().expect("8 bytes")))));
+/// Packs queries `range` of `input` into `dst`, fixed-size layouts on up to `threads`
+/// threads; returns the layout.
+fn pack(op: Op, input: &Input<'_>, range: Range<usize>, dst: &mut [u8], threads: usize) -> Layout {
+    let l = layout(op, input, range.clone());
+    let part = part_len(l.n, threads);
+    let base = range.start;
+    match input {
+        Input::Words(w) => par_parts(&mut dst[..8 * l.n], 8 * part, |d, at| {
+            let first = base + at / 8;
+            for (d, k) in d.chunks_exact_mut(8).zip(&w[first..]) {
+                d.copy_from_slice(&k.to_le_bytes());
+            }
+        }),
+        Input::Ranges(r) => par_parts(&mut dst[..16 * l.n], 16 * part, |d, at| {
+            let first = base + at / 16;
+            for (d, (lo, hi)) in d.chunks_exact_mut(16).zip(&r[first..]) {
+                d[..8].copy_from_slice(&lo.to_le_bytes());
+                d[8..].copy_from_slice(&hi.to_le_bytes());
+            }
+        }),
+        Input::Keys { keys, fixed: Some(len) } => {
+            let stride = 8 * len.div_ceil(8);
+            if stride > 0 {
+                par_parts(&mut dst[..stride * l.n], stride * part, |d, at| {
+                    let first = base + at / stride;
+                    for (d, k) in d.chunks_exact_mut(stride).zip(&keys[first..]) {
+                        d[..k.len()].copy_from_slice(k);
+                        d[k.len()..].fill(0);
+                    }
+                });
+            }
+        }
+        Input::Keys { keys, fixed: None } => {
+            let mut w = 0usize;
+            for (i, k) in keys[range].iter().enumerate() {
+                let span = 8 * k.len().div_ceil(8);
+                dst[8 * w..8 * w + k.len()].copy_from_slice(k);
+                dst[8 * w + k.len()..8 * w + span].fill(0);
+                let at = u32::try_from(w).expect("chunk word offsets fit u32");
+                dst[l.offs_at + 4 * i..l.offs_at + 4 * i + 4].copy_from_slice(&at.to_le_bytes());
+                dst[l.lens_at + i] = k.len() as u8;
+                w += span / 8;
+            }
+        }
+    }
+    l
 }
 
-fn decode_count_sum(out: &[u8], layout: &Layout, dst: &mut Vec<(u64, u128)>) {
-    dst.extend(out[..24 * layout.n].chunks_exact(24).map(|w| {
-        let word = |i: usize| u64::from_le_bytes(w[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-        (word(0), word(1) as u128 | (word(2) as u128) << 64)
-    }));
+fn word_at(bytes: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+}
+
+/// Lookup answers of a chunk into `dst` (`layout.n` slots), on up to `threads` threads.
+fn decode_get(out: &[u8], layout: &Layout, dst: &mut [MaybeUninit<Option<u64>>], threads: usize) {
+    assert_eq!(dst.len(), layout.n);
+    let found = &out[layout.found_at..layout.found_at + layout.n];
+    par_parts(dst, part_len(layout.n, threads), |d, at| {
+        for (i, slot) in d.iter_mut().enumerate() {
+            slot.write((found[at + i] != 0).then(|| word_at(out, at + i)));
+        }
+    });
+}
+
+/// Count/sum answers of a chunk into `dst` (`layout.n` slots), on up to `threads` threads.
+fn decode_count_sum(out: &[u8], layout: &Layout, dst: &mut [MaybeUninit<(u64, u128)>], threads: usize) {
+    assert_eq!(dst.len(), layout.n);
+    par_parts(dst, part_len(layout.n, threads), |d, at| {
+        for (i, slot) in d.iter_mut().enumerate() {
+            let q = 3 * (at + i);
+            slot.write((word_at(out, q), word_at(out, q + 1) as u128 | (word_at(out, q + 2) as u128) << 64));
+        }
+    });
 }
 
 /// A kernel's error slot as the error the CPU read path would give for the same damage.
@@ -284,11 +347,17 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 /// Checks ART query keys against the device limit; Some(len) when all have one length.
 fn check_keys(keys: &[&[u8]], what: &str) -> Result<Option<usize>, MirrorError> {
-    if let Some((i, k)) = keys.iter().enumerate().find(|(_, k)| k.len() > GPU_MAX_KEY) {
-        return Err(MirrorError::Unsupported(format!("{what} {i} has {} bytes, more than the {GPU_MAX_KEY} the GPU kernels take", k.len())));
-    }
     let first = keys.first().map_or(0, |k| k.len());
-    Ok(keys.iter().all(|k| k.len() == first).then_some(first))
+    let (mut longest, mut same) = (0, true);
+    for k in keys {
+        longest = longest.max(k.len());
+        same &= k.len() == first;
+    }
+    if longest > GPU_MAX_KEY {
+        let i = keys.iter().position(|k| k.len() > GPU_MAX_KEY).expect("one is that long");
+        return Err(MirrorError::Unsupported(format!("{what} {i} has {} bytes, more than the {GPU_MAX_KEY} the GPU kernels take", keys[i].len())));
+    }
+    Ok(same.then_some(first))
 }
 
 /// A device handle and the heap mirror on it.
@@ -305,7 +374,9 @@ pub struct CudaMirror {
     /// Bytes of a staging buffer before its pieces (the table, rounded up to a piece).
     table_bytes: usize,
     query: Mutex<Vec<QuerySlot>>,
-    btree_kernel: (u32, bool),
+    /// Threads that pack and decode a chunk on the host.
+    host_threads: usize,
+    btree_kernel: (u32, bool, bool),
     art_speculate: bool,
     kernels: Kernels,
     // Dropped after every handle above that lives in it.
@@ -375,12 +446,9 @@ impl CudaMirror {
             Ok(Kernel { f, blocks: sms * per_sm.max(1) as u32 })
         };
         let mut btree_get = Vec::new();
-        for width in BTREE_TILE_WIDTHS {
-            for preload in [false, true] {
-                if let Some(name) = kernels::names::btree_get(width, preload) {
-                    btree_get.push(((width, preload), kernel(name)?));
-                }
-            }
+        for (width, preload, capped) in BTREE_KERNELS {
+            let name = kernels::names::btree_get_variant(width, preload, capped).expect("every listed variant has a kernel");
+            btree_get.push(((width, preload, capped), kernel(name)?));
         }
         let kernels = Kernels {
             scatter: kernel(kernels::names::SCATTER)?,
@@ -442,6 +510,7 @@ impl CudaMirror {
             pieces_per_staging,
             table_bytes,
             query: Mutex::new(slots),
+            host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_HOST_THREADS),
             btree_kernel: DEFAULT_BTREE_KERNEL,
             art_speculate: true,
             kernels,
@@ -469,18 +538,19 @@ impl CudaMirror {
         self.extent
     }
 
-    /// Picks the B-link lookup kernel: tile width (one of [`BTREE_TILE_WIDTHS`]) and whether
-    /// internal nodes' children are loaded with their keys (widths ≥ 4). For measurements.
-    pub fn set_btree_kernel(&mut self, width: u32, preload: bool) -> Result<(), MirrorError> {
-        if !self.kernels.btree_get.iter().any(|(k, _)| *k == (width, preload)) {
-            return Err(MirrorError::Unsupported(format!("no B-link lookup kernel for tile width {width} with preload {preload}")));
+    /// Picks the B-link lookup kernel (one of [`BTREE_KERNELS`]): tile width, whether internal
+    /// nodes' children are loaded with their keys, whether registers are capped. For
+    /// measurements.
+    pub fn set_btree_kernel(&mut self, width: u32, preload: bool, capped: bool) -> Result<(), MirrorError> {
+        if !self.kernels.btree_get.iter().any(|(k, _)| *k == (width, preload, capped)) {
+            return Err(MirrorError::Unsupported(format!("no B-link lookup kernel for tile width {width}, preload {preload}, capped {capped}")));
         }
-        self.btree_kernel = (width, preload);
+        self.btree_kernel = (width, preload, capped);
         Ok(())
     }
 
-    /// The B-link lookup kernel in use: (tile width, preload).
-    pub fn btree_kernel(&self) -> (u32, bool) {
+    /// The B-link lookup kernel in use: (tile width, preload, capped).
+    pub fn btree_kernel(&self) -> (u32, bool, bool) {
         self.btree_kernel
     }
 
@@ -724,8 +794,10 @@ impl CudaMirror {
     }
 
     /// Answers a batch through the query slots: chunks packed into pinned memory, copied in,
-    /// answered and copied out on alternating streams while the host packs the next chunk.
-    fn run_batch<T>(&self, op: Op, meta: u64, input: &Input<'_>, decode: impl Fn(&[u8], &Layout, &mut Vec<T>)) -> Result<Vec<T>, MirrorError> {
+    /// answered and copied out on rotating streams while the host packs the next chunk and
+    /// decodes an earlier one, straight into the answer vector (on several threads: the host
+    /// side, page faults of the answer included, would otherwise bound the whole path).
+    fn run_batch<T: Send>(&self, op: Op, meta: u64, input: &Input<'_>, decode: impl Fn(&[u8], &Layout, &mut [MaybeUninit<T>], usize)) -> Result<Vec<T>, MirrorError> {
         let n = input.len();
         let mut out = Vec::with_capacity(n);
         if n == 0 {
@@ -734,37 +806,43 @@ impl CudaMirror {
         self.bind()?;
         let heap = self.heap_ptr(meta)?;
         let mut slots = self.query.lock().unwrap_or_else(|e| e.into_inner());
-        let result = self.run_chunks(op, meta, heap, input, &mut slots, &decode, &mut out);
+        let result = self.run_chunks(op, meta, heap, input, &mut slots, &decode, &mut out.spare_capacity_mut()[..n]);
         if result.is_err() {
             // Nothing may still write into the slots' pinned buffers after this returns.
             for s in slots.iter() {
                 let _ = s.stream.sync();
             }
         }
-        result.map(|()| out)
+        result?;
+        // SAFETY: run_chunks returned Ok only after decoding every chunk, and the chunks tile
+        // 0..n, each decode writing every slot of its chunk's range (decode_get and
+        // decode_count_sum write each element of the slice they are given).
+        unsafe { out.set_len(n) };
+        Ok(out)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run_chunks<T>(
+    fn run_chunks<T: Send>(
         &self,
         op: Op,
         meta: u64,
         heap: u64,
         input: &Input<'_>,
         slots: &mut [QuerySlot],
-        decode: &impl Fn(&[u8], &Layout, &mut Vec<T>),
-        out: &mut Vec<T>,
+        decode: &impl Fn(&[u8], &Layout, &mut [MaybeUninit<T>], usize),
+        out: &mut [MaybeUninit<T>],
     ) -> Result<(), MirrorError> {
         let n = input.len();
         let per = Self::chunk_queries(op, input);
-        let mut pending: VecDeque<(usize, Layout)> = VecDeque::new();
-        let finish = |slot: &QuerySlot, layout: &Layout, out: &mut Vec<T>| -> Result<(), MirrorError> {
+        // (slot, first query, layout) of the chunks in flight, oldest first.
+        let mut pending: VecDeque<(usize, usize, Layout)> = VecDeque::new();
+        let finish = |slot: &QuerySlot, first: usize, layout: &Layout, out: &mut [MaybeUninit<T>]| -> Result<(), MirrorError> {
             slot.done.sync()?;
             let (code, at) = err_slot(slot.pin_err.as_slice());
             if code != 0 {
                 return Err(kernel_error(op, code, at));
             }
-            decode(&slot.pin_out.as_slice()[..layout.out_bytes], layout, out);
+            decode(&slot.pin_out.as_slice()[..layout.out_bytes], layout, &mut out[first..first + layout.n], self.host_threads);
             Ok(())
         };
         let mut start = 0usize;
@@ -772,15 +850,16 @@ impl CudaMirror {
         while start < n {
             let end = n.min(start + per);
             let si = chunk % slots.len();
-            // The slot's previous chunk must be finished, and the ones before it decoded first.
-            if let Some(pos) = pending.iter().position(|p| p.0 == si) {
-                for _ in 0..=pos {
-                    let (s, layout) = pending.pop_front().expect("position found");
-                    finish(&slots[s], &layout, out)?;
+            // The slot's previous chunk must be finished (decoded) before the slot is reused.
+            while let Some(&(s, first, layout)) = pending.front() {
+                if !pending.iter().any(|p| p.0 == si) {
+                    break;
                 }
+                pending.pop_front();
+                finish(&slots[s], first, &layout, out)?;
             }
             let slot = &mut slots[si];
-            let layout = pack(op, input, start..end, slot.pin_in.as_mut_slice());
+            let layout = pack(op, input, start..end, slot.pin_in.as_mut_slice(), self.host_threads);
             assert!(layout.in_bytes <= slot.dev_in.bytes() && layout.out_bytes <= slot.dev_out.bytes(), "chunk layout {layout:?} exceeds the slot");
             let stream = slot.stream.raw();
             // SAFETY: every copy stays inside its pinned and device buffers (checked above); the
@@ -798,12 +877,12 @@ impl CudaMirror {
                 sys::cuMemcpyDtoHAsync_v2(slot.pin_err.mut_ptr(), slot.dev_err.ptr(), ERR_BYTES, stream).result().map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
             }
             slot.done.record(&slot.stream)?;
-            pending.push_back((si, layout));
+            pending.push_back((si, start, layout));
             start = end;
             chunk += 1;
         }
-        while let Some((s, layout)) = pending.pop_front() {
-            finish(&slots[s], &layout, out)?;
+        while let Some((s, first, layout)) = pending.pop_front() {
+            finish(&slots[s], first, &layout, out)?;
         }
         Ok(())
     }
@@ -843,7 +922,7 @@ impl CudaMirror {
         let heap = self.heap_ptr(meta)?;
         let in_bytes = n * input.in_per_query() + 3 * SECTION;
         let mut host = vec![0u8; in_bytes];
-        let layout = pack(op, input, 0..n, &mut host);
+        let layout = pack(op, input, 0..n, &mut host, self.host_threads);
         let dev_in = DeviceBuffer::alloc(layout.in_bytes)?;
         let dev_out = DeviceBuffer::alloc(layout.out_bytes)?;
         let dev_err = DeviceBuffer::alloc(ERR_BYTES)?;
@@ -955,7 +1034,7 @@ mod tests {
         let keys: Vec<&[u8]> = vec![b"", b"a", b"abcdefghi", &[0xFF; 32]];
         let input = Input::Keys { keys: &keys, fixed: None };
         let mut buf = vec![0xAAu8; 4096];
-        let l = pack(Op::ArtGet, &input, 0..keys.len(), &mut buf);
+        let l = pack(Op::ArtGet, &input, 0..keys.len(), &mut buf, 4);
         // words: "" 0, "a" 1, "abcdefghi" 2, 32 bytes 4 = 7 words
         assert_eq!(l.offs_at, 256);
         let offs: Vec<u32> = (0..4).map(|i| u32::from_le_bytes(buf[l.offs_at + 4 * i..l.offs_at + 4 * i + 4].try_into().unwrap())).collect();
@@ -969,11 +1048,56 @@ mod tests {
         let same: Vec<&[u8]> = vec![b"12345678", b"abcdefgh"];
         assert_eq!(check_keys(&same, "key").unwrap(), Some(8));
         let input = Input::Keys { keys: &same, fixed: Some(8) };
-        let l = pack(Op::ArtPrefix, &input, 1..2, &mut buf);
+        let l = pack(Op::ArtPrefix, &input, 1..2, &mut buf, 4);
         assert_eq!(l.in_bytes, 8);
         assert_eq!(&buf[..8], b"abcdefgh");
         assert_eq!(l.out_bytes, 24);
         assert_eq!(input.fixed_len(), 8);
+    }
+
+    /// Parallel packing and decoding over many parts equal the serial result.
+    #[test]
+    fn parallel_packing_and_decoding() {
+        let n = 5 * MIN_PART + 17;
+        let words: Vec<u64> = (0..n as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let ranges: Vec<(u64, u64)> = words.iter().map(|&w| (w, !w)).collect();
+        let keys8: Vec<[u8; 8]> = words.iter().map(|w| w.to_be_bytes()).collect();
+        let keys: Vec<&[u8]> = keys8.iter().map(|k| &k[..]).collect();
+        for threads in [1, 3, 16] {
+            let mut buf = vec![0u8; 16 * n + 4096];
+            let l = pack(Op::BtreeGet, &Input::Words(&words), 3..n, &mut buf, threads);
+            assert!((0..n - 3).all(|i| word_at(&buf, i) == words[i + 3]));
+            assert_eq!(l.in_bytes, 8 * (n - 3));
+            pack(Op::BtreeCountSum, &Input::Ranges(&ranges), 0..n, &mut buf, threads);
+            assert!((0..n).all(|i| word_at(&buf, 2 * i) == ranges[i].0 && word_at(&buf, 2 * i + 1) == ranges[i].1));
+            pack(Op::ArtGet, &Input::Keys { keys: &keys, fixed: Some(8) }, 1..n, &mut buf, threads);
+            assert!((0..n - 1).all(|i| buf[8 * i..8 * i + 8] == keys8[i + 1]));
+
+            let l = layout(Op::BtreeGet, &Input::Words(&words), 0..n);
+            let mut out = vec![0u8; l.out_bytes];
+            for i in 0..n {
+                out[8 * i..8 * i + 8].copy_from_slice(&words[i].to_le_bytes());
+                out[l.found_at + i] = (i % 3 == 0) as u8;
+            }
+            let mut got = vec![MaybeUninit::uninit(); n];
+            decode_get(&out, &l, &mut got, threads);
+            // SAFETY: decode_get writes every slot.
+            assert!(got.iter().enumerate().all(|(i, g)| unsafe { g.assume_init() } == (i % 3 == 0).then_some(words[i])));
+            let l = layout(Op::BtreeCountSum, &Input::Ranges(&ranges), 0..n);
+            let mut out = vec![0u8; l.out_bytes];
+            for i in 0..n {
+                out[24 * i..24 * i + 8].copy_from_slice(&(i as u64).to_le_bytes());
+                out[24 * i + 8..24 * i + 16].copy_from_slice(&words[i].to_le_bytes());
+                out[24 * i + 16..24 * i + 24].copy_from_slice(&1u64.to_le_bytes());
+            }
+            let mut got = vec![MaybeUninit::uninit(); n];
+            decode_count_sum(&out, &l, &mut got, threads);
+            // SAFETY: decode_count_sum writes every slot.
+            assert!(got.iter().enumerate().all(|(i, g)| unsafe { g.assume_init() } == (i as u64, words[i] as u128 | 1 << 64)));
+        }
+        assert_eq!(part_len(10, 4), 10);
+        assert_eq!(part_len(4 * MIN_PART, 4), MIN_PART);
+        assert_eq!(part_len(0, 4), 1);
     }
 
     #[test]
@@ -991,16 +1115,18 @@ mod tests {
         out[8..16].copy_from_slice(&6u64.to_le_bytes());
         let l = Layout { n: 2, in_bytes: 16, offs_at: 0, lens_at: 0, found_at: 256, out_bytes: 258 };
         out[256] = 1;
-        let mut got = Vec::new();
-        decode_get(&out, &l, &mut got);
-        assert_eq!(got, [Some(5), None]);
+        let mut got = [MaybeUninit::uninit(); 2];
+        decode_get(&out, &l, &mut got, 4);
+        // SAFETY: decode_get wrote both.
+        assert_eq!(got.map(|g| unsafe { g.assume_init() }), [Some(5), None]);
         let mut agg = vec![0u8; 24];
         agg[..8].copy_from_slice(&3u64.to_le_bytes());
         agg[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         agg[16..24].copy_from_slice(&2u64.to_le_bytes());
-        let mut got = Vec::new();
-        decode_count_sum(&agg, &Layout { n: 1, ..l }, &mut got);
-        assert_eq!(got, [(3, u64::MAX as u128 | 2u128 << 64)]);
+        let mut got = [MaybeUninit::uninit(); 1];
+        decode_count_sum(&agg, &Layout { n: 1, ..l }, &mut got, 4);
+        // SAFETY: decode_count_sum wrote it.
+        assert_eq!(got.map(|g| unsafe { g.assume_init() }), [(3, u64::MAX as u128 | 2u128 << 64)]);
         for op in [Op::BtreeGet, Op::BtreeCountSum, Op::ArtGet, Op::ArtPrefix] {
             for input in [Input::Words(&[]), Input::Ranges(&[]), Input::Keys { keys: &[], fixed: None }, Input::Keys { keys: &[], fixed: Some(32) }] {
                 // A full chunk's worst-case layout fits a slot's buffers.
