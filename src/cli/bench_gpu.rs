@@ -110,11 +110,17 @@ pub fn run(args: GpuArgs) -> CliResult {
     Ok(())
 }
 
+/// Reports a phase's end on stderr (the tables and JSON go to stdout).
+fn phase(started: Instant, what: &str) {
+    eprintln!("[{:7.1} s] {what}", started.elapsed().as_secs_f64());
+}
+
 fn be(k: u64) -> [u8; 8] {
     k.to_be_bytes()
 }
 
 fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let t0 = Instant::now();
     let dir = BenchDir::new(args.dir.clone())?;
     let sequence: Vec<u64> = args.order.generate(args.keys, args.seed).into_iter().map(|(k, _)| k).collect();
     let mut distinct = sequence.clone();
@@ -141,6 +147,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         }
     }
     let load_s = started.elapsed().as_secs_f64();
+    phase(t0, "keys generated and loaded");
     // Pad the heap's used extent to --heap-mib with data the mirror must carry too.
     let used = store.heap_used();
     if (args.heap_mib << 20) > used {
@@ -150,7 +157,9 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     store.prefault();
     let heap_pages = store.heap_used().div_ceil(4096);
 
+    phase(t0, "heap padded and populated");
     let mut mirror = store.gpu_mirror(GpuOptions::default())?;
+    phase(t0, "mirror opened and synced");
     let backend = mirror.backend().to_string();
     let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5EED);
     // The batch: present keys in the order's own sequence.
@@ -190,6 +199,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         }
     }
 
+    phase(t0, "answers checked against the CPU engine");
     // CPU engine, all cores.
     let (mut cpu_lookups, mut cpu_ranges) = (vec![], vec![]);
     for _ in 0..args.rounds.clamp(1, 3) {
@@ -207,6 +217,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         }
     }
 
+    phase(t0, "CPU engine timed");
     // Device figures.
     let (mut lookups, mut e2e, mut range_rate) = (None, None, None);
     if let Some(device) = inner.device() {
@@ -222,6 +233,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         }
     }
 
+    phase(t0, "device timed");
     // Sync after 1% of the heap's pages were dirtied by apply_batch.
     let updates = (heap_pages / 100) as usize;
     let mut picks: Vec<u64> = distinct.choose_multiple(&mut rng, updates.min(distinct.len())).copied().collect();
@@ -255,6 +267,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         return Err("after the sync the mirror does not show the updates".into());
     }
 
+    phase(t0, "sync timed");
     Ok(json!({
         "bench": "gpu",
         "backend": backend,
