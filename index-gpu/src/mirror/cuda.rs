@@ -57,6 +57,10 @@ const MIN_STAGING_BUFFERS: usize = 2;
 /// A kernel's error slot: code, then offset.
 const ERR_BYTES: usize = 16;
 const PIECE: usize = kernels::SCATTER_PIECE;
+/// Threads that pack a staging buffer, at most.
+const PACK_THREADS_MAX: usize = 8;
+/// Staging batches smaller than this are packed by the calling thread alone.
+const PACK_PARALLEL_PIECES: usize = 256;
 /// Alignment of the sections (keys, offsets, lengths; values, flags) inside a chunk.
 const SECTION: usize = 256;
 /// Longest ART key or prefix the kernels take.
@@ -629,34 +633,47 @@ impl CudaMirror {
     }
 
     fn stage_runs(&mut self, image: &[u8], runs: &[Range<u64>]) -> Result<(), MirrorError> {
-        let mut cur = 0usize;
-        let mut used = 0usize;
+        // Every piece (heap offset, length) first, so that a staging buffer's pieces can be
+        // packed by several threads at once: dirty pages are scattered, and one thread
+        // copying them into pinned memory was the slowest part of a sync.
+        let mut pieces: Vec<(u64, usize)> = Vec::new();
         for r in runs {
             let mut off = r.start;
             while off < r.end {
-                if used == self.pieces_per_staging {
-                    self.submit(cur, used)?;
-                    cur = (cur + 1) % self.staging.len();
-                    used = 0;
-                }
-                let s = &mut self.staging[cur];
-                if s.in_flight {
-                    s.done.sync()?;
-                    s.in_flight = false;
-                }
                 let len = (PIECE as u64).min(r.end - off) as usize;
-                let table_bytes = self.table_bytes;
-                let buf = s.pinned.as_mut_slice();
-                buf[16 * used..16 * used + 8].copy_from_slice(&off.to_le_bytes());
-                buf[16 * used + 8..16 * used + 16].copy_from_slice(&(len as u64).to_le_bytes());
-                let at = table_bytes + used * PIECE;
-                buf[at..at + len].copy_from_slice(&image[off as usize..off as usize + len]);
-                used += 1;
+                pieces.push((off, len));
                 off += len as u64;
             }
         }
-        if used > 0 {
-            self.submit(cur, used)?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(PACK_THREADS_MAX);
+        for (batch, cur) in pieces.chunks(self.pieces_per_staging).zip((0..self.staging.len()).cycle()) {
+            let table_bytes = self.table_bytes;
+            let s = &mut self.staging[cur];
+            if s.in_flight {
+                s.done.sync()?;
+                s.in_flight = false;
+            }
+            let buf = s.pinned.as_mut_slice();
+            let (table, data) = buf.split_at_mut(table_bytes);
+            let pack = |batch: &[(u64, usize)], table: &mut [u8], data: &mut [u8]| {
+                for (i, &(off, len)) in batch.iter().enumerate() {
+                    table[16 * i..16 * i + 8].copy_from_slice(&off.to_le_bytes());
+                    table[16 * i + 8..16 * i + 16].copy_from_slice(&(len as u64).to_le_bytes());
+                    data[i * PIECE..i * PIECE + len].copy_from_slice(&image[off as usize..off as usize + len]);
+                }
+            };
+            if batch.len() < PACK_PARALLEL_PIECES || threads <= 1 {
+                pack(batch, table, data);
+            } else {
+                let per = batch.len().div_ceil(threads);
+                std::thread::scope(|scope| {
+                    let parts = batch.chunks(per).zip(table.chunks_mut(16 * per)).zip(data.chunks_mut(PIECE * per));
+                    for ((b, t), d) in parts {
+                        scope.spawn(move || pack(b, t, d));
+                    }
+                });
+            }
+            self.submit(cur, batch.len())?;
         }
         Ok(())
     }
