@@ -1,37 +1,19 @@
 //! What a store shares between its threads: the heap, the stripe locks, the LSN clock,
 //! the log, and the dirty epoch.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use tusk_storage::io::Io;
 use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
-use crate::log::LogManager;
+use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
 use crate::sync::{AtomicBool, AtomicU64};
 use crate::transaction::Transaction;
 use crate::TxnError;
-
-/// How the log is written.
-#[derive(Clone, Debug)]
-pub struct LogConfig {
-    /// The store directory (segments go to `dir/log/pNNNN/`).
-    pub dir: PathBuf,
-    pub partitions: usize,
-    pub io: Io,
-    /// A partition's buffer is handed to the writer once it holds this many bytes.
-    pub log_buffer_bytes: usize,
-    /// The writer flushes at least this often.
-    pub group_commit_interval: Duration,
-    /// A segment file is closed once it passes this size.
-    pub segment_bytes: u64,
-}
 
 pub struct EngineConfig {
     /// `2^stripes_log2` stripe locks.

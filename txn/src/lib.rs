@@ -22,6 +22,7 @@ pub mod transaction;
 pub mod write_set;
 
 pub use checkpoint::{CheckpointConfig, CheckpointReport, Checkpointer};
-pub use engine::{Engine, EngineConfig, LogConfig};
+pub use engine::{Engine, EngineConfig};
+pub use log::LogConfig;
 pub use error::TxnError;
 pub use transaction::{Commit, Lsn, Transaction};

@@ -19,20 +19,37 @@ pub mod progress;
 mod segments;
 mod writer;
 
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 
-use crate::engine::LogConfig;
 use crate::sync::AtomicU64;
 use crate::TxnError;
 use catalog::SegmentCatalog;
 use partition::Partition;
 use progress::{Progress, Watermark};
+use tusk_storage::io::Io;
 use tusk_storage::log_files::SegmentInfo;
+
+/// How the log is written.
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    /// The store directory (segments go to `dir/log/pNNNN/`).
+    pub dir: PathBuf,
+    pub partitions: usize,
+    pub io: Io,
+    /// A partition's buffer is handed to the writer once it holds this many bytes.
+    pub log_buffer_bytes: usize,
+    /// The writer flushes at least this often.
+    pub group_commit_interval: Duration,
+    /// A segment file is closed once it passes this size.
+    pub segment_bytes: u64,
+}
 
 /// State shared by committers, waiters and the writer thread.
 pub(crate) struct Shared {

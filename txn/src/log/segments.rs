@@ -11,7 +11,7 @@ use tusk_storage::log_format::{SegmentHeader, SEGMENT_HEADER_SIZE};
 use tusk_storage::StorageError;
 
 use super::catalog::SegmentCatalog;
-use crate::engine::LogConfig;
+use crate::log::LogConfig;
 use crate::TxnError;
 
 struct OpenSegment {
