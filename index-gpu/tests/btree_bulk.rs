@@ -68,3 +68,33 @@ fn descriptor_is_checked_on_open() {
         assert!(matches!(BTree::open(tx, not_a_tree), Err(tusk_index::IndexError::NotABTree(_))));
     });
 }
+
+/// Sequential inserts fill their leaves (the append split): every leaf but the rightmost is
+/// full, and removing keys again from such a tree (the underfull rightmost leaf included)
+/// keeps every invariant.
+#[test]
+fn ascending_inserts_leave_full_leaves() {
+    use tusk_index::btree::layout::CAPACITY;
+    let engine = common::engine(256 << 20);
+    let tree = common::transact(&engine, |tx| BTree::create(tx).unwrap());
+    let n = 10_000u64;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(PER_TX as usize) {
+        common::transact(&engine, |tx| {
+            for &k in chunk {
+                tree.insert(tx, k, k).unwrap();
+            }
+        });
+    }
+    let stats = common::transact(&engine, |tx| tree.check(tx).unwrap());
+    assert_eq!(stats.leaves, n.div_ceil(CAPACITY as u64), "{stats:?}");
+    // Remove from the right end (the underfull rightmost leaf first) and from the middle.
+    common::transact(&engine, |tx| {
+        for k in (n - 100..n).rev().chain((1000..3000).step_by(2)) {
+            assert_eq!(tree.remove(tx, k).unwrap(), Some(k));
+            if k % 97 == 0 {
+                tree.check(tx).unwrap();
+            }
+        }
+        assert_eq!(tree.check(tx).unwrap().keys, n - 100 - 1000);
+    });
+}

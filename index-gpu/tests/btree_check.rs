@@ -9,10 +9,10 @@ use tusk_index::btree::meta::{FREE_HEAD_OFF, KEY_COUNT_OFF, ROOT_OFF};
 use tusk_index::{BTree, IndexError};
 use tusk_txn::Transaction;
 
-/// A tree of three levels (1000 keys), and its first leaf.
+/// A tree of three levels (3000 keys inserted in ascending order), and its first leaf.
 fn tree(tx: &mut Transaction<'_>) -> (BTree, u64) {
     let tree = BTree::create(tx).unwrap();
-    for k in 0..1_000u64 {
+    for k in 0..3_000u64 {
         tree.insert(tx, k * 2, k).unwrap();
     }
     assert_eq!(tree.check(tx).unwrap().levels, 3);
@@ -76,10 +76,10 @@ fn detects_wrong_key_count() {
     assert_broken(|tx, tree, _| tx.store(tree.ptr().offset() + KEY_COUNT_OFF, 5).unwrap(), "descriptor");
 }
 
-/// Removes every other key of the first 400, so leaves merge and nodes go to the free list;
-/// returns the free list's head.
+/// Removes three of every four of the first 400 keys, so leaves (full after the ascending
+/// inserts) fall below MIN_FILL, merge, and nodes go to the free list; returns its head.
 fn free_some(tx: &mut Transaction<'_>, tree: BTree) -> u64 {
-    for k in (0..400u64).step_by(2) {
+    for k in (0..400u64).filter(|k| k % 4 != 0) {
         tree.remove(tx, k * 2).unwrap();
     }
     let stats = tree.check(tx).unwrap();

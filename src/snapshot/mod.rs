@@ -112,7 +112,6 @@ pub struct Snapshot {
     /// The dirty epoch of the last refresh of any kind (Auto's measure of writes between
     /// refreshes).
     epoch_at_refresh: u64,
-    refreshed_at: Instant,
     info: SnapshotInfo,
 }
 
@@ -151,7 +150,6 @@ impl Store {
             image: None,
             fork: None,
             epoch_at_refresh: 0,
-            refreshed_at: Instant::now(),
             info: SnapshotInfo {
                 mode: SnapshotMode::Memcpy,
                 lsn: 0,
@@ -206,7 +204,6 @@ impl Snapshot {
             SnapshotMode::Auto => unreachable!("auto picks a concrete mode"),
         };
         self.epoch_at_refresh = epoch;
-        self.refreshed_at = Instant::now();
         self.info = SnapshotInfo { mode, reason, elapsed: started.elapsed(), ..info };
         Ok(&self.info)
     }

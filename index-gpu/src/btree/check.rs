@@ -6,7 +6,8 @@
 //!   concatenation, in order, of the children of the level above (so no node is lost, shared
 //!   or out of order), and the root level is the root alone;
 //! - every node has the level's number, at most CAPACITY entries and at least MIN_FILL (the
-//!   root: a leaf root anything, an internal root two children);
+//!   rightmost leaf at least one, see insert.rs's append split; the root: a leaf root anything,
+//!   an internal root two children);
 //! - keys strictly ascend and lie in the node's range `[low, high)`, where `low` is the left
 //!   sibling's high key (0 for the leftmost) and the high key is the one its parent implies;
 //!   an internal node's keys[0] equals its `low`;
@@ -85,6 +86,8 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
             let min = match (is_root, h.is_leaf()) {
                 (true, true) => 0,
                 (true, false) => 2,
+                // The rightmost leaf grows from one entry after an append split (insert.rs).
+                (false, true) if h.right == 0 => 1,
                 (false, _) => MIN_FILL,
             };
             if h.count > CAPACITY || h.count < min {

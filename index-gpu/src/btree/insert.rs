@@ -55,11 +55,18 @@ fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Hea
 }
 
 /// Splits the full `node` while inserting (k, v) at slot `i`: of the CAPACITY + 1 entries the
-/// left keeps the lower half and a new right sibling takes the upper. Returns the new node and
-/// its first key, the separator.
+/// left keeps the lower half and a new right sibling takes the upper (or, for an append to the
+/// rightmost leaf, the left keeps all it had and the new entry starts the right). Returns the
+/// new node and its first key, the separator.
 fn split<H: HeapWrite>(heap: &mut H, meta: u64, node: u64, h: Header, i: usize, k: u64, v: u64) -> Result<(u64, u64), TxnError> {
     let total = CAPACITY + 1;
-    let left_n = total / 2;
+    // An append past the last key of the rightmost leaf — an ascending run of inserts — keeps
+    // the leaf full and starts the new rightmost leaf with the new entry alone, so sequential
+    // inserts leave full leaves instead of half-full ones. Only the rightmost leaf may hold
+    // fewer than MIN_FILL entries this way (check.rs allows it; remove.rs repairs it with
+    // its left sibling, under the same parent, like any underfull leaf).
+    let append = i == CAPACITY && h.is_leaf() && h.right == 0;
+    let left_n = if append { CAPACITY } else { total / 2 };
     let right_n = total - left_n;
     let right = slab::alloc_node(heap, meta)?;
     if i < left_n {
