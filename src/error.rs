@@ -74,6 +74,17 @@ pub enum Error {
         /// What is wrong there.
         reason: String,
     },
+    /// The store's checkpoint was written in a format this build does not read (an older
+    /// release's layout); nothing was changed on disk.
+    #[error("{path}: checkpoint format version {version}, this build reads version {supported}; open the store with the build that wrote it")]
+    OldCheckpointFormat {
+        /// The manifest in the old format.
+        path: PathBuf,
+        /// Its format version.
+        version: u32,
+        /// The version this build reads and writes.
+        supported: u32,
+    },
     /// Two log records claim the same LSN.
     #[error("LSN {lsn} appears twice: {first} and {second}")]
     DuplicateLsn {
@@ -211,6 +222,7 @@ impl From<RecoveryError> for Error {
             RecoveryError::Corrupt { path, offset, reason } => Error::Corrupt { path, offset, reason },
             RecoveryError::DuplicateLsn { lsn, first, second } => Error::DuplicateLsn { lsn, first, second },
             RecoveryError::CapacityTooSmall { path, needed, capacity, .. } => Error::CapacityTooSmall { path, needed, capacity },
+            RecoveryError::OldCheckpointFormat { path, version, supported } => Error::OldCheckpointFormat { path, version, supported },
             RecoveryError::Storage(s) => s.into(),
         }
     }

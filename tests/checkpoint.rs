@@ -112,16 +112,11 @@ fn damaged_chunk_image_falls_back_to_the_previous_checkpoint() {
     let second = store.checkpoint().unwrap();
     store.close().unwrap();
 
-    // Damage one image written by the second checkpoint.
-    let ckpt = dir.path().join("ckpt");
-    let victim = std::fs::read_dir(&ckpt)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(&format!("-e{:010}.chunk", second.epoch)) && !p.to_string_lossy().contains("c0000000000-"))
-        .expect("an image of the second checkpoint");
-    let mut bytes = std::fs::read(&victim).unwrap();
-    bytes[5000] ^= 0xFF;
-    std::fs::write(&victim, bytes).unwrap();
+    // Damage the image of the changed word's chunk, which the second checkpoint wrote.
+    let chunk = (p.offset() + 8 * 70_000) / (64 << 10);
+    let (victim, offset, _) = common::image_location(dir.path(), second.epoch, chunk);
+    assert!(victim.ends_with(format!("seg-{:010}.ckpt", second.epoch)));
+    common::flip_byte(&victim, offset + 5000, 0xFF);
 
     let store = Store::open(dir.path(), options()).unwrap();
     let loaded = store.recovery_report().checkpoint.as_ref().unwrap();
@@ -149,7 +144,8 @@ fn damaged_chunk_without_the_log_to_replace_it_is_an_error_naming_the_file() {
             std::fs::remove_file(&path).unwrap();
         }
     }
-    let victim = dir.path().join("ckpt").join(format!("c{:010}-e{:010}.chunk", 5, third.epoch));
+    let (victim, _, _) = common::image_location(dir.path(), third.epoch, 5);
+    assert!(victim.ends_with(format!("seg-{:010}.ckpt", third.epoch)), "every chunk changed: the third checkpoint wrote it");
     std::fs::remove_file(&victim).unwrap();
     match Store::open(dir.path(), options()) {
         Err(tusk::Error::Corrupt { path, .. }) => assert_eq!(path, victim),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tusk::{Commit, Error, HeapPtr, Options, Store};
 use tusk_storage::checkpoint_format::{
-    chunk_path, list_manifests, manifest_path, parse_chunk_name, Manifest, CHECKPOINT_VERSION,
+    image_segment_path, list_manifests, manifest_path, parse_image_segment_name, Manifest, CHECKPOINT_VERSION,
 };
 
 const CHUNK: u64 = 16 << 10;
@@ -49,11 +49,10 @@ fn two_checkpoints(dir: &Path) -> (HeapPtr, u64, u64) {
     (p, first.epoch, second.epoch)
 }
 
-/// The image of the heap chunk holding `word` of the data, as the manifest of `epoch` names it.
-fn image_of(dir: &Path, p: HeapPtr, word: u64, epoch: u64) -> PathBuf {
-    let manifest = Manifest::decode(&std::fs::read(manifest_path(dir, epoch)).unwrap()).unwrap();
-    let index = (p.offset() + word * 8) / CHUNK;
-    chunk_path(dir, index, manifest.chunks[index as usize].image_epoch)
+/// The image of the heap chunk holding `word` of the data, as the manifest of `epoch` names
+/// it: its segment, offset and length.
+fn image_of(dir: &Path, p: HeapPtr, word: u64, epoch: u64) -> (PathBuf, u64, u64) {
+    common::image_location(dir, epoch, (p.offset() + word * 8) / CHUNK)
 }
 
 fn check_data(store: &Store) {
@@ -81,22 +80,22 @@ fn assert_falls_back(dir: &Path, previous: u64, culprit: &Path) {
 }
 
 #[test]
-fn missing_chunk_image_falls_back_to_the_previous_checkpoint() {
+fn missing_segment_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (p, first, second) = two_checkpoints(dir.path());
-    let victim = image_of(dir.path(), p, CHANGED[1], second);
-    assert!(victim.ends_with(format!("c{:010}-e{second:010}.chunk", (p.offset() + CHANGED[1] * 8) / CHUNK)));
+    let (victim, _, _) = image_of(dir.path(), p, CHANGED[1], second);
+    assert_eq!(victim, image_segment_path(dir.path(), second), "the second checkpoint wrote the changed chunk");
     std::fs::remove_file(&victim).unwrap();
     assert_falls_back(dir.path(), first, &victim);
 }
 
 #[test]
-fn missing_image_both_checkpoints_share_without_the_log_is_an_error_naming_it() {
+fn missing_segment_both_checkpoints_share_without_the_log_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let (p, first, second) = two_checkpoints(dir.path());
     // A clean chunk: the second checkpoint reuses the first one's image, so neither can load.
-    let victim = image_of(dir.path(), p, 10 * CHUNK / 8, second);
-    assert_eq!(victim, image_of(dir.path(), p, 10 * CHUNK / 8, first));
+    let (victim, offset, _) = image_of(dir.path(), p, 10 * CHUNK / 8, second);
+    assert_eq!((victim.clone(), offset), { let (v, o, _) = image_of(dir.path(), p, 10 * CHUNK / 8, first); (v, o) });
     std::fs::remove_file(&victim).unwrap();
     match Store::open(dir.path(), options()) {
         Err(Error::Corrupt { path, reason, .. }) => assert_eq!(path, victim, "{reason}"),
@@ -106,13 +105,26 @@ fn missing_image_both_checkpoints_share_without_the_log_is_an_error_naming_it() 
 }
 
 #[test]
-fn truncated_chunk_image_falls_back_to_the_previous_checkpoint() {
+fn truncated_segment_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (p, first, second) = two_checkpoints(dir.path());
-    let victim = image_of(dir.path(), p, CHANGED[0], second);
-    let len = std::fs::metadata(&victim).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len / 2).unwrap();
+    let (victim, offset, image) = image_of(dir.path(), p, CHANGED[0], second);
+    // Cut inside the image: its header is there, half its chunk is not.
+    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(offset + image / 2).unwrap();
     assert_falls_back(dir.path(), first, &victim);
+}
+
+#[test]
+fn damaged_image_in_a_segment_falls_back_and_the_report_names_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    let (victim, offset, image) = image_of(dir.path(), p, CHANGED[1], second);
+    common::flip_byte(&victim, offset + image - 1, 0x01);
+    assert_falls_back(dir.path(), first, &victim);
+    let store = Store::open(dir.path(), options()).unwrap();
+    let reason = &store.recovery_report().checkpoint.as_ref().unwrap().fallback.as_ref().unwrap().reason;
+    assert!(reason.contains(&format!("offset {offset}")) && reason.contains("checksum"), "{reason}");
+    store.close().unwrap();
 }
 
 #[test]
@@ -120,10 +132,47 @@ fn image_of_another_chunk_in_its_place_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (p, first, second) = two_checkpoints(dir.path());
     // Both images are intact and carry valid checksums, only the header says whose they are.
-    let a = image_of(dir.path(), p, CHANGED[0], second);
-    let b = image_of(dir.path(), p, CHANGED[1], second);
-    std::fs::copy(&a, &b).unwrap();
-    assert_falls_back(dir.path(), first, &b);
+    let (a_path, a, image) = image_of(dir.path(), p, CHANGED[0], second);
+    let (b_path, b, _) = image_of(dir.path(), p, CHANGED[1], second);
+    assert_eq!(a_path, b_path);
+    let mut bytes = std::fs::read(&a_path).unwrap();
+    bytes.copy_within(a as usize..(a + image) as usize, b as usize);
+    std::fs::write(&b_path, bytes).unwrap();
+    assert_falls_back(dir.path(), first, &b_path);
+}
+
+/// A store whose newest checkpoint is in format version 1 (one file per chunk image): a
+/// typed error naming the manifest, no panic, no silent fallback, nothing changed on disk.
+#[test]
+fn checkpoint_of_the_old_format_is_a_typed_error_naming_the_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, second) = two_checkpoints(dir.path());
+    let victim = manifest_path(dir.path(), second);
+    let current = Manifest::decode(&std::fs::read(&victim).unwrap()).unwrap();
+    // Version 1's layout: 24-byte entries [image epoch][chunk LSN][crc32][0], and its images
+    // as ckpt/cIIIIIIIIII-eEEEEEEEEE.chunk.
+    let mut old = current.encode()[..48].to_vec();
+    old[8..12].copy_from_slice(&1u32.to_le_bytes());
+    for (i, c) in current.chunks.iter().enumerate() {
+        old.extend_from_slice(&c.image_epoch.to_le_bytes());
+        old.extend_from_slice(&c.lsn.to_le_bytes());
+        old.extend_from_slice(&c.crc.to_le_bytes());
+        old.extend_from_slice(&0u32.to_le_bytes());
+        std::fs::write(dir.path().join("ckpt").join(format!("c{i:010}-e{:010}.chunk", c.image_epoch)), b"old image").unwrap();
+    }
+    let crc = crc32fast::hash(&old);
+    old.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(&victim, &old).unwrap();
+    let opened = std::panic::catch_unwind(|| Store::open(dir.path(), options()).map(drop));
+    match opened {
+        Ok(Err(Error::OldCheckpointFormat { path, version, supported })) => {
+            assert_eq!((path, version, supported), (victim.clone(), 1, CHECKPOINT_VERSION));
+        }
+        other => panic!("expected the old-format error, got {other:?}"),
+    }
+    let message = Store::open(dir.path(), options()).err().unwrap().to_string();
+    assert!(message.contains(&victim.display().to_string()) && message.contains("version 1"), "{message}");
+    assert_eq!(std::fs::read(&victim).unwrap(), old, "the old manifest is left as it was");
 }
 
 #[test]
@@ -198,21 +247,18 @@ fn only_the_last_two_checkpoints_and_their_images_stay_on_disk() {
         .map(|(_, path)| Manifest::decode(&std::fs::read(path).unwrap()).unwrap())
         .collect();
     assert_eq!(manifests.len(), 2, "the newest checkpoint and the one before it");
-    let mut referenced: Vec<(u64, u64)> = manifests
-        .iter()
-        .flat_map(|m| m.chunks.iter().enumerate().map(|(i, c)| (i as u64, c.image_epoch)))
-        .collect();
+    let mut referenced: Vec<u64> = manifests.iter().flat_map(|m| m.segments()).collect();
     referenced.sort_unstable();
     referenced.dedup();
-    let mut on_disk: Vec<(u64, u64)> = std::fs::read_dir(dir.path().join("ckpt"))
+    let mut on_disk: Vec<u64> = std::fs::read_dir(dir.path().join("ckpt"))
         .unwrap()
         .map(|e| {
             let name = e.unwrap().file_name().to_string_lossy().into_owned();
-            parse_chunk_name(&name).unwrap_or_else(|| panic!("stray file {name} in ckpt/"))
+            parse_image_segment_name(&name).unwrap_or_else(|| panic!("stray file {name} in ckpt/"))
         })
         .collect();
     on_disk.sort_unstable();
-    assert_eq!(on_disk, referenced, "exactly the images the kept checkpoints use");
+    assert_eq!(on_disk, referenced, "exactly the segments the kept checkpoints use");
     let stray: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -228,15 +274,15 @@ fn only_the_last_two_checkpoints_and_their_images_stay_on_disk() {
 fn second_fallback_names_the_newest_checkpoints_damage() {
     let dir = tempfile::tempdir().unwrap();
     let (p, first, second) = two_checkpoints(dir.path());
-    std::fs::remove_file(image_of(dir.path(), p, CHANGED[0], second)).unwrap();
+    std::fs::remove_file(image_of(dir.path(), p, CHANGED[0], second).0).unwrap();
     let store = Store::open(dir.path(), options()).unwrap();
     assert_eq!(store.recovery_report().checkpoint.as_ref().unwrap().manifest.epoch, first);
     store.transact(Commit::Sync, |tx| tx.write_u64_at(p, CHANGED[1] * 8, expected(CHANGED[1]))).unwrap();
     let third = store.checkpoint().unwrap();
     store.close().unwrap();
 
-    let victim = image_of(dir.path(), p, CHANGED[1], third.epoch);
-    assert!(victim.to_string_lossy().ends_with(&format!("-e{:010}.chunk", third.epoch)));
+    let (victim, _, _) = image_of(dir.path(), p, CHANGED[1], third.epoch);
+    assert_eq!(victim, image_segment_path(dir.path(), third.epoch));
     std::fs::remove_file(&victim).unwrap();
     assert_falls_back(dir.path(), first, &victim);
 }

@@ -18,7 +18,7 @@ use proptest::prelude::*;
 use std::sync::Arc;
 
 use tusk::{Commit, FaultPlan, HeapPtr, Lsn, Options, Store};
-use tusk_storage::checkpoint_format::{chunk_path, list_manifests, Manifest, CHUNK_HEADER_SIZE};
+use tusk_storage::checkpoint_format::{image_segment_path, list_manifests, Manifest, CHUNK_HEADER_SIZE};
 
 const REGIONS: usize = 3;
 /// Small chunks and a small log bound: allocations span several chunks, checkpoints are
@@ -126,7 +126,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 /// Flips one byte of a chunk image that the newest manifest's own checkpoint wrote, if an
-/// older manifest exists; returns the image's path.
+/// older manifest exists; returns its segment's path.
 fn damage_newest_image(dir: &std::path::Path, pick: u64) -> Option<std::path::PathBuf> {
     let manifests = list_manifests(dir).unwrap();
     if manifests.len() < 2 {
@@ -135,9 +135,9 @@ fn damage_newest_image(dir: &std::path::Path, pick: u64) -> Option<std::path::Pa
     let newest = Manifest::decode(&std::fs::read(&manifests[0].1).unwrap()).ok()?;
     let own: Vec<usize> = (0..newest.chunks.len()).filter(|&i| newest.chunks[i].image_epoch == newest.epoch).collect();
     let index = own[(pick % own.len() as u64) as usize];
-    let path = chunk_path(dir, index as u64, newest.epoch);
+    let path = image_segment_path(dir, newest.epoch);
     let mut bytes = std::fs::read(&path).ok()?;
-    let at = CHUNK_HEADER_SIZE + ((pick >> 16) % newest.chunk_size) as usize;
+    let at = (newest.chunks[index].offset as usize) + CHUNK_HEADER_SIZE + ((pick >> 16) % newest.chunk_size) as usize;
     bytes[at] ^= 0x5A;
     std::fs::write(&path, bytes).unwrap();
     Some(path)

@@ -67,10 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     put(out, "log_records", &format!("{name}-p{partition}-{seq}-repair"), &with(1))?;
                 }
                 FileKind::Manifest { epoch } => put(out, "checkpoint_images", &format!("{name}-manifest-{epoch}"), &with(1))?,
-                FileKind::Chunk { index, epoch } if *index == 0 => {
-                    put(out, "checkpoint_images", &format!("{name}-chunk-{index}-{epoch}"), &with(2))?
-                }
-                FileKind::Chunk { .. } => {}
+                FileKind::Images { epoch } => put(out, "checkpoint_images", &format!("{name}-images-{epoch}"), &with(6))?,
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tusk_storage::checkpoint_format::{chunk_path, manifest_path, parse_chunk_name, parse_manifest_name, CHUNK_HEADER_SIZE};
+use tusk_storage::checkpoint_format::{image_segment_path, manifest_path, parse_image_segment_name, parse_manifest_name, CHUNK_HEADER_SIZE};
 use tusk_storage::log_files::segment_path;
 use tusk_storage::log_format::{FRAME_HEADER_SIZE, PAD_MAGIC, RECORD_MAGIC, SEGMENT_HEADER_SIZE, SEGMENT_MAGIC};
 
@@ -35,7 +35,8 @@ pub const MAX_FILES: usize = 8;
 pub enum FileKind {
     Segment { partition: u32, seq: u64 },
     Manifest { epoch: u64 },
-    Chunk { index: u64, epoch: u64 },
+    /// A checkpoint's segment of chunk images.
+    Images { epoch: u64 },
 }
 
 impl FileKind {
@@ -45,7 +46,7 @@ impl FileKind {
         match tag[0] % 3 {
             0 => FileKind::Segment { partition: (a % 4) as u32, seq: b % 8 + 1 },
             1 => FileKind::Manifest { epoch: a % 4 + 1 },
-            _ => FileKind::Chunk { index: a % 8, epoch: b % 4 + 1 },
+            _ => FileKind::Images { epoch: b % 4 + 1 },
         }
     }
 
@@ -53,7 +54,7 @@ impl FileKind {
         match self {
             FileKind::Segment { partition, seq } => [0, partition as u8, (seq - 1) as u8],
             FileKind::Manifest { epoch } => [1, (epoch - 1) as u8, 0],
-            FileKind::Chunk { index, epoch } => [2, index as u8, (epoch - 1) as u8],
+            FileKind::Images { epoch } => [2, 0, (epoch - 1) as u8],
         }
     }
 
@@ -61,7 +62,7 @@ impl FileKind {
         match self {
             FileKind::Segment { partition, seq } => segment_path(dir, partition, seq),
             FileKind::Manifest { epoch } => manifest_path(dir, epoch),
-            FileKind::Chunk { index, epoch } => chunk_path(dir, index, epoch),
+            FileKind::Images { epoch } => image_segment_path(dir, epoch),
         }
     }
 }
@@ -116,8 +117,8 @@ pub fn read_store_dir(dir: &Path) -> std::io::Result<Vec<(FileKind, Vec<u8>)>> {
         let name = entry.file_name().unwrap().to_string_lossy().into_owned();
         let kind = if let Some(epoch) = parse_manifest_name(&name) {
             FileKind::Manifest { epoch }
-        } else if let Some((index, epoch)) = parse_chunk_name(&name) {
-            FileKind::Chunk { index, epoch }
+        } else if let Some(epoch) = parse_image_segment_name(&name) {
+            FileKind::Images { epoch }
         } else if let Some(seq) = name.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
             let partition = entry.parent().and_then(|p| p.file_name()).and_then(|p| p.to_str()?.strip_prefix('p')?.parse().ok());
             match partition {
@@ -159,17 +160,15 @@ pub fn repair_all(files: &mut [(FileKind, Vec<u8>)]) {
     for (kind, bytes) in files.iter_mut() {
         match kind {
             FileKind::Segment { .. } => repair_segment(bytes),
-            FileKind::Chunk { .. } => repair_chunk(bytes),
+            FileKind::Images { .. } => repair_images(bytes),
             FileKind::Manifest { .. } => {}
         }
     }
     let chunk_crcs: Vec<((u64, u64), u32)> = files
         .iter()
-        .filter_map(|(k, b)| match *k {
-            FileKind::Chunk { index, epoch } if b.len() >= CHUNK_HEADER_SIZE => {
-                Some(((index, epoch), u32::from_le_bytes(b[48..52].try_into().unwrap())))
-            }
-            _ => None,
+        .flat_map(|(k, b)| match *k {
+            FileKind::Images { epoch } => images(b).into_iter().map(|(at, _)| ((epoch, at as u64), u32::from_le_bytes(b[at + 48..at + 52].try_into().unwrap()))).collect(),
+            _ => Vec::new(),
         })
         .collect();
     for (kind, bytes) in files.iter_mut() {
@@ -207,7 +206,23 @@ pub fn repair_frames(bytes: &mut [u8], mut at: usize) {
     }
 }
 
-/// Chunk data CRC and header CRC.
+/// The images of a segment that look like ones (magic, and a length that fits): their
+/// offsets and data lengths. An image that does not look like one ends the walk.
+fn images(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + CHUNK_HEADER_SIZE <= bytes.len() && bytes[at..at + 8] == *b"TUSKCHNK" {
+        let len = u64::from_le_bytes(bytes[at + 40..at + 48].try_into().unwrap());
+        if len > (bytes.len() - at - CHUNK_HEADER_SIZE) as u64 {
+            break;
+        }
+        out.push((at, len as usize));
+        at += CHUNK_HEADER_SIZE + len as usize;
+    }
+    out
+}
+
+/// Chunk data CRC and header CRC of one image (header at the start of `bytes`).
 pub fn repair_chunk(bytes: &mut [u8]) {
     if bytes.len() < CHUNK_HEADER_SIZE {
         return;
@@ -218,17 +233,27 @@ pub fn repair_chunk(bytes: &mut [u8]) {
     put_crc(bytes, 52, hcrc);
 }
 
-/// Entry CRCs from the chunk images present (by index and image epoch), then the trailer.
+/// Repairs every image of a checkpoint segment.
+pub fn repair_images(bytes: &mut [u8]) {
+    for (at, len) in images(bytes) {
+        repair_chunk(&mut bytes[at..at + CHUNK_HEADER_SIZE + len]);
+    }
+}
+
+/// Entry CRCs from the chunk images present (by segment epoch and offset), then the trailer.
 pub fn repair_manifest(bytes: &mut [u8], chunk_crcs: &[((u64, u64), u32)]) {
-    if bytes.len() < 52 {
+    const HEAD: usize = 48;
+    const ENTRY: usize = 32;
+    if bytes.len() < HEAD + 4 {
         return;
     }
     let count = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
-    for i in 0..count.min(((bytes.len() - 52) / 24) as u64) as usize {
-        let at = 48 + 24 * i;
+    for i in 0..count.min(((bytes.len() - HEAD - 4) / ENTRY) as u64) as usize {
+        let at = HEAD + ENTRY * i;
         let epoch = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        if let Some(&(_, crc)) = chunk_crcs.iter().find(|(key, _)| *key == (i as u64, epoch)) {
-            put_crc(bytes, at + 16, crc);
+        let offset = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap());
+        if let Some(&(_, crc)) = chunk_crcs.iter().find(|(key, _)| *key == (epoch, offset)) {
+            put_crc(bytes, at + 24, crc);
         }
     }
     let body = bytes.len() - 4;
@@ -245,7 +270,7 @@ mod tests {
         let files = vec![
             (FileKind::Segment { partition: 1, seq: 3 }, vec![1, 2, 3]),
             (FileKind::Manifest { epoch: 2 }, vec![]),
-            (FileKind::Chunk { index: 5, epoch: 4 }, vec![9; 10]),
+            (FileKind::Images { epoch: 4 }, vec![9; 10]),
         ];
         assert_eq!(parse_image(&encode_image(true, &files)), (true, files));
     }

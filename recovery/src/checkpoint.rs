@@ -1,13 +1,17 @@
 //! Loading a checkpoint: the newest manifest whose chunk images are all present and intact,
-//! loaded in parallel. A damaged or missing image makes recovery fall back to the previous
+//! loaded in parallel (large reads of neighbouring images of a segment). A damaged or missing image makes recovery fall back to the previous
 //! checkpoint (whose log the checkpointer keeps); the replay then checks that the log really
 //! reaches as far as the newer checkpoint did.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tusk_storage::checkpoint_format::{chunk_path, list_manifests, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
 use std::os::fd::AsRawFd;
+
+use tusk_storage::checkpoint_format::{
+    image_segment_path, image_size, list_manifests, ChunkEntry, ChunkHeader, Manifest, ManifestError, CHECKPOINT_VERSION,
+    CHUNK_HEADER_SIZE,
+};
 
 use tusk_storage::io::sync::pread_full;
 use tusk_storage::io::{open_direct_read, AlignedBuf};
@@ -50,7 +54,12 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> RecoveryError {
 /// Reads and checks one manifest.
 pub fn read_manifest(path: &Path) -> Result<Manifest, RecoveryError> {
     let bytes = std::fs::read(path).map_err(|e| StorageError::io(path, e))?;
-    Manifest::decode(&bytes).map_err(|reason| corrupt(path, reason))
+    Manifest::decode(&bytes).map_err(|e| match e {
+        ManifestError::Older { version } => {
+            RecoveryError::OldCheckpointFormat { path: path.to_path_buf(), version, supported: CHECKPOINT_VERSION }
+        }
+        other => corrupt(path, other.to_string()),
+    })
 }
 
 /// Loads the newest usable checkpoint into `heap` (zero on entry); without a heap, only
@@ -61,6 +70,9 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedC
     for (i, (_, path)) in manifests.iter().enumerate() {
         let manifest = match read_manifest(path) {
             Ok(m) => m,
+            // Falling back past a manifest of another format would silently drop what it
+            // holds: refuse, naming it.
+            Err(e @ RecoveryError::OldCheckpointFormat { .. }) => return Err(e),
             Err(RecoveryError::Corrupt { reason, .. }) if reason.contains("newer") => return Err(corrupt(path, reason)),
             Err(e) => {
                 // A manifest is renamed into place only when complete: damage is media damage.
@@ -107,26 +119,69 @@ fn zero(heap: &Heap, len: u64) {
     }
 }
 
-/// Loads every image of `manifest` in parallel. On failure: the image's path and why.
+/// Bytes one loader reads at once: images that lie next to each other in a segment are read
+/// together, so that a full checkpoint streams in large reads.
+const READ_BYTES: u64 = 8 << 20;
+
+/// Images read by one pread: chunks `chunks`, from `offset` of segment `segment`.
+struct Run {
+    segment: usize,
+    offset: u64,
+    chunks: Vec<u64>,
+}
+
+/// The reads that load `manifest`: its images in segment order, neighbours merged.
+fn plan_runs(manifest: &Manifest, segments: &[u64]) -> Vec<Run> {
+    let image = image_size(manifest.chunk_size);
+    let per_run = (READ_BYTES / image).max(1) as usize;
+    let mut order: Vec<u64> = (0..manifest.chunks.len() as u64).collect();
+    order.sort_unstable_by_key(|&i| {
+        let e = &manifest.chunks[i as usize];
+        (e.image_epoch, e.offset)
+    });
+    let mut runs: Vec<Run> = Vec::new();
+    for index in order {
+        let e = &manifest.chunks[index as usize];
+        let segment = segments.binary_search(&e.image_epoch).expect("segments come from the manifest");
+        match runs.last_mut() {
+            Some(r) if r.segment == segment && r.chunks.len() < per_run && r.offset + image * r.chunks.len() as u64 == e.offset => {
+                r.chunks.push(index)
+            }
+            _ => runs.push(Run { segment, offset: e.offset, chunks: vec![index] }),
+        }
+    }
+    runs
+}
+
+/// Loads every image of `manifest` in parallel. On failure: the file and why.
 fn load_images(dir: &Path, manifest: &Manifest, heap: Option<&Heap>) -> Result<(), (PathBuf, String)> {
+    let segments = manifest.segments();
+    let mut files = Vec::with_capacity(segments.len());
+    for &epoch in &segments {
+        let path = image_segment_path(dir, epoch);
+        let file = open_direct_read(&path).map_err(|e| (path.clone(), format!("cannot open: {e}")))?;
+        let len = file.metadata().map_err(|e| (path.clone(), format!("cannot stat: {e}")))?.len();
+        files.push((path, file, len));
+    }
+    let runs = plan_runs(manifest, &segments);
     let next = AtomicUsize::new(0);
     // Loads wait on the disk as much as they use the CPU: twice as many loaders as cores
     // keep the device busy.
-    let workers = (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(4).min(manifest.chunks.len().max(1));
+    let workers = (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(4).min(runs.len().max(1));
+    let image = image_size(manifest.chunk_size);
     let failures: Vec<(PathBuf, String)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| {
                     let mut buf = AlignedBuf::new();
-                    buf.extend_zeros(CHUNK_HEADER_SIZE + manifest.chunk_size as usize);
                     loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(entry) = manifest.chunks.get(i) else { return None };
-                    let path = chunk_path(dir, i as u64, entry.image_epoch);
-                    if let Err(reason) = load_image(&path, i as u64, entry, manifest.chunk_size, heap, &mut buf) {
-                        next.store(usize::MAX / 2, Ordering::Relaxed);
-                        return Some((path, reason));
-                    }
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(run) = runs.get(i) else { return None };
+                        let (path, file, file_len) = &files[run.segment];
+                        if let Err(reason) = load_run(file, *file_len, run, manifest, heap, image, &mut buf) {
+                            next.store(usize::MAX / 2, Ordering::Relaxed);
+                            return Some((path.clone(), reason));
+                        }
                     }
                 })
             })
@@ -139,21 +194,31 @@ fn load_images(dir: &Path, manifest: &Manifest, heap: Option<&Heap>) -> Result<(
     }
 }
 
-fn load_image(
-    path: &Path,
-    index: u64,
-    entry: &tusk_storage::checkpoint_format::ChunkEntry,
-    chunk_size: u64,
-    heap: Option<&Heap>,
-    buf: &mut AlignedBuf,
-) -> Result<(), String> {
-    let file = open_direct_read(path).map_err(|e| format!("cannot open: {e}"))?;
-    let file_len = file.metadata().map_err(|e| format!("cannot stat: {e}"))?.len();
-    if file_len != buf.len() as u64 {
-        return Err(format!("image file of {file_len} bytes, expected {}", buf.len()));
+/// Reads one run of images, checks each against the manifest and stores it into the heap.
+fn load_run(file: &std::fs::File, file_len: u64, run: &Run, manifest: &Manifest, heap: Option<&Heap>, image: u64, buf: &mut AlignedBuf) -> Result<(), String> {
+    let len = image * run.chunks.len() as u64;
+    if run.offset.checked_add(len).is_none_or(|end| end > file_len) {
+        return Err(format!("segment of {file_len} bytes ends before the images at {}..{}", run.offset, run.offset.saturating_add(len)));
     }
-    let got = pread_full(file.as_raw_fd(), 0, buf.as_mut_slice()).map_err(|e| format!("cannot read: {e}"))?;
-    let bytes = &buf.as_slice()[..got];
+    if buf.len() < len as usize {
+        buf.clear();
+        buf.extend_zeros(len as usize);
+    }
+    let bytes = &mut buf.as_mut_slice()[..len as usize];
+    let got = pread_full(file.as_raw_fd(), run.offset, bytes).map_err(|e| format!("cannot read at {}: {e}", run.offset))?;
+    if got != bytes.len() {
+        return Err(format!("short read at {}: {got} of {} bytes", run.offset, bytes.len()));
+    }
+    for (k, &index) in run.chunks.iter().enumerate() {
+        let at = k * image as usize;
+        let offset = run.offset + at as u64;
+        check_and_store(&bytes[at..at + image as usize], index, &manifest.chunks[index as usize], manifest.chunk_size, heap)
+            .map_err(|reason| format!("image at offset {offset} (chunk {index}): {reason}"))?;
+    }
+    Ok(())
+}
+
+fn check_and_store(bytes: &[u8], index: u64, entry: &ChunkEntry, chunk_size: u64, heap: Option<&Heap>) -> Result<(), String> {
     let header = ChunkHeader::decode(bytes)?;
     let data = &bytes[CHUNK_HEADER_SIZE..];
     if header.index != index || header.epoch != entry.image_epoch || header.lsn != entry.lsn {
@@ -163,7 +228,7 @@ fn load_image(
         ));
     }
     if header.len != chunk_size || data.len() as u64 != chunk_size {
-        return Err(format!("image holds {} bytes, chunks are {chunk_size}", data.len()));
+        return Err(format!("image holds {} bytes, chunks are {chunk_size}", header.len));
     }
     let crc = crc32fast::hash(data);
     if crc != header.crc || crc != entry.crc {

@@ -14,6 +14,9 @@ pub enum RecoveryError {
     /// A record writes beyond the heap capacity given in the options.
     #[error("{path}: record at offset {offset} writes up to byte {needed}, beyond the heap capacity of {capacity} bytes; open with a larger heap_capacity")]
     CapacityTooSmall { path: PathBuf, offset: u64, needed: u64, capacity: u64 },
+    /// A checkpoint written in a format this build does not read.
+    #[error("{path}: checkpoint format version {version}, this build reads version {supported}; open the store with the build that wrote it")]
+    OldCheckpointFormat { path: PathBuf, version: u32, supported: u32 },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use tusk::{Options, Store};
 use tusk_recovery::checkpoint::read_manifest;
-use tusk_storage::checkpoint_format::list_manifests;
+use tusk_storage::checkpoint_format::{list_image_segments, list_manifests};
 
 use super::report::table;
 use super::CliResult;
@@ -54,8 +54,19 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             Ok(m) => serde_json::json!({
                 "epoch": epoch, "path": path, "valid": true, "chunks": m.chunks.len(), "chunk_size": m.chunk_size,
                 "covered_bytes": m.covered, "min_chunk_lsn": m.min_lsn(), "max_chunk_lsn": m.max_lsn(),
+                "image_segments": m.segments(),
             }),
             Err(e) => serde_json::json!({ "epoch": epoch, "path": path, "valid": false, "error": e.to_string() }),
+        })
+        .collect();
+    // Each checkpoint writes one segment of chunk images; later ones still use the images of
+    // clean chunks in older segments.
+    let image_segments: Vec<(u64, PathBuf, u64)> = list_image_segments(&args.dir)
+        .map_err(|e| format!("{}: {e}", args.dir.display()))?
+        .into_iter()
+        .map(|(epoch, path)| {
+            let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+            (epoch, path, bytes)
         })
         .collect();
     let plan = tusk_recovery::plan(&args.dir, None, false)?;
@@ -90,6 +101,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         "dir": args.dir,
         "manifests": manifests,
         "checkpoint": checkpoint,
+        "image_segments": image_segments.iter().map(|(epoch, path, bytes)| serde_json::json!({"epoch": epoch, "path": path, "bytes": bytes})).collect::<Vec<_>>(),
         "segments": segments,
         "log_bytes": r.log_bytes,
         "durable_lsn": r.recovered_lsn,
@@ -128,6 +140,14 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         &[
             ("checkpoint", ckpt_line),
             ("manifests on disk", manifests.len().to_string()),
+            (
+                "checkpoint image segments",
+                format!(
+                    "{} ({:.1} MiB)",
+                    image_segments.iter().map(|(e, _, _)| e.to_string()).collect::<Vec<_>>().join(", "),
+                    image_segments.iter().map(|(_, _, b)| *b).sum::<u64>() as f64 / (1 << 20) as f64
+                ),
+            ),
             ("log", format!("{} segments, {:.1} MiB", r.segment_files.len(), r.log_bytes as f64 / (1 << 20) as f64)),
             ("durable LSN", r.recovered_lsn.to_string()),
             ("largest LSN", r.max_lsn.to_string()),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use rand::rngs::SmallRng;
 use rand::Rng;
-use tusk_storage::checkpoint_format::{checkpoint_dir, parse_chunk_name, parse_manifest_name};
+use tusk_storage::checkpoint_format::{checkpoint_dir, parse_image_segment_name, parse_manifest_name};
 use tusk_storage::io::{power_cut, PowerCut};
 use tusk_storage::log_files::{list_partitions, list_segments};
 use tusk_storage::log_format::{decode_frame, Frame, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE};
@@ -144,13 +144,13 @@ pub fn tear_tail(dir: &Path, rng: &mut SmallRng, first_lsn: u64, required_lsn: u
     Ok(Some(plan))
 }
 
-/// The files a bit flip may hit: log segments, chunk images, manifests.
+/// The files a bit flip may hit: log segments, checkpoint image segments, manifests.
 fn flippable(dir: &Path) -> Result<Vec<PathBuf>, CrashtestError> {
     let mut out = Vec::new();
     for p in list_partitions(dir)? {
         out.extend(list_segments(dir, p)?.into_iter().map(|(_, path)| path));
     }
-    for (d, is_ours) in [(checkpoint_dir(dir), parse_chunk_name as fn(&str) -> Option<(u64, u64)>), (dir.to_path_buf(), |n: &str| parse_manifest_name(n).map(|e| (0, e)))] {
+    for (d, is_ours) in [(checkpoint_dir(dir), parse_image_segment_name as fn(&str) -> Option<u64>), (dir.to_path_buf(), parse_manifest_name)] {
         let entries = match std::fs::read_dir(&d) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,

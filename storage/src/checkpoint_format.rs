@@ -1,41 +1,57 @@
-//! Checkpoint formats: chunk images and manifests.
+//! Checkpoint formats: segments of chunk images, and manifests.
 //!
 //! ```text
-//! DIR/ckpt/cIIIIIIIIII-eEEEEEEEEE.chunk   chunk image: chunk I as written by checkpoint E
-//!   block 0   [magic "TUSKCHNK"][version u32][0 u32][chunk index u64][epoch u64]
-//!             [chunk LSN u64][data length u64][crc32 of data u32][crc32 of the above u32]
-//!             zeros to 4096 bytes
-//!   then      the chunk's bytes (a multiple of 4096)
+//! DIR/ckpt/seg-EEEEEEEEEE.ckpt            segment: the chunk images checkpoint E wrote,
+//!                                         back to back, each a multiple of 4096 bytes
+//!   per image  block 0  [magic "TUSKCHNK"][version u32][0 u32][chunk index u64][epoch u64]
+//!                       [chunk LSN u64][data length u64][crc32 of data u32][crc32 of the above u32]
+//!                       zeros to 4096 bytes
+//!              then     the chunk's bytes (a multiple of 4096)
 //! DIR/MANIFEST-EEEEEEEEEE                 manifest of checkpoint E
 //!   [magic "TUSKMANF"][version u32][0 u32][epoch u64][chunk size u64][covered bytes u64]
-//!   [chunk count u64], then per chunk [image epoch u64][chunk LSN u64][crc32 u32][0 u32],
-//!   then [crc32 of everything before u32]
+//!   [chunk count u64], then per chunk [segment epoch u64][offset in the segment u64]
+//!   [chunk LSN u64][crc32 u32][0 u32], then [crc32 of everything before u32]
 //! ```
-//! A chunk image holds every write with an LSN below its chunk LSN and none above. The
-//! manifest names, for every chunk below `covered bytes`, the image that belongs to this
-//! checkpoint (written by it, or by an earlier one when the chunk stayed clean).
+//! A chunk image holds every write with an LSN below its chunk LSN and none above; its
+//! header names the chunk and the checkpoint that wrote it, so an image found at the wrong
+//! place is recognised. The manifest names, for every chunk below `covered bytes`, where the
+//! image that belongs to this checkpoint lies: in its own segment, or in an older one when
+//! the chunk stayed clean. One segment per checkpoint (not one file per chunk) lets a
+//! checkpoint write its images in large sequential writes with one sync each.
+//!
+//! Version 1 kept one file per chunk image (`ckpt/cIIIIIIIIII-eEEEEEEEEE.chunk`); this build
+//! refuses such a store with [`ManifestError::Older`] rather than misreading it.
 
 use std::path::{Path, PathBuf};
 
 pub const CHUNK_MAGIC: [u8; 8] = *b"TUSKCHNK";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"TUSKMANF";
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
 /// Size of a chunk image's header block.
 pub const CHUNK_HEADER_SIZE: usize = 4096;
+/// Bytes of one manifest entry.
+const ENTRY_SIZE: usize = 32;
+/// Bytes of a manifest before its entries, and of its trailer.
+const MANIFEST_HEAD: usize = 48;
+const MANIFEST_TRAILER: usize = 4;
 
 pub fn checkpoint_dir(store_dir: &Path) -> PathBuf {
     store_dir.join("ckpt")
 }
 
-pub fn chunk_path(store_dir: &Path, index: u64, epoch: u64) -> PathBuf {
-    checkpoint_dir(store_dir).join(format!("c{index:010}-e{epoch:010}.chunk"))
+/// The segment that checkpoint `epoch` writes its images into.
+pub fn image_segment_path(store_dir: &Path, epoch: u64) -> PathBuf {
+    checkpoint_dir(store_dir).join(format!("seg-{epoch:010}.ckpt"))
 }
 
-/// (index, epoch) from a chunk image's file name.
-pub fn parse_chunk_name(name: &str) -> Option<(u64, u64)> {
-    let rest = name.strip_prefix('c')?.strip_suffix(".chunk")?;
-    let (index, epoch) = rest.split_once("-e")?;
-    Some((index.parse().ok()?, epoch.parse().ok()?))
+/// Epoch from a segment's file name.
+pub fn parse_image_segment_name(name: &str) -> Option<u64> {
+    name.strip_prefix("seg-")?.strip_suffix(".ckpt")?.parse().ok()
+}
+
+/// Bytes one image of a `chunk_size` chunk takes in a segment.
+pub fn image_size(chunk_size: u64) -> u64 {
+    CHUNK_HEADER_SIZE as u64 + chunk_size
 }
 
 pub fn manifest_path(store_dir: &Path, epoch: u64) -> PathBuf {
@@ -60,6 +76,14 @@ pub struct ChunkHeader {
 impl ChunkHeader {
     pub fn encode(&self) -> [u8; CHUNK_HEADER_SIZE] {
         let mut b = [0u8; CHUNK_HEADER_SIZE];
+        self.encode_into(&mut b);
+        b
+    }
+
+    /// Writes the header into the first [`CHUNK_HEADER_SIZE`] bytes of `b` (an image buffer).
+    pub fn encode_into(&self, b: &mut [u8]) {
+        let b = &mut b[..CHUNK_HEADER_SIZE];
+        b.fill(0);
         b[0..8].copy_from_slice(&CHUNK_MAGIC);
         b[8..12].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
         b[16..24].copy_from_slice(&self.index.to_le_bytes());
@@ -69,7 +93,6 @@ impl ChunkHeader {
         b[48..52].copy_from_slice(&self.crc.to_le_bytes());
         let hcrc = crc32fast::hash(&b[0..52]);
         b[52..56].copy_from_slice(&hcrc.to_le_bytes());
-        b
     }
 
     pub fn decode(b: &[u8]) -> Result<ChunkHeader, String> {
@@ -95,10 +118,26 @@ impl ChunkHeader {
 /// One chunk's entry in a manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkEntry {
-    /// The checkpoint epoch that wrote the image this checkpoint uses.
+    /// The checkpoint epoch that wrote the image this checkpoint uses (its segment).
     pub image_epoch: u64,
+    /// Where the image starts in that segment.
+    pub offset: u64,
     pub lsn: u64,
     pub crc: u32,
+}
+
+/// Why a manifest cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    /// Written by an older build in a format this one does not read.
+    #[error("checkpoint format version {version} is older than this build reads ({CHECKPOINT_VERSION}); open the store with the build that wrote it and export its data")]
+    Older { version: u32 },
+    /// Written by a newer build.
+    #[error("manifest format version {version} is newer than this build reads ({CHECKPOINT_VERSION})")]
+    Newer { version: u32 },
+    /// Not a manifest, or damaged.
+    #[error("{0}")]
+    Damaged(String),
 }
 
 /// A checkpoint: which image holds each chunk.
@@ -120,8 +159,16 @@ impl Manifest {
         self.chunks.iter().map(|c| c.lsn).max().unwrap_or(0)
     }
 
+    /// The segments this checkpoint reads, ascending.
+    pub fn segments(&self) -> Vec<u64> {
+        let mut s: Vec<u64> = self.chunks.iter().map(|c| c.image_epoch).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(48 + 24 * self.chunks.len() + 4);
+        let mut b = Vec::with_capacity(MANIFEST_HEAD + ENTRY_SIZE * self.chunks.len() + MANIFEST_TRAILER);
         b.extend_from_slice(&MANIFEST_MAGIC);
         b.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
@@ -131,6 +178,7 @@ impl Manifest {
         b.extend_from_slice(&(self.chunks.len() as u64).to_le_bytes());
         for c in &self.chunks {
             b.extend_from_slice(&c.image_epoch.to_le_bytes());
+            b.extend_from_slice(&c.offset.to_le_bytes());
             b.extend_from_slice(&c.lsn.to_le_bytes());
             b.extend_from_slice(&c.crc.to_le_bytes());
             b.extend_from_slice(&0u32.to_le_bytes());
@@ -140,44 +188,57 @@ impl Manifest {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<Manifest, String> {
-        if b.len() < 52 || b[0..8] != MANIFEST_MAGIC {
-            return Err("not a tusk manifest".into());
+    pub fn decode(b: &[u8]) -> Result<Manifest, ManifestError> {
+        let damaged = |s: String| Err(ManifestError::Damaged(s));
+        if b.len() < MANIFEST_HEAD + MANIFEST_TRAILER || b[0..8] != MANIFEST_MAGIC {
+            return damaged("not a tusk manifest".into());
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let body = b.len() - MANIFEST_TRAILER;
+        // The version is judged only on a manifest whose checksum holds (every version so far
+        // ends in a crc32 of the rest), so that damage is not taken for another format.
+        let intact = u32_at(body) == crc32fast::hash(&b[..body]);
         let version = u32_at(8);
-        if version > CHECKPOINT_VERSION {
-            return Err(format!("manifest format version {version} is newer than this build reads ({CHECKPOINT_VERSION})"));
+        if intact && version > CHECKPOINT_VERSION {
+            return Err(ManifestError::Newer { version });
+        }
+        if intact && version != 0 && version < CHECKPOINT_VERSION {
+            return Err(ManifestError::Older { version });
         }
         if version != CHECKPOINT_VERSION {
-            return Err(format!("unknown manifest format version {version}"));
+            return damaged(format!("unknown manifest format version {version}"));
         }
         let count = u64_at(40);
-        let expected = count.checked_mul(24).and_then(|n| n.checked_add(52));
+        let expected = count.checked_mul(ENTRY_SIZE as u64).and_then(|n| n.checked_add((MANIFEST_HEAD + MANIFEST_TRAILER) as u64));
         if expected != Some(b.len() as u64) {
-            return Err(format!("manifest of {} bytes cannot hold {count} chunks", b.len()));
+            return damaged(format!("manifest of {} bytes cannot hold {count} chunks", b.len()));
         }
-        let body = b.len() - 4;
-        if u32_at(body) != crc32fast::hash(&b[..body]) {
-            return Err("manifest checksum mismatch".into());
+        if !intact {
+            return damaged("manifest checksum mismatch".into());
         }
         let chunk_size = u64_at(24);
         if chunk_size == 0 || chunk_size % 4096 != 0 {
-            return Err(format!("invalid chunk size {chunk_size}"));
+            return damaged(format!("invalid chunk size {chunk_size}"));
         }
         let covered = u64_at(32);
         // Recovery loads `count` chunks into a heap checked against `covered` only: the two
         // must agree, or a chunk could lie past the heap's end.
         if count != covered.div_ceil(chunk_size).max(1) {
-            return Err(format!("manifest lists {count} chunks of {chunk_size} bytes for {covered} covered bytes"));
+            return damaged(format!("manifest lists {count} chunks of {chunk_size} bytes for {covered} covered bytes"));
         }
-        let chunks = (0..count as usize)
-            .map(|i| {
-                let at = 48 + 24 * i;
-                ChunkEntry { image_epoch: u64_at(at), lsn: u64_at(at + 8), crc: u32_at(at + 16) }
-            })
-            .collect();
+        let image = image_size(chunk_size);
+        let mut chunks = Vec::with_capacity(count as usize);
+        for i in 0..count as usize {
+            let at = MANIFEST_HEAD + ENTRY_SIZE * i;
+            let entry = ChunkEntry { image_epoch: u64_at(at), offset: u64_at(at + 8), lsn: u64_at(at + 16), crc: u32_at(at + 24) };
+            // Images lie at whole image slots: anything else cannot be one (and would make
+            // unaligned direct reads).
+            if entry.offset % image != 0 {
+                return damaged(format!("chunk {i} at segment offset {}, not a multiple of the image size {image}", entry.offset));
+            }
+            chunks.push(entry);
+        }
         Ok(Manifest { epoch: u64_at(16), chunk_size, covered, chunks })
     }
 }
@@ -195,29 +256,81 @@ pub fn list_manifests(store_dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> 
     Ok(out)
 }
 
+/// The checkpoint segments in `store_dir`, oldest first.
+pub fn list_image_segments(store_dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let dir = checkpoint_dir(store_dir);
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if let Some(epoch) = parse_image_segment_name(&entry.file_name().to_string_lossy()) {
+            out.push((epoch, entry.path()));
+        }
+    }
+    out.sort_unstable_by_key(|s| s.0);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn manifest_round_trips_and_rejects_damage() {
-        let m = Manifest {
+    fn manifest() -> Manifest {
+        let image = image_size(1 << 20);
+        Manifest {
             epoch: 7,
             chunk_size: 1 << 20,
             covered: 3 << 20,
-            chunks: (0..3).map(|i| ChunkEntry { image_epoch: 7 - i, lsn: 100 + i, crc: i as u32 }).collect(),
-        };
+            chunks: (0..3).map(|i| ChunkEntry { image_epoch: 7 - i, offset: i * image, lsn: 100 + i, crc: i as u32 }).collect(),
+        }
+    }
+
+    fn with_crc(mut bytes: Vec<u8>) -> Vec<u8> {
+        let body = bytes.len() - 4;
+        let crc = crc32fast::hash(&bytes[..body]);
+        bytes[body..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn manifest_round_trips_and_rejects_damage() {
+        let m = manifest();
         let bytes = m.encode();
         assert_eq!(Manifest::decode(&bytes), Ok(m.clone()));
         assert_eq!((m.min_lsn(), m.max_lsn()), (100, 102));
+        assert_eq!(m.segments(), vec![5, 6, 7]);
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x10;
             assert!(Manifest::decode(&bad).is_err(), "flip at byte {i} undetected");
         }
-        let mut newer = bytes.clone();
+    }
+
+    #[test]
+    fn other_versions_are_named_as_such() {
+        let mut newer = manifest().encode();
         newer[8] = 9;
-        assert!(Manifest::decode(&newer).unwrap_err().contains("newer"));
+        assert_eq!(Manifest::decode(&with_crc(newer)), Err(ManifestError::Newer { version: 9 }));
+        let mut older = manifest().encode();
+        older[8] = 1;
+        let err = Manifest::decode(&with_crc(older)).unwrap_err();
+        assert_eq!(err, ManifestError::Older { version: 1 });
+        assert!(err.to_string().contains("older than this build reads (2)"), "{err}");
+        // A damaged version field (checksum wrong) is damage, not another format.
+        let mut flipped = manifest().encode();
+        flipped[8] = 1;
+        assert!(matches!(Manifest::decode(&flipped), Err(ManifestError::Damaged(_))));
+    }
+
+    #[test]
+    fn an_offset_off_the_image_slots_is_refused() {
+        let mut m = manifest();
+        m.chunks[1].offset += 4096;
+        assert!(matches!(Manifest::decode(&m.encode()), Err(ManifestError::Damaged(r)) if r.contains("not a multiple")));
     }
 
     #[test]
@@ -227,8 +340,8 @@ mod tests {
         let mut bad = h.encode();
         bad[33] ^= 1;
         assert!(ChunkHeader::decode(&bad).is_err());
-        let p = chunk_path(Path::new("/s"), 3, 9);
-        assert_eq!(parse_chunk_name(&p.file_name().unwrap().to_string_lossy()), Some((3, 9)));
+        let s = image_segment_path(Path::new("/s"), 9);
+        assert_eq!(parse_image_segment_name(&s.file_name().unwrap().to_string_lossy()), Some(9));
         let m = manifest_path(Path::new("/s"), 12);
         assert_eq!(parse_manifest_name(&m.file_name().unwrap().to_string_lossy()), Some(12));
     }

@@ -93,3 +93,19 @@ pub fn records(path: &Path) -> Vec<Rec> {
 pub fn partition_of_lsn(dir: &Path, partitions: u32, lsn: u64) -> Option<u32> {
     (0..partitions).find(|&p| segments(dir, p).iter().any(|s| records(s).iter().any(|r| r.lsn == lsn)))
 }
+
+/// Where the image of chunk `index` lies that checkpoint `epoch` uses: its segment file, the
+/// offset there, and the image's length (header and chunk).
+pub fn image_location(dir: &Path, epoch: u64, index: u64) -> (PathBuf, u64, u64) {
+    use tusk_storage::checkpoint_format::{image_segment_path, image_size, manifest_path, Manifest};
+    let manifest = Manifest::decode(&std::fs::read(manifest_path(dir, epoch)).unwrap()).unwrap();
+    let entry = manifest.chunks[index as usize];
+    (image_segment_path(dir, entry.image_epoch), entry.offset, image_size(manifest.chunk_size))
+}
+
+/// XORs `mask` into the byte at `at` of `path`.
+pub fn flip_byte(path: &Path, at: u64, mask: u8) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= mask;
+    std::fs::write(path, bytes).unwrap();
+}

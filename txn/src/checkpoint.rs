@@ -2,22 +2,25 @@
 //!
 //! A checkpoint copies every chunk of the allocated heap that changed since the previous
 //! one, each inside [`Engine::copy_consistent`] (so it carries a chunk LSN and needs no pause
-//! of other transactions), writes the images through the I/O backend, waits until the
-//! largest chunk LSN is durable, and then switches the manifest atomically (temp file,
-//! fsync, rename, fsync of the directory). Clean chunks keep their earlier image, unless
-//! that image is so old that the log it needs would exceed half of `max_log_bytes`.
-//! Afterwards the previous checkpoint is kept (recovery falls back to it if an image of the
-//! new one is lost), everything older is deleted, and log segments whose records are all
-//! older than both checkpoints' oldest chunk LSN are removed.
+//! of other transactions), writes the images back to back into one new segment file (large
+//! sequential writes, one sync each, no file per chunk), waits until the largest chunk LSN is
+//! durable, and then switches the manifest atomically (temp file, fsync, rename, fsync of
+//! the directory). Clean chunks keep their earlier image, unless that image is so old that
+//! the log it needs would exceed half of `max_log_bytes`, or its segment is mostly dead (see
+//! [`COMPACT_BELOW`]). Afterwards the previous checkpoint is kept (recovery falls back to it
+//! if an image of the new one is lost), everything older is deleted, segments no kept
+//! manifest names are deleted, and log segments whose records are all older than both
+//! checkpoints' oldest chunk LSN are removed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tusk_storage::checkpoint_format::{
-    checkpoint_dir, chunk_path, list_manifests, manifest_path, parse_chunk_name, ChunkEntry, ChunkHeader, Manifest,
-    CHUNK_HEADER_SIZE,
+    checkpoint_dir, image_segment_path, image_size, list_image_segments, list_manifests, manifest_path, ChunkEntry,
+    ChunkHeader, Manifest, CHUNK_HEADER_SIZE,
 };
 use tusk_storage::io::{open_backend, open_direct, AlignedBuf, FaultPlan, Io, IoBackend, WriteSync};
 use tusk_storage::layout::BRK_OFF;
@@ -27,12 +30,19 @@ use tusk_storage::{StorageError, PAGE_SIZE};
 use crate::engine::Engine;
 use crate::TxnError;
 
-/// Chunk images written together (in flight at once).
-const BATCH: usize = 8;
+/// Bytes of images written by one request (one write and one fdatasync): large enough that
+/// the device streams, small enough that copying the next batch overlaps writing this one.
+const BATCH_BYTES: u64 = 8 << 20;
 
-/// Chunk buffers kept between checkpoints: two batches, one being copied while the other
-/// is written.
-const POOL_BUFFERS: usize = 2 * BATCH + 1;
+/// Batch buffers kept between checkpoints: one being copied into, one queued, one written.
+const POOL_BUFFERS: usize = 3;
+
+/// A segment whose images the newest checkpoint still uses for less than this fraction of
+/// its slots is compacted: its live chunks (all clean) are copied again into the new
+/// segment, so that it can be deleted once the previous checkpoint no longer needs it. Every
+/// segment a manifest names is thus at least this full, bounding the space dead images pin
+/// to about `1 / COMPACT_BELOW` times the covered heap (plus the previous checkpoint's).
+pub const COMPACT_BELOW: f64 = 0.5;
 
 #[derive(Clone, Debug)]
 pub struct CheckpointConfig {
@@ -49,7 +59,8 @@ pub struct CheckpointConfig {
 /// What one checkpoint did.
 #[derive(Clone, Debug, Default)]
 pub struct CheckpointReport {
-    /// The checkpoint's number (its manifest is `MANIFEST-<epoch>`).
+    /// The checkpoint's number (its manifest is `MANIFEST-<epoch>`, its segment
+    /// `ckpt/seg-<epoch>.ckpt`).
     pub epoch: u64,
     /// Chunks the checkpoint covers.
     pub chunks: u64,
@@ -59,14 +70,18 @@ pub struct CheckpointReport {
     pub reused: u64,
     /// Clean chunks rewritten because their image pinned too much log.
     pub rewritten_for_log: u64,
+    /// Clean chunks rewritten because their segment was mostly dead (compaction).
+    pub rewritten_for_space: u64,
     /// Bytes of chunk images written (headers included).
     pub bytes_written: u64,
     /// Oldest chunk LSN: recovery replays the log after it.
     pub min_lsn: u64,
     /// Newest chunk LSN: the checkpoint became valid once it was durable.
     pub max_lsn: u64,
-    /// Chunk images no kept checkpoint refers to any more, deleted.
-    pub deleted_images: u64,
+    /// Image segments no kept checkpoint refers to any more, deleted.
+    pub deleted_segments: u64,
+    /// Bytes of image segments on disk afterwards.
+    pub segment_bytes: u64,
     /// Log segments deleted, and their bytes.
     pub trimmed_segments: u64,
     pub trimmed_bytes: u64,
@@ -84,12 +99,21 @@ pub struct Checkpointer {
     previous: Option<Manifest>,
     /// Pages whose dirty epoch is ≤ this are unchanged since `last`'s images.
     clean_through: Option<u64>,
-    /// Chunk buffers reused across chunks and checkpoints (no zeroing, no page faults).
+    /// Image slots of each segment on disk (learnt when written, or from its length).
+    slots: HashMap<u64, u64>,
+    /// Batch buffers reused across batches and checkpoints (no zeroing, no page faults).
     pool: Vec<AlignedBuf>,
 }
 
 fn io_err(path: &std::path::Path, e: std::io::Error) -> TxnError {
     TxnError::Storage(StorageError::io(path, e))
+}
+
+/// One batch of images on its way to the segment: `count` images from slot `first_slot`.
+struct Batch {
+    buf: AlignedBuf,
+    first_slot: u64,
+    count: u64,
 }
 
 impl Checkpointer {
@@ -105,7 +129,7 @@ impl Checkpointer {
         let dir = checkpoint_dir(&config.dir);
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
         let clean_through = last.as_ref().map(|_| 0);
-        Ok(Checkpointer { config, backend, last, previous, clean_through, pool: Vec::new() })
+        Ok(Checkpointer { config, backend, last, previous, clean_through, slots: HashMap::new(), pool: Vec::new() })
     }
 
     pub fn last(&self) -> Option<&Manifest> {
@@ -132,26 +156,30 @@ impl Checkpointer {
             return Err(TxnError::LogFailed("checkpoints need durability on".into()));
         };
         let chunk = self.config.chunk_size;
+        let image = image_size(chunk);
+        let per_batch = (BATCH_BYTES / image).max(1);
         let epoch = self.last.as_ref().map_or(0, |m| m.epoch).max(self.newest_manifest_on_disk()) + 1;
         let ended = engine.advance_dirty_epoch();
         let mut report = CheckpointReport { epoch, ..CheckpointReport::default() };
         let catalog = log.catalog();
         let heap = engine.heap();
 
-        // Chunk 0 first: its copy fixes how much of the heap this checkpoint covers.
-        // A heap smaller than one chunk: the image's tail past the heap's end stays zero.
-        let mut first = self.pool.pop().unwrap_or_else(|| chunk_buffer(chunk));
-        let lsn0 = copy_chunk(engine, 0, chunk, &mut first)?;
+        // Chunk 0 first, into slot 0 of the first batch: its copy fixes how much of the heap
+        // this checkpoint covers. A heap smaller than one chunk: the image's tail past the
+        // heap's end stays zero.
+        let mut first = Batch { buf: self.pool.pop().unwrap_or_else(|| batch_buffer(image, per_batch)), first_slot: 0, count: 0 };
+        let lsn0 = copy_chunk(engine, 0, chunk, image_at(&mut first.buf, 0, image))?;
         let brk_at = CHUNK_HEADER_SIZE + BRK_OFF as usize;
         // Exactly the allocated bytes (not rounded up to a chunk), so that a reopen with any
         // heap that holds them is accepted.
-        let covered = u64::from_le_bytes(first.as_slice()[brk_at..brk_at + 8].try_into().unwrap());
+        let covered = u64::from_le_bytes(first.buf.as_slice()[brk_at..brk_at + 8].try_into().unwrap());
         let count = covered.div_ceil(chunk).max(1);
 
         // Which earlier images stay: decided up front, so the copy loop below needs only the
-        // engine while the image writer owns the I/O backend.
-        let mut entries: Vec<ChunkEntry> = Vec::with_capacity(count as usize);
-        entries.push(ChunkEntry { image_epoch: epoch, lsn: lsn0, crc: 0 });
+        // engine while the image writer owns the I/O backend, and every written chunk's
+        // slot in the segment is known.
+        let mut entries: Vec<Option<ChunkEntry>> = Vec::with_capacity(count as usize);
+        entries.push(None);
         for index in 1..count {
             let reuse = self.reusable(index, heap).filter(|old| {
                 let pinned = catalog.bytes_needed_after(old.lsn);
@@ -162,75 +190,83 @@ impl Checkpointer {
                     true
                 }
             });
-            match reuse {
-                Some(old) => {
-                    entries.push(old);
-                    report.reused += 1;
-                }
-                // Filled in when the chunk is copied.
-                None => entries.push(ChunkEntry { image_epoch: epoch, lsn: 0, crc: 0 }),
-            }
+            entries.push(reuse);
         }
+        report.rewritten_for_space = self.compact(&mut entries);
+        report.reused = entries.iter().filter(|e| e.is_some()).count() as u64;
+        let to_write: Vec<u64> = (0..count).filter(|&i| entries[i as usize].is_none()).collect();
+
+        let seg_path = image_segment_path(&self.config.dir, epoch);
+        let segment = self.create_segment(&seg_path)?;
 
         // Copying overlaps writing: this thread copies the next batch of chunks while the
         // image writer thread has the previous one in flight.
         let mut pool = std::mem::take(&mut self.pool);
-        let config = &self.config;
         let backend = &mut self.backend;
+        let fd = segment.as_raw_fd();
+        let mut sealed: Vec<(u64, ChunkEntry)> = Vec::with_capacity(to_write.len());
         let written = std::thread::scope(|scope| -> Result<(u64, u64), TxnError> {
-            let (to_writer, batches) = crossbeam_channel::bounded::<Vec<(u64, AlignedBuf)>>(1);
-            let (to_copier, returned) = crossbeam_channel::unbounded::<Vec<(u64, AlignedBuf)>>();
+            let (to_writer, batches) = crossbeam_channel::bounded::<Batch>(1);
+            let (to_copier, returned) = crossbeam_channel::unbounded::<AlignedBuf>();
+            let seg_path = &seg_path;
             let writer = scope.spawn(move || -> Result<(u64, u64), TxnError> {
                 let (mut images, mut bytes) = (0, 0);
                 for batch in batches {
-                    write_images(backend.as_mut(), config, epoch, &batch)?;
-                    images += batch.len() as u64;
-                    bytes += batch.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
-                    // The copier may be gone after an error of its own; the buffers then just drop.
-                    let _ = to_copier.send(batch);
+                    let len = (batch.count * image) as usize;
+                    let req = WriteSync { fd, offset: batch.first_slot * image, data: &batch.buf.as_slice()[..len] };
+                    let result = backend.write_and_sync(&[req]).pop().expect("one result per request");
+                    result.map_err(|e| io_err(seg_path, e))?;
+                    images += batch.count;
+                    bytes += len as u64;
+                    // The copier may be gone after an error of its own; the buffer then drops.
+                    let _ = to_copier.send(batch.buf);
                 }
                 Ok((images, bytes))
             });
-            let mut batch: Vec<(u64, AlignedBuf)> = Vec::with_capacity(BATCH);
-            seal_image(&mut first, 0, epoch, lsn0, &mut entries[0]);
-            batch.push((0, first));
             let copied = (|| -> Result<(), TxnError> {
-                for index in 1..count {
-                    if entries[index as usize].image_epoch != epoch {
-                        continue;
+                let mut batch = first;
+                for (slot, &index) in to_write.iter().enumerate() {
+                    let slot = slot as u64;
+                    if batch.count == per_batch {
+                        let next_first = batch.first_slot + batch.count;
+                        if to_writer.send(batch).is_err() {
+                            // The writer stopped on an error, which join reports below.
+                            return Ok(());
+                        }
+                        pool.extend(returned.try_iter());
+                        let buf = pool.pop().unwrap_or_else(|| batch_buffer(image, per_batch));
+                        batch = Batch { buf, first_slot: next_first, count: 0 };
                     }
-                    for (_, buf) in returned.try_iter().flatten() {
-                        pool.push(buf);
-                    }
-                    let mut buf = pool.pop().unwrap_or_else(|| chunk_buffer(chunk));
-                    let lsn = copy_chunk(engine, index, chunk, &mut buf)?;
-                    seal_image(&mut buf, index, epoch, lsn, &mut entries[index as usize]);
-                    batch.push((index, buf));
-                    if batch.len() == BATCH && to_writer.send(std::mem::take(&mut batch)).is_err() {
-                        // The writer stopped on an error, which join reports below.
-                        break;
-                    }
+                    let at = slot - batch.first_slot;
+                    // Chunk 0 was copied before the loop (it is always written, in slot 0).
+                    let lsn = if index == 0 { lsn0 } else { copy_chunk(engine, index, chunk, image_at(&mut batch.buf, at, image))? };
+                    sealed.push((index, seal_image(image_at(&mut batch.buf, at, image), index, epoch, lsn, slot * image)));
+                    batch.count += 1;
                 }
-                if !batch.is_empty() {
-                    let _ = to_writer.send(std::mem::take(&mut batch));
+                if batch.count > 0 {
+                    let _ = to_writer.send(batch);
                 }
                 Ok(())
             })();
             drop(to_writer);
             let written = writer.join().expect("the image writer does not panic");
-            for (_, buf) in returned.try_iter().flatten() {
-                pool.push(buf);
-            }
+            pool.extend(returned.try_iter());
             copied?;
             written
         });
         pool.truncate(POOL_BUFFERS);
         self.pool = pool;
         let (images, bytes) = written?;
+        drop(segment);
+        self.slots.insert(epoch, to_write.len() as u64);
+        for (index, entry) in sealed {
+            entries[index as usize] = Some(entry);
+        }
         report.written = images;
         report.bytes_written = bytes;
         report.chunks = count;
 
+        let entries = entries.into_iter().map(|e| e.expect("every chunk is reused or written")).collect();
         let manifest = Manifest { epoch, chunk_size: chunk, covered, chunks: entries };
         report.min_lsn = manifest.min_lsn();
         report.max_lsn = manifest.max_lsn();
@@ -264,6 +300,51 @@ impl Checkpointer {
         clean.then_some(entry)
     }
 
+    /// Drops the reuse of images in segments that the new checkpoint would use for less
+    /// than [`COMPACT_BELOW`] of their slots (they are written again from the heap, which
+    /// holds the same bytes: the chunks are clean). Returns how many.
+    fn compact(&mut self, entries: &mut [Option<ChunkEntry>]) -> u64 {
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for e in entries.iter().flatten() {
+            *live.entry(e.image_epoch).or_default() += 1;
+        }
+        let image = image_size(self.config.chunk_size);
+        let sparse: HashSet<u64> = live
+            .into_iter()
+            .filter(|&(segment, used)| {
+                let slots = *self.slots.entry(segment).or_insert_with(|| {
+                    // A segment this process did not write: its length tells (a missing one
+                    // counts as full; reusing it fails no worse than before).
+                    let path = image_segment_path(&self.config.dir, segment);
+                    std::fs::metadata(&path).map_or(used, |m| m.len() / image)
+                });
+                (used as f64) < COMPACT_BELOW * slots as f64
+            })
+            .map(|(segment, _)| segment)
+            .collect();
+        let mut rewritten = 0;
+        for e in entries.iter_mut() {
+            if e.is_some_and(|e| sparse.contains(&e.image_epoch)) {
+                *e = None;
+                rewritten += 1;
+            }
+        }
+        rewritten
+    }
+
+    /// Creates this checkpoint's segment, its directory entry durable before any image is
+    /// written into it.
+    fn create_segment(&self, path: &std::path::Path) -> Result<std::fs::File, TxnError> {
+        self.step(path)?;
+        // A failed earlier attempt at this epoch may have left the file behind.
+        let _ = std::fs::remove_file(path);
+        let file = open_direct(path, true).map_err(|e| io_err(path, e))?;
+        let dir = checkpoint_dir(&self.config.dir);
+        self.step(&dir)?;
+        sync_dir(&dir)?;
+        Ok(file)
+    }
+
     fn write_manifest(&self, manifest: &Manifest) -> Result<(), TxnError> {
         use std::io::Write;
         let path = manifest_path(&self.config.dir, manifest.epoch);
@@ -280,9 +361,9 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// Deletes manifests older than the two kept, chunk images neither references, and the
-    /// log both no longer need.
-    fn collect_garbage(&self, report: &mut CheckpointReport, catalog: &crate::log::catalog::SegmentCatalog) -> Result<(), TxnError> {
+    /// Deletes manifests older than the two kept, segments neither references, and the log
+    /// both no longer need.
+    fn collect_garbage(&mut self, report: &mut CheckpointReport, catalog: &crate::log::catalog::SegmentCatalog) -> Result<(), TxnError> {
         let kept: Vec<&Manifest> = self.last.iter().chain(self.previous.iter()).collect();
         let oldest_kept = kept.iter().map(|m| m.epoch).min().unwrap_or(0);
         for (epoch, path) in list_manifests(&self.config.dir).map_err(|e| io_err(&self.config.dir, e))? {
@@ -290,20 +371,22 @@ impl Checkpointer {
                 std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
             }
         }
-        let referenced: HashSet<(u64, u64)> =
-            kept.iter().flat_map(|m| m.chunks.iter().enumerate().map(|(i, c)| (i as u64, c.image_epoch))).collect();
+        let referenced: HashSet<u64> = kept.iter().flat_map(|m| m.segments()).collect();
         let dir = checkpoint_dir(&self.config.dir);
-        for entry in std::fs::read_dir(&dir).map_err(|e| io_err(&dir, e))? {
-            let entry = entry.map_err(|e| io_err(&dir, e))?;
-            let name = entry.file_name();
-            if let Some(key) = parse_chunk_name(&name.to_string_lossy()) {
-                if !referenced.contains(&key) {
-                    std::fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
-                    report.deleted_images += 1;
-                }
+        let mut left = 0;
+        for (epoch, path) in list_image_segments(&self.config.dir).map_err(|e| io_err(&dir, e))? {
+            if referenced.contains(&epoch) {
+                left += std::fs::metadata(&path).map_or(0, |m| m.len());
+            } else {
+                std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
+                self.slots.remove(&epoch);
+                report.deleted_segments += 1;
             }
         }
-        sync_dir(&dir)?;
+        report.segment_bytes = left;
+        if report.deleted_segments > 0 {
+            sync_dir(&dir)?;
+        }
         let trim_to = kept.iter().map(|m| m.min_lsn()).min().unwrap_or(0);
         let (files, bytes) = catalog.trim(trim_to)?;
         report.trimmed_segments = files as u64;
@@ -321,54 +404,34 @@ fn fault_step(config: &CheckpointConfig, path: &std::path::Path) -> Result<(), T
     }
 }
 
-/// A buffer for one chunk image: header plus a whole chunk.
-fn chunk_buffer(chunk: u64) -> AlignedBuf {
+/// A buffer for `per_batch` images laid out as in the segment.
+fn batch_buffer(image: u64, per_batch: u64) -> AlignedBuf {
     let mut buf = AlignedBuf::new();
-    buf.extend_zeros(CHUNK_HEADER_SIZE + chunk as usize);
+    buf.extend_zeros((image * per_batch) as usize);
     buf
 }
 
-/// Copies chunk `index` into `buf` (after the header room) and returns its chunk LSN. The
-/// part of a last chunk beyond the heap's capacity is zero.
-fn copy_chunk(engine: &Engine, index: u64, chunk: u64, buf: &mut AlignedBuf) -> Result<u64, TxnError> {
-    debug_assert_eq!(buf.len(), CHUNK_HEADER_SIZE + chunk as usize);
+/// The `slot`-th image (header and chunk) of a batch buffer.
+fn image_at(buf: &mut AlignedBuf, slot: u64, image: u64) -> &mut [u8] {
+    let start = (slot * image) as usize;
+    &mut buf.as_mut_slice()[start..start + image as usize]
+}
+
+/// Copies chunk `index` into `out` (an image, after the header room) and returns its chunk
+/// LSN. The part of a last chunk beyond the heap's capacity is zero.
+fn copy_chunk(engine: &Engine, index: u64, chunk: u64, out: &mut [u8]) -> Result<u64, TxnError> {
+    debug_assert_eq!(out.len(), CHUNK_HEADER_SIZE + chunk as usize);
     let len = chunk.min(engine.heap().capacity() - index * chunk) as usize;
-    let body = &mut buf.as_mut_slice()[CHUNK_HEADER_SIZE..];
+    let body = &mut out[CHUNK_HEADER_SIZE..];
     body[len..].fill(0);
     engine.copy_consistent(index * chunk, &mut body[..len])
 }
 
-/// Writes the header (with the body's crc) into a copied image and records it in `entry`.
-fn seal_image(buf: &mut AlignedBuf, index: u64, epoch: u64, lsn: u64, entry: &mut ChunkEntry) {
-    let crc = crc32fast::hash(&buf.as_slice()[CHUNK_HEADER_SIZE..]);
-    let len = (buf.len() - CHUNK_HEADER_SIZE) as u64;
-    let header = ChunkHeader { index, epoch, lsn, len, crc };
-    buf.as_mut_slice()[..CHUNK_HEADER_SIZE].copy_from_slice(&header.encode());
-    *entry = ChunkEntry { image_epoch: epoch, lsn, crc };
-}
-
-/// Writes a batch of sealed images, one file each, and makes them and their directory
-/// entries durable.
-fn write_images(backend: &mut dyn IoBackend, config: &CheckpointConfig, epoch: u64, batch: &[(u64, AlignedBuf)]) -> Result<(), TxnError> {
-    let mut files = Vec::with_capacity(batch.len());
-    for (index, _) in batch {
-        let path = chunk_path(&config.dir, *index, epoch);
-        fault_step(config, &path)?;
-        // A failed earlier attempt at this epoch may have left the file behind.
-        let _ = std::fs::remove_file(&path);
-        files.push((open_direct(&path, true).map_err(|e| io_err(&path, e))?, path));
-    }
-    let reqs: Vec<WriteSync> = batch
-        .iter()
-        .zip(&files)
-        .map(|((_, buf), (f, _))| WriteSync { fd: std::os::fd::AsRawFd::as_raw_fd(f), offset: 0, data: buf.as_slice() })
-        .collect();
-    let results = backend.write_and_sync(&reqs);
-    for (r, (_, path)) in results.into_iter().zip(&files) {
-        r.map_err(|e| io_err(path, e))?;
-    }
-    let dir = checkpoint_dir(&config.dir);
-    fault_step(config, &dir)?;
-    sync_dir(&dir)?;
-    Ok(())
+/// Writes the header (with the body's crc) into a copied image and returns its manifest
+/// entry.
+fn seal_image(out: &mut [u8], index: u64, epoch: u64, lsn: u64, offset: u64) -> ChunkEntry {
+    let crc = crc32fast::hash(&out[CHUNK_HEADER_SIZE..]);
+    let len = (out.len() - CHUNK_HEADER_SIZE) as u64;
+    ChunkHeader { index, epoch, lsn, len, crc }.encode_into(out);
+    ChunkEntry { image_epoch: epoch, offset, lsn, crc }
 }
