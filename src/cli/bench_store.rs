@@ -32,6 +32,9 @@ pub struct RecoveryArgs {
     /// Only build the store (checkpoint + log) in --dir and stop, for profiling recovery.
     #[arg(long, requires = "dir")]
     prepare_only: bool,
+    /// Interleaved rounds of (sequential read of the store's files, recovery); medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     #[arg(long)]
     json: bool,
 }
@@ -51,6 +54,10 @@ pub struct CheckpointArgs {
     /// The log bound the checkpointer aims for in the skewed run, in MiB.
     #[arg(long, default_value_t = 256)]
     max_log_mib: u64,
+    /// Interleaved rounds of (disk rate, txn/s without, txn/s with checkpoints, a checkpoint
+    /// of the whole dirtied heap); medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     #[arg(long)]
     dir: Option<PathBuf>,
     #[arg(long)]
@@ -144,11 +151,32 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
         return Ok(());
     }
 
-    let (store, recovery_s) = timed_open(dir.path(), args.heap_mib)?;
-    let r = store.recovery_report().clone();
+    // Rounds: read every file recovery reads, sequentially with O_DIRECT (the page cache
+    // dropped for them first, as it is before each recovery), then recover. Recovery writes
+    // nothing that changes the next round's work (no checkpoint is taken).
+    let mut seq_read = Vec::new();
+    let mut recoveries = Vec::new();
+    let mut r = None;
+    for _ in 0..args.rounds.max(1) {
+        let files = store_files(dir.path())?;
+        drop_cached(&files)?;
+        let (bytes, secs) = read_sequentially(&files)?;
+        seq_read.push((bytes, secs));
+        drop_cached(&files)?;
+        let (store, recovery_s) = timed_open(dir.path(), args.heap_mib)?;
+        recoveries.push(recovery_s);
+        r = Some(store.recovery_report().clone());
+        store.close()?;
+    }
+    let r = r.expect("at least one round");
+    let recovery_s = median(&recoveries);
+    let read_s = median(&seq_read.iter().map(|x| x.1).collect::<Vec<_>>());
+    let read_bytes = seq_read[0].0;
     // Now a checkpoint covers everything: recovery from the checkpoint alone.
+    let store = Store::open(dir.path(), options(args.heap_mib))?;
     store.checkpoint()?;
     store.close()?;
+    drop_cached(&store_files(dir.path())?)?;
     let (store, checkpoint_only_s) = timed_open(dir.path(), args.heap_mib)?;
     let r2 = store.recovery_report().clone();
     store.close()?;
@@ -162,6 +190,10 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
                 "heap_mib": args.heap_mib,
                 "log_mib": log_mib,
                 "recovery_s": recovery_s,
+                "recovery_s_rounds": recoveries,
+                "sequential_read_s": read_s,
+                "sequential_read_bytes": read_bytes,
+                "recovery_vs_sequential_read": recovery_s / read_s,
                 "checkpoint_load_s": r.checkpoint_load.as_secs_f64(),
                 "replay_s": r.replay.as_secs_f64(),
                 "records_replayed": r.records_replayed,
@@ -178,7 +210,12 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
         &[
             ("heap", format!("{} MiB (checkpoint of {:.0} MiB)", args.heap_mib, ckpt.bytes_written as f64 / MIB)),
             ("log after the checkpoint", format!("{log_mib:.0} MiB, {commits} transactions")),
-            ("recovery", format!("{recovery_s:.3} s (open to ready)")),
+            ("recovery", format!("{recovery_s:.3} s (open to ready; median of {})", fmt_rounds(&recoveries))),
+            (
+                "sequential read of the same files",
+                format!("{read_s:.3} s ({:.0} MiB, O_DIRECT, {:.0} MB/s)", read_bytes as f64 / MIB, read_bytes as f64 / MIB / read_s),
+            ),
+            ("recovery / sequential read", format!("{:.2}", recovery_s / read_s)),
             ("  checkpoint load", format!("{:.3} s", r.checkpoint_load.as_secs_f64())),
             ("  log scan + replay", format!("{:.3} s, {} records", (r.elapsed - r.checkpoint_load).as_secs_f64(), r.records_replayed)),
             ("recovery, checkpoint only", format!("{checkpoint_only_s:.3} s ({} records replayed)", r2.records_replayed)),
@@ -187,29 +224,99 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
     Ok(())
 }
 
-/// Sequential write rate of the disk under `dir`: 1 MiB O_DIRECT writes, 8 in flight, then
-/// fdatasync, through the same backend the store uses.
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn fmt_rounds(xs: &[f64]) -> String {
+    xs.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Bytes of one sequential read or write of the baselines.
+const SEQ_IO: usize = 8 << 20;
+
+/// The files recovery reads: checkpoint image segments, manifests and log segments.
+fn store_files(dir: &Path) -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                walk(&entry.path(), out)?;
+            } else if entry.file_name() != "LOCK" {
+                out.push(entry.path());
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+/// Drops the page cache's clean pages of `files` (no root needed), so that the next read
+/// comes from the disk.
+fn drop_cached(files: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    for path in files {
+        let f = std::fs::File::open(path)?;
+        // SAFETY: advice on a descriptor we own; it changes no memory of ours.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            return Err(format!("{}: posix_fadvise: {}", path.display(), std::io::Error::from_raw_os_error(rc)).into());
+        }
+    }
+    Ok(())
+}
+
+/// Reads `files` one after the other from start to end in 8 MiB O_DIRECT reads: the bytes
+/// and the seconds.
+fn read_sequentially(files: &[PathBuf]) -> Result<(u64, f64), Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    use tusk_storage::io::{open_direct_read, sync::pread_full, AlignedBuf};
+    let mut buf = AlignedBuf::new();
+    buf.extend_zeros(SEQ_IO);
+    let started = Instant::now();
+    let mut total = 0u64;
+    for path in files {
+        let f = open_direct_read(path)?;
+        let mut off = 0u64;
+        loop {
+            let got = pread_full(f.as_raw_fd(), off, buf.as_mut_slice())?;
+            total += got as u64;
+            off += got as u64;
+            if got < SEQ_IO {
+                break;
+            }
+        }
+    }
+    Ok((total, started.elapsed().as_secs_f64()))
+}
+
+/// Sequential write rate of the disk under `dir`, in MB/s: `mib` MiB in 8 MiB O_DIRECT
+/// writes, one after the other, then one fdatasync (what `dd oflag=direct bs=8M` does; the
+/// best a single sequential writer gets).
 fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
-    use tusk_storage::io::{open_backend, open_direct, AlignedBuf, Io, WriteSync};
+    use tusk_storage::io::sync::{fdatasync, pwrite_all};
+    use tusk_storage::io::{open_direct, AlignedBuf};
     let path = dir.join("disk-rate.tmp");
+    let _ = std::fs::remove_file(&path);
     let file = open_direct(&path, true)?;
-    let mut backend = open_backend(&Io::Auto)?;
     let mut buf = AlignedBuf::new();
-    buf.extend_zeros(1 << 20);
+    buf.extend_zeros(SEQ_IO);
     for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
     let started = Instant::now();
     let mut off = 0u64;
     while off < mib << 20 {
-        let reqs: Vec<WriteSync> =
-            (0..8).map(|i| WriteSync { fd: file.as_raw_fd(), offset: off + (i << 20), data: buf.as_slice() }).collect();
-        for r in backend.write_and_sync(&reqs) {
-            r?;
-        }
-        off += 8 << 20;
+        pwrite_all(file.as_raw_fd(), off, buf.as_slice())?;
+        off += SEQ_IO as u64;
     }
+    fdatasync(file.as_raw_fd())?;
     let rate = (off as f64 / MIB) / started.elapsed().as_secs_f64();
     drop(file);
     std::fs::remove_file(&path)?;
@@ -218,13 +325,11 @@ fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
 
 pub fn checkpoint(args: CheckpointArgs) -> CliResult {
     let dir = BenchDir::new(args.dir.clone())?;
-    let disk_mb_per_s = disk_rate(dir.path(), args.heap_mib.min(1024))?;
     let store = Arc::new(Store::open(dir.path(), options(args.heap_mib))?);
     let array = make_array(&store, args.heap_mib)?;
     let words = (args.heap_mib << 20) / 8;
     // A full checkpoint (every chunk is new).
     let full = store.checkpoint()?;
-    let checkpoint_mb_per_s = full.bytes_written as f64 / MIB / full.elapsed.as_secs_f64();
 
     // Throughput without, then with checkpoints running back to back.
     let run = |with_checkpoints: bool| -> Result<(f64, u64), Box<dyn std::error::Error>> {
@@ -255,8 +360,25 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
         let commits = join(workers)?;
         Ok((commits as f64 / started.elapsed().as_secs_f64(), taken))
     };
-    let (without, _) = run(false)?;
-    let (with, checkpoints_during) = run(true)?;
+    // Interleaved rounds: the disk's rate, txn/s without and with checkpoints, then a quiet
+    // checkpoint of the heap the workload just dirtied (random words over the whole heap:
+    // every chunk), timed against the disk rate of the same round.
+    let (mut disk, mut ckpt_rate, mut without, mut with, mut during, mut ckpt_chunks) = (vec![], vec![], vec![], vec![], 0, vec![]);
+    for _ in 0..args.rounds.max(1) {
+        disk.push(disk_rate(dir.path(), args.heap_mib.min(1024))?);
+        without.push(run(false)?.0);
+        let (w, taken) = run(true)?;
+        with.push(w);
+        during += taken;
+        let c = store.checkpoint()?;
+        ckpt_rate.push(c.bytes_written as f64 / MIB / c.elapsed.as_secs_f64());
+        ckpt_chunks.push(c.written as f64 / c.chunks as f64);
+    }
+    let disk_mb_per_s = median(&disk);
+    let checkpoint_mb_per_s = median(&ckpt_rate);
+    let ckpt_vs_disk = median(&ckpt_rate.iter().zip(&disk).map(|(c, d)| c / d).collect::<Vec<_>>());
+    let txn_ratio = median(&with.iter().zip(&without).map(|(w, o)| w / o).collect::<Vec<_>>());
+    let (without, with, checkpoints_during) = (median(&without), median(&with), during);
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
     store.close()?;
 
@@ -294,11 +416,15 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
                 "heap_mib": args.heap_mib,
                 "checkpoint_mb_per_s": checkpoint_mb_per_s,
                 "disk_mb_per_s": disk_mb_per_s,
-                "checkpoint_vs_disk": checkpoint_mb_per_s / disk_mb_per_s,
+                "checkpoint_vs_disk": ckpt_vs_disk,
+                "checkpoint_vs_disk_rounds": ckpt_rate.iter().zip(&disk).map(|(c, d)| c / d).collect::<Vec<_>>(),
+                "checkpoint_written_fraction_rounds": ckpt_chunks,
                 "full_checkpoint_s": full.elapsed.as_secs_f64(),
+                "first_full_checkpoint_mb_per_s": full.bytes_written as f64 / MIB / full.elapsed.as_secs_f64(),
                 "txn_per_s_without_checkpoint": without,
                 "txn_per_s_during_checkpoint": with,
-                "txn_ratio_during_checkpoint": with / without,
+                "txn_ratio_during_checkpoint": txn_ratio,
+                "rounds": args.rounds,
                 "checkpoints_during": checkpoints_during,
                 "log_seconds": args.log_seconds,
                 "max_log_bytes": args.max_log_mib << 20,
@@ -316,12 +442,13 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
         "tusk bench checkpoint",
         &[
             ("heap", format!("{} MiB", args.heap_mib)),
-            ("full checkpoint", format!("{:.0} MB/s ({:.3} s)", checkpoint_mb_per_s, full.elapsed.as_secs_f64())),
-            ("disk sequential write", format!("{disk_mb_per_s:.0} MB/s")),
-            ("checkpoint / disk", format!("{:.2}", checkpoint_mb_per_s / disk_mb_per_s)),
+            ("first full checkpoint", format!("{:.0} MB/s ({:.3} s)", full.bytes_written as f64 / MIB / full.elapsed.as_secs_f64(), full.elapsed.as_secs_f64())),
+            ("checkpoint of the dirtied heap", format!("{checkpoint_mb_per_s:.0} MB/s (median of {} rounds)", args.rounds)),
+            ("disk sequential write", format!("{disk_mb_per_s:.0} MB/s (8 MiB O_DIRECT writes, one fdatasync)")),
+            ("checkpoint / disk", format!("{ckpt_vs_disk:.2} (median of the rounds' ratios)")),
             ("txn/s without checkpoint", format!("{without:.0}")),
             ("txn/s during checkpoints", format!("{with:.0} ({checkpoints_during} checkpoints)")),
-            ("ratio", format!("{:.3}", with / without)),
+            ("ratio", format!("{txn_ratio:.3} (median of the rounds' ratios)")),
             (
                 "skewed run log space",
                 format!(
