@@ -5,8 +5,8 @@
 //! so other transactions never see a half-split; the links are there for lock-free readers.
 
 use super::layout::{self, Header, CAPACITY};
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
-use super::{search, slab};
+use super::meta::ROOT_OFF;
+use super::{meta, search, slab};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
 
@@ -21,8 +21,7 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Re
         heap.store(layout::value_off(leaf, i), value)?;
         return Ok(Some(old));
     }
-    let keys = heap.load(meta + KEY_COUNT_OFF)?;
-    heap.store(meta + KEY_COUNT_OFF, keys + 1)?;
+    meta::add_keys(heap, meta, 1)?;
     insert_entry(heap, meta, leaf, h, i, key, value, path)?;
     Ok(None)
 }
