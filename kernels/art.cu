@@ -31,7 +31,7 @@
 #define ART_ROOT 8ull
 #define ART_CHUNK_TABLES_OFF 960ull
 #define ART_CHUNK_TABLE_SIZE 256ull
-#define ART_META_SIZE 12736ull
+#define ART_META_SIZE 14784ull
 #define TUSK_ART_MAX_KEY 32u
 // Frames of the prefix walk's stack, per warp (nodes nested below the covering node).
 #define ART_STACK 48

@@ -5,7 +5,7 @@
 mod common;
 
 use tusk_index::art::link::{self, LEAF0, N4};
-use tusk_index::art::meta::{self, CURSOR, END, FREE_HEAD, KEY_DELTA, LIVE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
+use tusk_index::art::meta::{self, CURSOR, END, KEY_DELTA, LIVE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
 use tusk_index::stripe::{self, STRIPES};
 use tusk_index::art::{leaf, node, slab};
 use tusk_index::{Art, IndexError};
@@ -211,7 +211,7 @@ fn detects_shared_slot() {
 fn detects_live_slot_on_the_free_list() {
     assert_broken(|tx, t| {
         let (l, _) = child(tx, t, &[2, 4]);
-        tx.store(my_rec(t, LEAF0) + FREE_HEAD, link::index(l)).unwrap();
+        tx.store(meta::free_head(meta(t), stripe::current(), LEAF0), link::index(l)).unwrap();
     }, "free list");
 }
 

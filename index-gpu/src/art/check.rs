@@ -23,7 +23,7 @@
 //!   reached == live, and reached + free + unused batch rests == handed out.
 
 use super::link::{self, KINDS, LAST_SMALL_LEAF, LEAF0, N16, N256, N4, N48};
-use super::meta::{self, CHUNKS, CURSOR, END, FREE_HEAD, STRIPE_COUNT_OFF};
+use super::meta::{self, CHUNKS, CURSOR, END, STRIPE_COUNT_OFF};
 use crate::stripe::STRIPES;
 use super::node::{self, PREFIX, PREFIX_BYTES, TERMINAL};
 use super::{leaf, slab, MAX_KEY_LEN};
@@ -146,7 +146,7 @@ pub fn check<H: HeapRead>(heap: &mut H, meta_off: u64) -> Result<ArtStats, Index
         for kind in 0..KINDS as u8 {
             let k = kind as usize;
             let name = link::kind_name(kind);
-            let mut i = heap.load(meta::stripe_kind(meta_off, s, kind) + FREE_HEAD)?;
+            let mut i = heap.load(meta::free_head(meta_off, s, kind))?;
             while i != 0 {
                 let l = link::pack(kind, i);
                 let off = slabs.slot(heap, l).map_err(|_| broken(l, format!("free list of {name} holds index {i}, not handed out")))?;

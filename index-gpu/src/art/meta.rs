@@ -3,7 +3,7 @@
 //! lists, live counts) striped per thread, so a tree handle is just this object's offset and
 //! every change is an ordinary transactional write.
 //!
-//! Layout version 2 (magic "tuskART2"), 64-byte aligned, 12,736 bytes:
+//! Layout version 2 (magic "tuskART2"), 64-byte aligned, 14,784 bytes:
 //!
 //! ```text
 //! byte     0  line 0, read by every operation, written only when the root link changes
@@ -19,18 +19,24 @@
 //!             chunks (0: not yet allocated). Read on every link followed (and by the GPU
 //!             kernels, art.cu), written only when a chunk is allocated, so they share no line
 //!             with anything written often.
-//! byte  4544  stripe s (s in 0..STRIPES) at 4544 + 512 s, written only by the threads of
-//!             stripe s (`crate::stripe`):
-//!             line 0   word 0 key delta: keys added minus removed by this stripe (two's
+//! byte  4544  stripe s (s in 0..STRIPES) at 4544 + 640 s, ten lines:
+//!             lines 0..7, written only by the threads of stripe s (`crate::stripe`):
+//!             byte 0   word 0 key delta: keys added minus removed by this stripe (two's
 //!                      complement); the key count, `len()`, is the sum over the stripes
 //!             byte 64 + 32 k, per kind k:
 //!                      word 0  cursor: the next index this stripe hands out (0: none yet)
 //!                      word 1  end: one past the last index of its current batch
-//!                      word 2  free-list head (index, 0: empty); a free slot's word 0 holds
-//!                              the next
-//!                      word 3  live delta: slots taken minus freed by this stripe; the slots
+//!                      word 2  live delta: slots taken minus freed by this stripe; the slots
 //!                              in use of a kind are the sum over the stripes
+//!                      word 3  reserved
+//!             lines 8..9, written when the stripe frees or reuses slots, or another stripe
+//!             adopts a list (`slab.rs`):
+//!             byte 512 + 8 k: kind k's free-list head (index, 0: empty); a free slot's word 0
+//!                      holds the next
 //! ```
+//!
+//! The free-list heads have lines of their own because other stripes read them (when their
+//! batch is spent): next to the cursors they would conflict with every insert of the owner.
 //!
 //! Why stripes: every insert takes a leaf slot and bumps the key count. With one cursor and
 //! one count per tree, any two concurrent inserts wrote a common line and one aborted; now
@@ -65,7 +71,7 @@ pub const CHUNK_TABLE_SIZE: u64 = 8 * CHUNKS as u64;
 
 /// Stripe records.
 pub const STRIPES_OFF: u64 = CHUNK_TABLES_OFF + KINDS as u64 * CHUNK_TABLE_SIZE;
-pub const STRIPE_SIZE: u64 = 512;
+pub const STRIPE_SIZE: u64 = 640;
 pub const KEY_DELTA: u64 = 0;
 /// A stripe's per-kind records start on its second line.
 pub const STRIPE_KINDS_OFF: u64 = 64;
@@ -73,13 +79,15 @@ pub const STRIPE_KIND_SIZE: u64 = 32;
 /// Words of a stripe's kind record.
 pub const CURSOR: u64 = 0;
 pub const END: u64 = 8;
-pub const FREE_HEAD: u64 = 16;
-pub const LIVE_DELTA: u64 = 24;
+pub const LIVE_DELTA: u64 = 16;
+/// A stripe's free-list heads, one word per kind.
+pub const STRIPE_FREE_OFF: u64 = 512;
 
 pub const META_SIZE: u64 = STRIPES_OFF + STRIPES * STRIPE_SIZE;
 
-const _: () = assert!(CHUNK_TABLES_OFF == 960 && STRIPES_OFF == 4544 && META_SIZE == 12_736);
-const _: () = assert!(STRIPE_KINDS_OFF + KINDS as u64 * STRIPE_KIND_SIZE <= STRIPE_SIZE);
+const _: () = assert!(CHUNK_TABLES_OFF == 960 && STRIPES_OFF == 4544 && META_SIZE == 14_784);
+const _: () = assert!(STRIPE_KINDS_OFF + KINDS as u64 * STRIPE_KIND_SIZE <= STRIPE_FREE_OFF);
+const _: () = assert!(STRIPE_FREE_OFF + 8 * KINDS as u64 <= STRIPE_SIZE && STRIPE_FREE_OFF.is_multiple_of(64));
 const _: () = assert!(STRIPES_OFF.is_multiple_of(META_ALIGN) && STRIPE_SIZE.is_multiple_of(META_ALIGN));
 
 /// Heap offset of kind `kind`'s handed-out word.
@@ -104,6 +112,12 @@ pub fn stripe(meta: u64, s: u64) -> u64 {
 #[inline]
 pub fn stripe_kind(meta: u64, s: u64, kind: u8) -> u64 {
     stripe(meta, s) + STRIPE_KINDS_OFF + kind as u64 * STRIPE_KIND_SIZE
+}
+
+/// Heap offset of kind `kind`'s free-list head in stripe `s`.
+#[inline]
+pub fn free_head(meta: u64, s: u64, kind: u8) -> u64 {
+    stripe(meta, s) + STRIPE_FREE_OFF + kind as u64 * 8
 }
 
 /// The key count: the sum of the stripes' key deltas.

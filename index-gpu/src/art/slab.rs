@@ -18,12 +18,14 @@
 //! any slot never handed out.
 //!
 //! A freed slot goes on the freeing stripe's free list of its kind (its word 0 holds the next
-//! index) and is reused first; before a stripe takes a new batch it takes a slot freed by
-//! another stripe, if any. A reused slot is zeroed. Live counts are kept per stripe so that
+//! index) and is reused first. When a stripe takes a new batch it also adopts another
+//! stripe's whole free list of the kind, if any, to use before the batch (one write to that
+//! stripe's free-list line, and one scan of the other stripes per batch, so owners are rarely
+//! disturbed). A reused slot is zeroed. Live counts are kept per stripe so that
 //! `check()` can account for every slot: reachable + free + unused batch rests == handed out.
 
 use super::link::{self, base_log2, slot_size};
-use super::meta::{self, CHUNKS, CURSOR, END, FREE_HEAD, LIVE_DELTA};
+use super::meta::{self, CHUNKS, CURSOR, END, LIVE_DELTA};
 use crate::heap::{HeapRead, HeapWrite};
 use crate::stripe::{self, STRIPES};
 use crate::IndexError;
@@ -62,34 +64,49 @@ pub fn offset<H: HeapRead>(heap: &mut H, meta: u64, link: u64) -> Result<u64, In
 pub fn alloc<H: HeapWrite>(heap: &mut H, meta: u64, kind: u8) -> Result<u64, IndexError> {
     let mine = stripe::current();
     let rec = meta::stripe_kind(meta, mine, kind);
+    let free = meta::free_head(meta, mine, kind);
     stripe::add(heap, rec + LIVE_DELTA, 1)?;
-    if let Some(link) = pop_free(heap, meta, rec, kind)? {
+    if let Some(link) = pop_free(heap, meta, free, kind)? {
         return Ok(link);
     }
     let mut index = heap.load(rec + CURSOR)?;
     if index == 0 || index == heap.load(rec + END)? {
-        for s in (0..STRIPES).filter(|&s| s != mine) {
-            if let Some(link) = pop_free(heap, meta, meta::stripe_kind(meta, s, kind), kind)? {
-                return Ok(link);
-            }
-        }
         index = take_batch(heap, meta, kind)?;
         heap.store(rec + END, index + batch(kind))?;
+        if adopt(heap, meta, mine, kind)? {
+            heap.store(rec + CURSOR, index)?;
+            return Ok(pop_free(heap, meta, free, kind)?.expect("the adopted list is not empty"));
+        }
     }
     heap.store(rec + CURSOR, index + 1)?;
     Ok(link::pack(kind, index))
 }
 
-/// The first slot of the free list of the stripe record `rec`, zeroed.
-fn pop_free<H: HeapWrite>(heap: &mut H, meta: u64, rec: u64, kind: u8) -> Result<Option<u64>, IndexError> {
-    let free = heap.load(rec + FREE_HEAD)?;
+/// Moves the first non-empty free list of `kind` of another stripe to stripe `mine` (whose
+/// list is empty); returns whether there was one.
+fn adopt<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64, kind: u8) -> Result<bool, IndexError> {
+    for s in (0..STRIPES).filter(|&s| s != mine) {
+        let other = meta::free_head(meta, s, kind);
+        let head = heap.load(other)?;
+        if head != 0 {
+            heap.store(other, 0)?;
+            heap.store(meta::free_head(meta, mine, kind), head)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The first slot of the free list whose head is at `head`, zeroed.
+fn pop_free<H: HeapWrite>(heap: &mut H, meta: u64, head: u64, kind: u8) -> Result<Option<u64>, IndexError> {
+    let free = heap.load(head)?;
     if free == 0 {
         return Ok(None);
     }
     let link = link::pack(kind, free);
     let off = offset(heap, meta, link)?;
     let next = heap.load(off)?;
-    heap.store(rec + FREE_HEAD, next)?;
+    heap.store(head, next)?;
     for w in 0..slot_size(kind) / 8 {
         heap.store(off + w * 8, 0)?;
     }
@@ -118,11 +135,13 @@ fn take_batch<H: HeapWrite>(heap: &mut H, meta: u64, kind: u8) -> Result<u64, In
 /// Puts the slot `link` names on its kind's free list of the calling thread's stripe.
 pub fn free<H: HeapWrite>(heap: &mut H, meta: u64, link: u64) -> Result<(), IndexError> {
     let kind = link::kind(link);
-    let rec = meta::stripe_kind(meta, stripe::current(), kind);
+    let mine = stripe::current();
+    let rec = meta::stripe_kind(meta, mine, kind);
+    let free = meta::free_head(meta, mine, kind);
     let off = offset(heap, meta, link)?;
-    let head = heap.load(rec + FREE_HEAD)?;
+    let head = heap.load(free)?;
     heap.store(off, head)?;
-    heap.store(rec + FREE_HEAD, link::index(link))?;
+    heap.store(free, link::index(link))?;
     stripe::add(heap, rec + LIVE_DELTA, -1)?;
     Ok(())
 }

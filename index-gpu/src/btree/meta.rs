@@ -2,7 +2,7 @@
 //! Everything about the tree that is not a node lives here, so that a tree handle is just
 //! this object's offset and every change to the tree is an ordinary transactional write.
 //!
-//! Layout version 2 (magic "tuskBLT2"), 64-byte aligned, 1088 bytes:
+//! Layout version 2 (magic "tuskBLT2"), 64-byte aligned, 2112 bytes:
 //!
 //! ```text
 //! byte   0  line 0, read by every operation, written only when the root changes
@@ -10,21 +10,27 @@
 //!           word 1  root             heap offset of the root node (the GPU kernels read it)
 //!           word 2  stripes          STRIPES, the number of stripe lines below
 //!           words 3..7 reserved (zero)
-//! byte  64  stripe s (s in 0..STRIPES) at 64 + 64 s, one line each, written only by the
-//!           threads of stripe s (`crate::stripe`):
+//! byte  64  stripe s (s in 0..STRIPES) at 64 + 128 s, two lines, the first written only by
+//!           the threads of stripe s (`crate::stripe`):
 //!           word 0  key delta        keys this stripe added minus removed (two's complement);
 //!                                    the key count, `len()`, is the sum over the stripes
 //!           word 1  node delta       nodes this stripe took minus freed; the nodes in use are
 //!                                    the sum
 //!           word 2  slab cursor      next unused node of this stripe's slab chunk (0: none)
 //!           word 3  slab end         end of that chunk
-//!           word 4  free list head   heap offset of the first node on this stripe's free list
+//!           word 4  handed out       nodes ever carved from this stripe's chunks; the sum over
+//!                                    the stripes is what `check()` accounts for (in use + free)
+//!           words 5..7 reserved (zero)
+//!           second line, written by the stripe's threads when they free nodes or reuse them,
+//!           and by another stripe's thread that adopts the list (`slab.rs`):
+//!           word 8  free list head   heap offset of the first node on this stripe's free list
 //!                                    (0: none); each freed node keeps the next one's offset in
 //!                                    its first word
-//!           word 5  handed out       nodes ever carved from this stripe's chunks; the sum over
-//!                                    the stripes is what `check()` accounts for (in use + free)
-//!           words 6..7 reserved (zero)
+//!           words 9..15 reserved (zero)
 //! ```
+//!
+//! The free list head has a line of its own because other stripes read it, when their chunk
+//! is spent: on the first line it would conflict with every insert of the owner.
 //!
 //! Why stripes: with one key count and one slab cursor, every two concurrent inserts wrote a
 //! common line and one of them aborted, whatever leaves they touched. Now an insert writes its
@@ -47,26 +53,27 @@ pub const STRIPE_COUNT_OFF: u64 = 16;
 
 /// First stripe line, and bytes per stripe.
 pub const STRIPES_OFF: u64 = 64;
-pub const STRIPE_SIZE: u64 = 64;
-/// Words of a stripe line, relative to its start.
+pub const STRIPE_SIZE: u64 = 128;
+/// Words of a stripe, relative to its start.
 pub const KEY_DELTA: u64 = 0;
 pub const NODE_DELTA: u64 = 8;
 pub const SLAB_CURSOR: u64 = 16;
 pub const SLAB_END: u64 = 24;
-pub const FREE_HEAD: u64 = 32;
-pub const HANDED_OUT: u64 = 40;
+pub const HANDED_OUT: u64 = 32;
+pub const FREE_HEAD: u64 = 64;
 
 pub const META_SIZE: u64 = STRIPES_OFF + STRIPES * STRIPE_SIZE;
 
-const _: () = assert!(HANDED_OUT + 8 <= STRIPE_SIZE && STRIPE_SIZE.is_multiple_of(META_ALIGN));
+const _: () = assert!(HANDED_OUT + 8 <= FREE_HEAD && FREE_HEAD.is_multiple_of(64) && STRIPE_SIZE.is_multiple_of(META_ALIGN));
+const _: () = assert!(META_SIZE == 2112);
 
-/// Heap offset of stripe `s`'s line in the descriptor at `meta`.
+/// Heap offset of stripe `s` in the descriptor at `meta`.
 #[inline]
 pub fn stripe(meta: u64, s: u64) -> u64 {
     meta + STRIPES_OFF + s * STRIPE_SIZE
 }
 
-/// The calling thread's stripe line.
+/// The calling thread's stripe.
 #[inline]
 pub fn my_stripe(meta: u64) -> u64 {
     stripe(meta, stripe::current())

@@ -12,8 +12,10 @@
 //! Nodes that `remove` merges away are never given back to the heap allocator (they sit inside
 //! a chunk): they go on the freeing thread's stripe's free list instead, a stack threaded
 //! through the freed nodes' first words, and [`alloc_node`] takes from its own list before
-//! carving, and from the other stripes' lists before it allocates a new chunk. So a tree that
-//! shrinks and grows again stays inside the slab ranges the GPU mirror already copies.
+//! carving. When a stripe's chunk is spent, it also adopts another stripe's whole free list,
+//! if any, to use before the new chunk (one write to that stripe's free-list line, and only
+//! once per chunk, so the owner is rarely disturbed). So a tree that shrinks in one thread and
+//! grows in another mostly stays inside the slab ranges the GPU mirror already copies.
 
 use super::layout::{NODE_ALIGN, NODE_SIZE};
 use super::meta::{self, FREE_HEAD, HANDED_OUT, NODE_DELTA, SLAB_CURSOR, SLAB_END};
@@ -36,14 +38,14 @@ pub fn alloc_node<H: HeapWrite>(heap: &mut H, meta: u64) -> Result<u64, TxnError
     Ok(node)
 }
 
-/// Takes the first node of stripe line `line`'s free list, zeroed.
-fn pop_free<H: HeapWrite>(heap: &mut H, line: u64) -> Result<Option<u64>, TxnError> {
-    let free = heap.load(line + FREE_HEAD)?;
+/// Takes the first node of the free list of the stripe at `stripe`, zeroed.
+fn pop_free<H: HeapWrite>(heap: &mut H, stripe: u64) -> Result<Option<u64>, TxnError> {
+    let free = heap.load(stripe + FREE_HEAD)?;
     if free == 0 {
         return Ok(None);
     }
     let next = heap.load(free)?;
-    heap.store(line + FREE_HEAD, next)?;
+    heap.store(stripe + FREE_HEAD, next)?;
     // Callers rely on a zeroed node (reserved header words, unused slots).
     for w in (0..NODE_SIZE).step_by(8) {
         heap.store(free + w, 0)?;
@@ -51,28 +53,43 @@ fn pop_free<H: HeapWrite>(heap: &mut H, line: u64) -> Result<Option<u64>, TxnErr
     Ok(Some(free))
 }
 
-/// A never-used node from the stripe's chunk. When the chunk is spent, a node freed by
-/// another stripe comes first (touching that stripe's line, but only once per chunk's worth
-/// of nodes), then a new chunk.
+/// A never-used node from the stripe's chunk, or, when the chunk is spent, a node of another
+/// stripe's free list, which this stripe adopts whole (its own list is empty here) along with
+/// a new chunk: the adopted nodes go first, the chunk after them. Doing both at once bounds
+/// the reads of other stripes' lines to one scan per chunk.
 fn carve<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64) -> Result<u64, TxnError> {
     let mut cursor = heap.load(mine + SLAB_CURSOR)?;
     let end = heap.load(mine + SLAB_END)?;
     if cursor == 0 || cursor + NODE_SIZE > end {
-        for s in 0..STRIPES {
-            let other = meta::stripe(meta, s);
-            if other != mine {
-                if let Some(node) = pop_free(heap, other)? {
-                    return Ok(node);
-                }
-            }
-        }
         let chunk = heap.alloc(NODES_PER_CHUNK * NODE_SIZE + NODE_ALIGN)?;
         cursor = chunk.next_multiple_of(NODE_ALIGN);
         heap.store(mine + SLAB_END, cursor + NODES_PER_CHUNK * NODE_SIZE)?;
+        if adopt(heap, meta, mine)? {
+            heap.store(mine + SLAB_CURSOR, cursor)?;
+            return Ok(pop_free(heap, mine)?.expect("the adopted list is not empty"));
+        }
     }
     heap.store(mine + SLAB_CURSOR, cursor + NODE_SIZE)?;
     stripe::add(heap, mine + HANDED_OUT, 1)?;
     Ok(cursor)
+}
+
+/// Moves the first non-empty free list of another stripe to `mine` (whose list is empty);
+/// returns whether there was one.
+fn adopt<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64) -> Result<bool, TxnError> {
+    for s in 0..STRIPES {
+        let other = meta::stripe(meta, s);
+        if other == mine {
+            continue;
+        }
+        let head = heap.load(other + FREE_HEAD)?;
+        if head != 0 {
+            heap.store(other + FREE_HEAD, 0)?;
+            heap.store(mine + FREE_HEAD, head)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Puts `node`, no longer reachable from the tree, on the calling thread's stripe's free list.
