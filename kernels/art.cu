@@ -4,8 +4,8 @@
 // - links (link.rs): kind in the high byte, 1-based slab index in the low 56 bits, 0 = null;
 //   kinds 0..3 are N4, N16, N48, N256, kinds 4.. leaves by key-size class (8 << (kind - 4)).
 // - slabs (slab.rs): index i of a kind lives in chunk c = floor(log2(i - 1 + 2^base)) - base
-//   at slot x - 2^(base + c); the 32 chunk offsets per kind are in the descriptor (meta.rs:
-//   byte 64 + kind * 288 + 32). Slot sizes and base exponents come from the host (taken from
+//   at slot x - 2^(base + c); the 32 chunk offsets per kind are in the descriptor (meta.rs,
+//   layout version 2: byte 960 + kind * 256). Slot sizes and base exponents come from the host (taken from
 //   the Rust definitions), so they cannot drift from the CPU's.
 // - inner nodes (node.rs): word 0 count (bits 0..16) | prefix length (bits 32..64), word 1 the
 //   first 8 prefix bytes, word 2 the terminal link; N4 keys at 24, children at 32; N16 keys at
@@ -29,10 +29,9 @@
 #define ART_LEAF0 4u
 #define ART_INDEX_MASK ((1ull << 56) - 1ull)
 #define ART_ROOT 8ull
-#define ART_KINDS_OFF 64ull
-#define ART_KIND_STRIDE 288ull
-#define ART_CHUNK_TABLE 32ull
-#define ART_META_SIZE 4096ull
+#define ART_CHUNK_TABLES_OFF 960ull
+#define ART_CHUNK_TABLE_SIZE 256ull
+#define ART_META_SIZE 14784ull
 #define TUSK_ART_MAX_KEY 32u
 // Frames of the prefix walk's stack, per warp (nodes nested below the covering node).
 #define ART_STACK 48
@@ -53,7 +52,7 @@ __device__ __forceinline__ bool art_load_shared(ArtShared& s, const u8* __restri
     const bool ok = (meta & 7ull) == 0 && tusk_in_heap(extent, meta, ART_META_SIZE);
     for (u32 i = threadIdx.x; i < ART_KINDS * ART_CHUNKS; i += blockDim.x) {
         const u32 kind = i / ART_CHUNKS, c = i % ART_CHUNKS;
-        s.chunks[i] = ok ? tusk_ld(heap, meta + ART_KINDS_OFF + kind * ART_KIND_STRIDE + ART_CHUNK_TABLE + 8ull * c) : 0;
+        s.chunks[i] = ok ? tusk_ld(heap, meta + ART_CHUNK_TABLES_OFF + kind * ART_CHUNK_TABLE_SIZE + 8ull * c) : 0;
     }
     if (threadIdx.x < ART_KINDS) {
         s.slot[threadIdx.x] = geom[threadIdx.x];

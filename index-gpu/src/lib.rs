@@ -8,6 +8,8 @@
 //!   validator.
 //! - [`image`]: a plain read-only heap image on which the read paths run without the STM.
 //! - [`error`]: the crate's typed errors.
+//! - [`stripe`]: per-thread copies of the descriptors' hot counters, so concurrent inserts
+//!   do not conflict on them.
 //!
 //! - [`mirror`]: the GPU mirror (device copy of the heap synced by dirty pages, batch
 //!   kernels) and its CPU engine over a host image.
@@ -20,6 +22,7 @@ pub mod heap;
 pub mod image;
 pub mod mirror;
 pub mod named;
+pub mod stripe;
 
 pub use art::{Art, ArtIter, ArtStats, MAX_KEY_LEN};
 pub use btree::BTree;

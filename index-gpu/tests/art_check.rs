@@ -5,7 +5,8 @@
 mod common;
 
 use tusk_index::art::link::{self, LEAF0, N4};
-use tusk_index::art::meta::{kind_rec, FREE_HEAD, KEY_COUNT_OFF, LIVE, ROOT_OFF};
+use tusk_index::art::meta::{self, CURSOR, END, KEY_DELTA, LIVE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
+use tusk_index::stripe::{self, STRIPES};
 use tusk_index::art::{leaf, node, slab};
 use tusk_index::{Art, IndexError};
 use tusk_txn::Transaction;
@@ -135,7 +136,50 @@ fn detects_leaf_in_wrong_size_class() {
 
 #[test]
 fn detects_wrong_key_count() {
-    assert_broken(|tx, t| tx.store(meta(t) + KEY_COUNT_OFF, 5).unwrap(), "descriptor");
+    // Another thread's stripe: the count is the sum over all of them.
+    let other = (stripe::current() + 1) % STRIPES;
+    assert_broken(|tx, t| tx.store(meta::stripe(meta(t), other) + KEY_DELTA, 5).unwrap(), "descriptor");
+}
+
+#[test]
+fn detects_wrong_stripe_count() {
+    assert_broken(|tx, t| tx.store(meta(t) + STRIPE_COUNT_OFF, 4).unwrap(), "stripes");
+}
+
+/// This thread's stripe record of `kind`.
+fn my_rec(t: Art, kind: u8) -> u64 {
+    meta::stripe_kind(meta(t), stripe::current(), kind)
+}
+
+#[test]
+fn detects_reachable_slot_in_an_unused_batch() {
+    assert_broken(|tx, t| {
+        // The last leaf this stripe handed out is in the tree: move the cursor back over it.
+        let rec = my_rec(t, LEAF0);
+        let cursor = tx.load(rec + CURSOR).unwrap();
+        tx.store(rec + CURSOR, cursor - 1).unwrap();
+    }, "unused batch");
+}
+
+#[test]
+fn detects_a_batch_given_to_two_stripes() {
+    assert_broken(|tx, t| {
+        let rec = my_rec(t, LEAF0);
+        let other = meta::stripe_kind(meta(t), (stripe::current() + 1) % STRIPES, LEAF0);
+        for w in [CURSOR, END] {
+            let v = tx.load(rec + w).unwrap();
+            tx.store(other + w, v).unwrap();
+        }
+    }, "two stripes");
+}
+
+#[test]
+fn detects_batch_beyond_the_handed_out_indices() {
+    assert_broken(|tx, t| {
+        let rec = my_rec(t, LEAF0);
+        let end = tx.load(rec + END).unwrap();
+        tx.store(rec + END, end + 1).unwrap();
+    }, "batch rest");
 }
 
 #[test]
@@ -167,7 +211,7 @@ fn detects_shared_slot() {
 fn detects_live_slot_on_the_free_list() {
     assert_broken(|tx, t| {
         let (l, _) = child(tx, t, &[2, 4]);
-        tx.store(kind_rec(meta(t), LEAF0) + FREE_HEAD, link::index(l)).unwrap();
+        tx.store(meta::free_head(meta(t), stripe::current(), LEAF0), link::index(l)).unwrap();
     }, "free list");
 }
 
@@ -184,9 +228,9 @@ fn detects_free_list_cycle() {
 #[test]
 fn detects_wrong_live_count() {
     assert_broken(|tx, t| {
-        let rec = kind_rec(meta(t), N4);
-        let live = tx.load(rec + LIVE).unwrap();
-        tx.store(rec + LIVE, live + 1).unwrap();
+        let rec = my_rec(t, N4);
+        let live = tx.load(rec + LIVE_DELTA).unwrap();
+        tx.store(rec + LIVE_DELTA, live + 1).unwrap();
     }, "live");
 }
 

@@ -5,7 +5,8 @@
 mod common;
 
 use tusk_index::btree::layout::{self, HIGH_KEY_OFF, RIGHT_LINK_OFF};
-use tusk_index::btree::meta::{FREE_HEAD_OFF, KEY_COUNT_OFF, ROOT_OFF};
+use tusk_index::btree::meta::{self, FREE_HEAD, KEY_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
+use tusk_index::stripe::{self, STRIPES};
 use tusk_index::{BTree, IndexError};
 use tusk_txn::Transaction;
 
@@ -73,7 +74,14 @@ fn detects_underfull_node() {
 
 #[test]
 fn detects_wrong_key_count() {
-    assert_broken(|tx, tree, _| tx.store(tree.ptr().offset() + KEY_COUNT_OFF, 5).unwrap(), "descriptor");
+    // Another thread's stripe: the count is the sum over all of them.
+    let other = (stripe::current() + 1) % STRIPES;
+    assert_broken(|tx, tree, _| tx.store(meta::stripe(tree.ptr().offset(), other) + KEY_DELTA, 5).unwrap(), "descriptor");
+}
+
+#[test]
+fn detects_wrong_stripe_count() {
+    assert_broken(|tx, tree, _| tx.store(tree.ptr().offset() + STRIPE_COUNT_OFF, 8).unwrap(), "stripes");
 }
 
 /// Removes three of every four of the first 400 keys, so leaves (full after the ascending
@@ -84,7 +92,16 @@ fn free_some(tx: &mut Transaction<'_>, tree: BTree) -> u64 {
     }
     let stats = tree.check(tx).unwrap();
     assert!(stats.free_nodes >= 2, "{stats:?}");
-    tx.load(tree.ptr().offset() + FREE_HEAD_OFF).unwrap()
+    tx.load(meta::my_stripe(tree.ptr().offset()) + FREE_HEAD).unwrap()
+}
+
+#[test]
+fn detects_node_on_two_free_lists() {
+    assert_broken(|tx, tree, _| {
+        let free = free_some(tx, tree);
+        let other = (stripe::current() + 1) % STRIPES;
+        tx.store(meta::stripe(tree.ptr().offset(), other) + FREE_HEAD, free).unwrap();
+    }, "shares a node");
 }
 
 #[test]
@@ -137,7 +154,7 @@ fn detects_lost_free_nodes() {
     // Free nodes neither in the tree nor on the list: the slab's accounting does not add up.
     assert_broken(|tx, tree, _| {
         free_some(tx, tree);
-        tx.store(tree.ptr().offset() + FREE_HEAD_OFF, 0).unwrap();
+        tx.store(meta::my_stripe(tree.ptr().offset()) + FREE_HEAD, 0).unwrap();
     }, "handed out");
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use tusk_index::btree::meta::HANDED_OUT_OFF;
+use tusk_index::btree::meta::{self, HANDED_OUT};
 use tusk_index::BTree;
 use tusk_txn::Engine;
 
@@ -19,7 +19,7 @@ fn shuffled(n: u64) -> Vec<u64> {
 }
 
 fn handed_out(engine: &Engine, tree: BTree) -> u64 {
-    common::transact(engine, |tx| tx.load(tree.ptr().offset() + HANDED_OUT_OFF).unwrap())
+    common::transact(engine, |tx| meta::total(tx, tree.ptr().offset(), HANDED_OUT).unwrap())
 }
 
 fn insert_all(engine: &Engine, tree: BTree, keys: &[u64]) {

@@ -13,9 +13,16 @@
 //!
 //! Every phase checks its answers (lengths, hits, counts equal to the peer's), so a rate is
 //! never of a run that computed something else.
+//!
+//! `--threads` takes a list (a row per thread count, e.g. `1,2` for the scaling in one run);
+//! `--rounds N` measures every row N times, interleaved (round r measures every row before
+//! round r + 1 starts), and reports each figure's median; `--inserts-only` measures the tusk
+//! insert phase alone (no peer, no other phase) and also reports the retries per insert
+//! transaction (conflicts under concurrent inserts).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
 
@@ -63,9 +70,16 @@ pub struct IndexArgs {
     /// Key orders (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ascending,descending,almost-sorted,shuffled,gaussian,mesh")]
     order: Vec<KeyOrder>,
-    /// Threads for every phase (peers behind a lock when > 1).
+    /// Threads for every phase (peers behind a lock when > 1); a comma-separated list measures
+    /// a row per thread count.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    threads: Vec<usize>,
+    /// Measurements of every row, interleaved; the figures reported are the medians.
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    rounds: usize,
+    /// Measure only tusk's inserts (no peer, no lookups, scans, aggregates or bulk load).
+    #[arg(long)]
+    inserts_only: bool,
     /// Inserts per transaction.
     #[arg(long, default_value_t = 1)]
     txn_keys: usize,
@@ -108,7 +122,11 @@ struct Row {
     keys: usize,
     distinct: usize,
     threads: usize,
+    /// Rounds the figures are the medians of.
+    rounds: usize,
     insert_per_s: f64,
+    /// Conflicts (retried attempts) per committed insert transaction.
+    insert_retries_per_txn: f64,
     peer_insert_per_s: f64,
     bulk_load_per_s: Option<f64>,
     peer_bulk_load_per_s: Option<f64>,
@@ -162,6 +180,9 @@ struct TuskIndex<'s> {
     tree: HeapPtr,
     txn_keys: usize,
     lookups_per_txn: usize,
+    /// Insert transaction attempts and commits, for the retry rate.
+    insert_attempts: AtomicU64,
+    insert_txns: AtomicU64,
 }
 
 fn art_key(k: u64) -> [u8; 8] {
@@ -174,7 +195,15 @@ impl TuskIndex<'_> {
             IndexChoice::Btree => Ok(tx.btree(name)?.ptr()),
             IndexChoice::Art => Ok(tx.art(name)?.ptr()),
         })?;
-        Ok(TuskIndex { store, kind, tree, txn_keys: args.txn_keys.max(1), lookups_per_txn: args.lookups_per_txn.max(1) })
+        Ok(TuskIndex {
+            store,
+            kind,
+            tree,
+            txn_keys: args.txn_keys.max(1),
+            lookups_per_txn: args.lookups_per_txn.max(1),
+            insert_attempts: AtomicU64::new(0),
+            insert_txns: AtomicU64::new(0),
+        })
     }
 
     fn len(&self) -> Result<u64, tusk::Error> {
@@ -197,8 +226,12 @@ impl TuskIndex<'_> {
 
 impl Contender for TuskIndex<'_> {
     fn insert(&self, ops: &[(u64, u64)]) -> Result<(), tusk::Error> {
+        let mut attempts = 0u64;
+        let mut txns = 0u64;
         for batch in ops.chunks(self.txn_keys) {
+            txns += 1;
             self.store.transact(Commit::Async, |tx| {
+                attempts += 1;
                 match self.kind {
                     IndexChoice::Btree => {
                         let mut t = tx.btree_at(self.tree)?;
@@ -216,6 +249,8 @@ impl Contender for TuskIndex<'_> {
                 Ok(())
             })?;
         }
+        self.insert_attempts.fetch_add(attempts, Ordering::Relaxed);
+        self.insert_txns.fetch_add(txns, Ordering::Relaxed);
         Ok(())
     }
 
@@ -389,13 +424,19 @@ fn probes(args: &IndexArgs, pairs: &[(u64, u64)]) -> Probes {
     Probes { lookups, scans, aggs }
 }
 
-/// Measures every phase on one contender; returns (insert, lookup, scan keys, aggs) per second.
-fn measure(c: &dyn Contender, args: &IndexArgs, ops: &[(u64, u64)], probes: &Probes, settle: impl Fn() -> Result<(), tusk::Error>, name: &str) -> Result<[f64; 4], Box<dyn std::error::Error>> {
-    let t = args.threads;
+/// Inserts `ops` on `t` threads; returns the inserts per second, counting until `settle`
+/// returns (for tusk: until the last LSN is durable).
+fn measure_inserts(c: &dyn Contender, t: usize, ops: &[(u64, u64)], settle: impl Fn() -> Result<(), tusk::Error>) -> Result<f64, tusk::Error> {
     let started = Instant::now();
     parallel(t, ops, |share| c.insert(share).map(|_| 0))?;
     settle()?;
-    let insert = ops.len() as f64 / started.elapsed().as_secs_f64();
+    Ok(ops.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Measures every phase on one contender; returns (insert, lookup, scan keys, aggs) per second.
+#[allow(clippy::too_many_arguments)]
+fn measure(c: &dyn Contender, args: &IndexArgs, t: usize, ops: &[(u64, u64)], probes: &Probes, settle: impl Fn() -> Result<(), tusk::Error>, name: &str) -> Result<[f64; 4], Box<dyn std::error::Error>> {
+    let insert = measure_inserts(c, t, ops, settle)?;
     let (secs, found) = parallel(t, &probes.lookups, |share| c.lookup(share))?;
     if found != probes.lookups.len() as u64 {
         return Err(format!("{name}: {found} of {} present keys found", probes.lookups.len()).into());
@@ -421,7 +462,7 @@ fn measure(c: &dyn Contender, args: &IndexArgs, ops: &[(u64, u64)], probes: &Pro
     Ok([insert, lookup, scan, aggs])
 }
 
-fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, Box<dyn std::error::Error>> {
+fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize) -> Result<Row, Box<dyn std::error::Error>> {
     let ops = order.generate(args.keys, args.seed);
     let pairs = final_pairs(&ops);
     if pairs.len() < 2 {
@@ -434,7 +475,8 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
         peer: kind.peer(),
         keys: ops.len(),
         distinct: pairs.len(),
-        threads: args.threads,
+        threads,
+        rounds: 1,
         ..Row::default()
     };
 
@@ -449,15 +491,21 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
         store.is_stable(store.last_lsn(), true);
         Ok(())
     };
-    let [insert, lookup, scan, aggs] = measure(&index, args, &ops, &probes, settle, "tusk")?;
+    if args.inserts_only {
+        row.insert_per_s = measure_inserts(&index, threads, &ops, settle)?;
+    } else {
+        [row.insert_per_s, row.lookup_per_s, row.range_keys_per_s, row.count_sum_per_s] = measure(&index, args, threads, &ops, &probes, settle, "tusk")?;
+    }
+    let (attempts, txns) = (index.insert_attempts.load(Ordering::Relaxed), index.insert_txns.load(Ordering::Relaxed));
+    row.insert_retries_per_txn = attempts.saturating_sub(txns) as f64 / txns.max(1) as f64;
     let len = index.len()?;
     if len != pairs.len() as u64 {
         return Err(format!("tusk {}: {len} keys after the inserts, expected {}", kind.name(), pairs.len()).into());
     }
-    row.insert_per_s = insert;
-    row.lookup_per_s = lookup;
-    row.range_keys_per_s = scan;
-    row.count_sum_per_s = aggs;
+    if args.inserts_only {
+        store.close()?;
+        return Ok(row);
+    }
     row.bytes_per_key = index.bytes()? as f64 / pairs.len() as f64;
     if kind == IndexChoice::Btree {
         let started = Instant::now();
@@ -477,7 +525,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
     match kind {
         IndexChoice::Btree => {
             let map = StdMap(RwLock::new(BTreeMap::new()));
-            let [insert, lookup, scan, aggs] = measure(&map, args, &ops, &probes, || Ok(()), "BTreeMap")?;
+            let [insert, lookup, scan, aggs] = measure(&map, args, threads, &ops, &probes, || Ok(()), "BTreeMap")?;
             row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
             (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
                 (insert, lookup, scan, aggs);
@@ -489,7 +537,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
         }
         IndexChoice::Art => {
             let tree = Congee(congee::Congee::default());
-            let [insert, lookup, scan, aggs] = measure(&tree, args, &ops, &probes, || Ok(()), "congee")?;
+            let [insert, lookup, scan, aggs] = measure(&tree, args, threads, &ops, &probes, || Ok(()), "congee")?;
             row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
             (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
                 (insert, lookup, scan, aggs);
@@ -499,32 +547,93 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
 }
 
 pub fn run(args: IndexArgs) -> CliResult {
-    if args.threads == 0 || args.keys < 2 {
-        return Err("--threads must be ≥ 1 and --keys ≥ 2".into());
+    if args.threads.contains(&0) || args.keys < 2 || args.rounds == 0 {
+        return Err("--threads must be ≥ 1, --keys ≥ 2 and --rounds ≥ 1".into());
     }
     if args.agg_width > 4096 {
         return Err("--agg-width is at most 4096 (congee's scan buffer)".into());
     }
-    let mut rows = Vec::new();
+    let mut cells = Vec::new();
     for &kind in &args.index {
         for &order in &args.order {
-            if !args.json {
-                eprintln!("measuring {} / {} ({} keys, {} threads)...", kind.name(), order.name(), args.keys, args.threads);
+            for &threads in &args.threads {
+                cells.push((kind, order, threads));
             }
-            let row = run_row(&args, kind, order)?;
-            if args.json {
-                println!("{}", row_json(&row));
-            }
-            rows.push(row);
         }
     }
-    if !args.json {
+    // measured[i]: the rounds of cell i, interleaved so that load changes hit every cell.
+    let mut measured: Vec<Vec<Row>> = cells.iter().map(|_| Vec::new()).collect();
+    for round in 0..args.rounds {
+        for (i, &(kind, order, threads)) in cells.iter().enumerate() {
+            if !args.json {
+                eprintln!("measuring {} / {} ({} keys, {threads} threads, round {} of {})...", kind.name(), order.name(), args.keys, round + 1, args.rounds);
+            }
+            measured[i].push(run_row(&args, kind, order, threads)?);
+        }
+    }
+    let rows: Vec<Row> = measured.into_iter().map(median_row).collect();
+    if args.json {
+        for row in &rows {
+            println!("{}", row_json(row, args.inserts_only));
+        }
+    } else if args.inserts_only {
+        print_insert_table(&rows);
+    } else {
         print_table(&rows);
     }
     Ok(())
 }
 
-fn row_json(r: &Row) -> serde_json::Value {
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// One row whose every figure is the median of that figure over `rounds` (same cell).
+fn median_row(rounds: Vec<Row>) -> Row {
+    let m = |f: fn(&Row) -> f64| median(rounds.iter().map(f).collect());
+    let mo = |f: fn(&Row) -> Option<f64>| rounds.iter().map(f).collect::<Option<Vec<f64>>>().map(median);
+    let first = &rounds[0];
+    Row {
+        index: first.index,
+        order: first.order,
+        peer: first.peer,
+        keys: first.keys,
+        distinct: first.distinct,
+        threads: first.threads,
+        rounds: rounds.len(),
+        insert_per_s: m(|r| r.insert_per_s),
+        insert_retries_per_txn: m(|r| r.insert_retries_per_txn),
+        peer_insert_per_s: m(|r| r.peer_insert_per_s),
+        bulk_load_per_s: mo(|r| r.bulk_load_per_s),
+        peer_bulk_load_per_s: mo(|r| r.peer_bulk_load_per_s),
+        lookup_per_s: m(|r| r.lookup_per_s),
+        peer_lookup_per_s: m(|r| r.peer_lookup_per_s),
+        range_keys_per_s: m(|r| r.range_keys_per_s),
+        peer_range_keys_per_s: m(|r| r.peer_range_keys_per_s),
+        count_sum_per_s: m(|r| r.count_sum_per_s),
+        peer_count_sum_per_s: m(|r| r.peer_count_sum_per_s),
+        bytes_per_key: m(|r| r.bytes_per_key),
+        peer_bytes_per_key: m(|r| r.peer_bytes_per_key),
+    }
+}
+
+fn print_insert_table(rows: &[Row]) {
+    println!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14}", "index", "order", "keys", "threads", "rounds", "insert/s", "retries/txn");
+    for r in rows {
+        println!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14.4}", r.index, r.order, r.keys, r.threads, r.rounds, rate(r.insert_per_s), r.insert_retries_per_txn);
+    }
+    println!("insert/s: durable inserts (Async commits, the clock stops at the last LSN durable), medians of the rounds");
+}
+
+/// The row as JSON; with `inserts_only`, the phases not measured are null.
+fn row_json(r: &Row, inserts_only: bool) -> serde_json::Value {
+    let measured = |x: f64| (!inserts_only).then_some(x);
     serde_json::json!({
         "bench": "index",
         "index": r.index,
@@ -532,20 +641,23 @@ fn row_json(r: &Row) -> serde_json::Value {
         "keys": r.keys,
         "distinct_keys": r.distinct,
         "threads": r.threads,
+        "rounds": r.rounds,
+        "inserts_only": inserts_only,
         "insert_per_s": r.insert_per_s,
+        "insert_retries_per_txn": r.insert_retries_per_txn,
         "bulk_load_per_s": r.bulk_load_per_s,
-        "lookup_per_s": r.lookup_per_s,
-        "range_keys_per_s": r.range_keys_per_s,
-        "count_sum_per_s": r.count_sum_per_s,
-        "bytes_per_key": r.bytes_per_key,
+        "lookup_per_s": measured(r.lookup_per_s),
+        "range_keys_per_s": measured(r.range_keys_per_s),
+        "count_sum_per_s": measured(r.count_sum_per_s),
+        "bytes_per_key": measured(r.bytes_per_key),
         "peer": r.peer,
-        "peer_insert_per_s": r.peer_insert_per_s,
+        "peer_insert_per_s": measured(r.peer_insert_per_s),
         "peer_bulk_load_per_s": r.peer_bulk_load_per_s,
-        "peer_lookup_per_s": r.peer_lookup_per_s,
-        "peer_range_keys_per_s": r.peer_range_keys_per_s,
-        "peer_count_sum_per_s": r.peer_count_sum_per_s,
-        "peer_bytes_per_key": r.peer_bytes_per_key,
-        "lookup_ratio": r.lookup_per_s / r.peer_lookup_per_s,
+        "peer_lookup_per_s": measured(r.peer_lookup_per_s),
+        "peer_range_keys_per_s": measured(r.peer_range_keys_per_s),
+        "peer_count_sum_per_s": measured(r.peer_count_sum_per_s),
+        "peer_bytes_per_key": measured(r.peer_bytes_per_key),
+        "lookup_ratio": measured(r.lookup_per_s / r.peer_lookup_per_s),
     })
 }
 

@@ -3,9 +3,12 @@
 //! (a damaged structure yields an error, never a panic or an out-of-range read).
 //!
 //! Checked:
-//! - descriptor: magic; per kind, the handed-out count fits the slab and every chunk it needs
-//!   is allocated and 64-byte aligned;
-//! - free lists: every index in `1..=handed out`, no index twice (no cycle);
+//! - descriptor: magic and stripe count; per kind, the handed-out count fits the slab and
+//!   every chunk it needs is allocated and 64-byte aligned;
+//! - stripes (`meta.rs`): each stripe's unused batch rest `[cursor, end)` lies within the
+//!   handed-out indices and overlaps no other stripe's;
+//! - free lists (one per stripe and kind): every index in `1..=handed out`, no index twice
+//!   (no cycle, no index on two lists), none in a stripe's unused batch rest;
 //! - links: kind known, index handed out, not on the free list, reached once only;
 //! - inner nodes: children count within the kind's bounds (`node.rs`), at least two entries
 //!   with the terminal, prefix length ≤ MAX_KEY_LEN, stored prefix bytes equal to the full
@@ -16,11 +19,12 @@
 //! - leaves: key length ≤ MAX_KEY_LEN and in its size class (the smallest that fits); key
 //!   equal to the path for a terminal leaf, else starting with the path (every prefix byte
 //!   and branch byte above it); keys strictly ascending in walk order (so no duplicates);
-//! - totals: leaves reached == descriptor key count; per kind reached == live, and
-//!   reached + free == handed out.
+//! - totals (the stripes' counters summed): leaves reached == the key count; per kind
+//!   reached == live, and reached + free + unused batch rests == handed out.
 
 use super::link::{self, KINDS, LAST_SMALL_LEAF, LEAF0, N16, N256, N4, N48};
-use super::meta::{self, kind_rec, CHUNKS, CHUNK_TABLE, FREE_HEAD, HANDED_OUT, LIVE};
+use super::meta::{self, CHUNKS, CURSOR, END, STRIPE_COUNT_OFF};
+use crate::stripe::STRIPES;
 use super::node::{self, PREFIX, PREFIX_BYTES, TERMINAL};
 use super::{leaf, slab, MAX_KEY_LEN};
 use crate::heap::HeapRead;
@@ -54,6 +58,8 @@ struct Slabs {
     meta: u64,
     handed: [u64; KINDS],
     free: Vec<Vec<u64>>,
+    /// Indices handed out to a stripe's batch but not yet by the stripe.
+    spare: Vec<Vec<u64>>,
     reached: Vec<Vec<u64>>,
     reached_n: [u64; KINDS],
 }
@@ -85,18 +91,21 @@ pub fn check<H: HeapRead>(heap: &mut H, meta_off: u64) -> Result<ArtStats, Index
     if heap.load(meta_off + meta::MAGIC_OFF)? != meta::MAGIC {
         return Err(IndexError::NotAnArt(meta_off));
     }
-    let mut slabs = Slabs { meta: meta_off, handed: [0; KINDS], free: Vec::new(), reached: Vec::new(), reached_n: [0; KINDS] };
+    let stripes = heap.load(meta_off + STRIPE_COUNT_OFF)?;
+    if stripes != STRIPES {
+        return Err(broken(meta_off, format!("descriptor has {stripes} stripes, this layout {STRIPES}")));
+    }
+    let mut slabs = Slabs { meta: meta_off, handed: [0; KINDS], free: Vec::new(), spare: Vec::new(), reached: Vec::new(), reached_n: [0; KINDS] };
     let mut stats = ArtStats::default();
     for kind in 0..KINDS as u8 {
-        let rec = kind_rec(meta_off, kind);
-        let handed = heap.load(rec + HANDED_OUT)?;
+        let handed = heap.load(meta::handed_out(meta_off, kind))?;
         if handed > 0 {
             let (last, _) = slab::locate(kind, handed);
             if last >= CHUNKS as u64 {
                 return Err(broken(meta_off, format!("{} handed-out count {handed} beyond the slab", link::kind_name(kind))));
             }
             for c in 0..=last {
-                let chunk = heap.load(rec + CHUNK_TABLE + c * 8)?;
+                let chunk = heap.load(meta::chunk_entry(meta_off, kind, c))?;
                 if chunk == 0 || !chunk.is_multiple_of(64) {
                     return Err(broken(meta_off, format!("{} chunk {c} at {chunk}: missing or misaligned", link::kind_name(kind))));
                 }
@@ -105,25 +114,55 @@ pub fn check<H: HeapRead>(heap: &mut H, meta_off: u64) -> Result<ArtStats, Index
         slabs.handed[kind as usize] = handed;
         let words = (handed as usize).div_ceil(64) + 1;
         slabs.free.push(vec![0; words]);
+        slabs.spare.push(vec![0; words]);
         slabs.reached.push(vec![0; words]);
+    }
+    // The stripes' unused batch rests.
+    let mut spare_n = [0u64; KINDS];
+    for s in 0..STRIPES {
+        for kind in 0..KINDS as u8 {
+            let k = kind as usize;
+            let rec = meta::stripe_kind(meta_off, s, kind);
+            let (cursor, end) = (heap.load(rec + CURSOR)?, heap.load(rec + END)?);
+            if cursor == 0 && end == 0 {
+                continue;
+            }
+            let name = link::kind_name(kind);
+            if cursor == 0 || cursor > end || end > slabs.handed[k] + 1 {
+                return Err(broken(meta_off, format!("stripe {s}'s {name} batch rest {cursor}..{end} outside 1..={}", slabs.handed[k])));
+            }
+            for i in cursor..end {
+                if test_bit(&slabs.spare[k], i) {
+                    return Err(broken(meta_off, format!("{name} index {i} in two stripes' batches")));
+                }
+                set_bit(&mut slabs.spare[k], i);
+            }
+            spare_n[k] += end - cursor;
+        }
     }
     // Free lists.
     let mut free_n = [0u64; KINDS];
-    for kind in 0..KINDS as u8 {
-        let k = kind as usize;
-        let mut i = heap.load(kind_rec(meta_off, kind) + FREE_HEAD)?;
-        while i != 0 {
-            let l = link::pack(kind, i);
-            let off = slabs.slot(heap, l).map_err(|_| broken(l, format!("free list of {} holds index {i}, not handed out", link::kind_name(kind))))?;
-            if test_bit(&slabs.free[k], i) {
-                return Err(broken(l, format!("free list of {} visits index {i} twice", link::kind_name(kind))));
+    for s in 0..STRIPES {
+        for kind in 0..KINDS as u8 {
+            let k = kind as usize;
+            let name = link::kind_name(kind);
+            let mut i = heap.load(meta::free_head(meta_off, s, kind))?;
+            while i != 0 {
+                let l = link::pack(kind, i);
+                let off = slabs.slot(heap, l).map_err(|_| broken(l, format!("free list of {name} holds index {i}, not handed out")))?;
+                if test_bit(&slabs.free[k], i) {
+                    return Err(broken(l, format!("free lists of {name} visit index {i} twice")));
+                }
+                if test_bit(&slabs.spare[k], i) {
+                    return Err(broken(l, format!("free list of {name} holds index {i} of a stripe's unused batch")));
+                }
+                set_bit(&mut slabs.free[k], i);
+                free_n[k] += 1;
+                i = heap.load(off)?;
             }
-            set_bit(&mut slabs.free[k], i);
-            free_n[k] += 1;
-            i = heap.load(off)?;
         }
-        stats.free_slots += free_n[k];
     }
+    stats.free_slots = free_n.iter().sum();
     // The tree, in key order: (link, path so far, whether it is its parent's terminal, depth).
     let mut prev: Option<Vec<u8>> = None;
     let root = heap.load(meta_off + meta::ROOT_OFF)?;
@@ -138,6 +177,9 @@ pub fn check<H: HeapRead>(heap: &mut H, meta_off: u64) -> Result<ArtStats, Index
         let index = link::index(l);
         if test_bit(&slabs.free[k], index) {
             return Err(broken(l, "reachable slot is on the free list"));
+        }
+        if test_bit(&slabs.spare[k], index) {
+            return Err(broken(l, "reachable slot is in a stripe's unused batch"));
         }
         if test_bit(&slabs.reached[k], index) {
             return Err(broken(l, "slot reached twice"));
@@ -204,19 +246,19 @@ pub fn check<H: HeapRead>(heap: &mut H, meta_off: u64) -> Result<ArtStats, Index
             stack.push((t, path, true, depth + 1));
         }
     }
-    let keys = heap.load(meta_off + meta::KEY_COUNT_OFF)?;
+    let keys = meta::keys(heap, meta_off)?;
     if stats.keys != keys {
         return Err(broken(meta_off, format!("{} keys in the leaves, descriptor says {keys}", stats.keys)));
     }
     for kind in 0..KINDS as u8 {
         let k = kind as usize;
-        let live = heap.load(kind_rec(meta_off, kind) + LIVE)?;
+        let live = meta::live(heap, meta_off, kind)?;
         let name = link::kind_name(kind);
         if slabs.reached_n[k] != live {
             return Err(broken(meta_off, format!("{name}: {} slots reachable, descriptor says {live} live", slabs.reached_n[k])));
         }
-        if live + free_n[k] != slabs.handed[k] {
-            return Err(broken(meta_off, format!("{name}: {live} live + {} free != {} handed out", free_n[k], slabs.handed[k])));
+        if live + free_n[k] + spare_n[k] != slabs.handed[k] {
+            return Err(broken(meta_off, format!("{name}: {live} live + {} free + {} unused in batches != {} handed out", free_n[k], spare_n[k], slabs.handed[k])));
         }
         stats.bytes += live * link::slot_size(kind);
     }

@@ -11,16 +11,14 @@
 //! - a node without the child: added, growing the node if full.
 
 use super::link;
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
+use super::meta::{self, ROOT_OFF};
 use super::node::{self, PREFIX, PREFIX_BYTES, TERMINAL};
 use super::{leaf, slab, MAX_KEY_LEN};
 use crate::heap::HeapWrite;
 use crate::IndexError;
 
 fn bump<H: HeapWrite>(heap: &mut H, meta: u64) -> Result<(), IndexError> {
-    let n = heap.load(meta + KEY_COUNT_OFF)?;
-    heap.store(meta + KEY_COUNT_OFF, n + 1)?;
-    Ok(())
+    Ok(meta::add_keys(heap, meta, 1)?)
 }
 
 /// An N4 at depth `depth` with prefix `prefix` (full bytes) over two entries, each a link

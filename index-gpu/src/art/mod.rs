@@ -50,9 +50,7 @@ pub struct Art {
 impl Art {
     /// Creates an empty tree (a descriptor; slabs are allocated on first use).
     pub fn create<H: HeapWrite>(heap: &mut H) -> Result<Art, IndexError> {
-        let meta = heap.alloc(meta::META_SIZE)?;
-        heap.store(meta + meta::MAGIC_OFF, meta::MAGIC)?;
-        Ok(Art { meta })
+        Ok(Art { meta: meta::create(heap)? })
     }
 
     /// The tree whose descriptor is at `ptr`; fails if there is none.
@@ -73,9 +71,10 @@ impl Art {
         HeapPtr(self.meta)
     }
 
-    /// Number of keys (from the descriptor, O(1)).
+    /// Number of keys: exact, the sum of the descriptor's per-thread stripes (one line each,
+    /// see `meta.rs`) read in this transaction.
     pub fn len<H: HeapRead>(&self, heap: &mut H) -> Result<u64, IndexError> {
-        Ok(heap.load(self.meta + meta::KEY_COUNT_OFF)?)
+        Ok(meta::keys(heap, self.meta)?)
     }
 
     pub fn is_empty<H: HeapRead>(&self, heap: &mut H) -> Result<bool, IndexError> {

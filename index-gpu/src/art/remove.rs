@@ -6,7 +6,7 @@
 //! changes shape, so one level of bookkeeping suffices.
 
 use super::link::{self, N16, N256, N4, N48};
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
+use super::meta::{self, ROOT_OFF};
 use super::node::{self, PREFIX, PREFIX_BYTES, TERMINAL};
 use super::search::stored_prefix_matches;
 use super::{leaf, slab};
@@ -37,8 +37,7 @@ pub fn remove<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8]) -> Result<Optio
             }
             let value = leaf::value(heap, off)?;
             slab::free(heap, meta, link)?;
-            let n = heap.load(meta + KEY_COUNT_OFF)?;
-            heap.store(meta + KEY_COUNT_OFF, n.wrapping_sub(1))?;
+            meta::add_keys(heap, meta, -1)?;
             match parent {
                 None => heap.store(slot, 0)?,
                 Some(p) => remove_entry(heap, meta, p)?,

@@ -16,8 +16,8 @@
 //! operations one by one in batch order.
 
 use super::layout::{self, CAPACITY, MIN_FILL};
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
-use super::{insert, remove, search};
+use super::meta::ROOT_OFF;
+use super::{insert, meta, remove, search};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
 
@@ -116,8 +116,7 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
     }
     if key_delta != 0 {
         // The single-key paths keep the count themselves; add what the in-leaf passes did.
-        let keys = heap.load(meta + KEY_COUNT_OFF)?;
-        heap.store(meta + KEY_COUNT_OFF, keys.wrapping_add_signed(key_delta))?;
+        meta::add_keys(heap, meta, key_delta)?;
     }
     Ok(out)
 }

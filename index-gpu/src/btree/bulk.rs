@@ -15,7 +15,7 @@
 //! the caller retries or abandons it.)
 
 use super::layout::{self, CAPACITY, MIN_FILL};
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
+use super::meta::{self, KEY_DELTA, ROOT_OFF};
 use super::slab;
 use crate::heap::HeapWrite;
 use crate::IndexError;
@@ -35,7 +35,7 @@ pub fn entries_per_node(fill: f64) -> usize {
 /// Loads `pairs` (strictly ascending keys) into the empty tree described at `meta`; returns
 /// the number of keys loaded.
 pub fn bulk_load<H: HeapWrite>(heap: &mut H, meta: u64, pairs: impl IntoIterator<Item = (u64, u64)>, fill: f64) -> Result<u64, IndexError> {
-    if heap.load(meta + KEY_COUNT_OFF)? != 0 {
+    if meta::total(heap, meta, KEY_DELTA)? != 0 {
         return Err(IndexError::NotEmpty);
     }
     let root = heap.load(meta + ROOT_OFF)?;
@@ -72,7 +72,7 @@ pub fn bulk_load<H: HeapWrite>(heap: &mut H, meta: u64, pairs: impl IntoIterator
         level = writer.finish(heap, meta)?;
     }
     heap.store(meta + ROOT_OFF, level[0].1)?;
-    heap.store(meta + KEY_COUNT_OFF, loaded)?;
+    meta::add_keys(heap, meta, loaded as i64)?;
     Ok(loaded)
 }
 

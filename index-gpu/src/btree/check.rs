@@ -12,17 +12,20 @@
 //!   sibling's high key (0 for the leftmost) and the high key is the one its parent implies;
 //!   an internal node's keys[0] equals its `low`;
 //! - the rightmost node has no right link (and so no high key), every other one does;
-//! - the nodes reached equal the descriptor's node count, the leaf entries its key count.
+//! - the nodes reached equal the descriptor's node count, the leaf entries its key count
+//!   (both the sums of the per-thread stripes, see `meta.rs`).
 //!
-//! And the slab's accounting: the free list is walked first, bounded (a cycle, a misaligned
-//! offset or one outside the heap is reported, never followed into a panic or a loop); no
-//! free node may be reachable in the tree; nodes in use plus free nodes must equal the nodes
-//! the slab ever handed out, so a node lost by a merge (neither in the tree nor free) shows.
+//! And the slab's accounting: the descriptor's stripe count matches; every stripe's free list
+//! is walked first, bounded (a cycle, a node on two lists, a misaligned offset or one outside
+//! the heap is reported, never followed into a panic or a loop); no free node may be reachable
+//! in the tree; nodes in use plus free nodes must equal the nodes the stripes ever handed out,
+//! so a node lost by a merge (neither in the tree nor free) shows.
 
 use std::collections::HashSet;
 
 use super::layout::{self, CAPACITY, MIN_FILL, NODE_SIZE};
-use super::meta::{FREE_HEAD_OFF, HANDED_OUT_OFF, KEY_COUNT_OFF, NODE_COUNT_OFF, ROOT_OFF};
+use super::meta::{self, FREE_HEAD, HANDED_OUT, KEY_DELTA, NODE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
+use crate::stripe::STRIPES;
 use crate::heap::HeapRead;
 use crate::IndexError;
 
@@ -50,10 +53,14 @@ fn broken(node: u64, what: impl Into<String>) -> IndexError {
 
 pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexError> {
     let root = heap.load(meta + ROOT_OFF)?;
-    let node_count = heap.load(meta + NODE_COUNT_OFF)?;
-    let key_count = heap.load(meta + KEY_COUNT_OFF)?;
-    let handed_out = heap.load(meta + HANDED_OUT_OFF)?;
-    let free = free_list(heap, meta, handed_out)?;
+    let stripes = heap.load(meta + STRIPE_COUNT_OFF)?;
+    if stripes != STRIPES {
+        return Err(broken(root, format!("descriptor has {stripes} stripes, this layout {STRIPES}")));
+    }
+    let node_count = meta::total(heap, meta, NODE_DELTA)?;
+    let key_count = meta::total(heap, meta, KEY_DELTA)?;
+    let handed_out = meta::total(heap, meta, HANDED_OUT)?;
+    let free = free_lists(heap, meta, handed_out)?;
     check_node_offset(heap, root)?;
     let root_level = layout::read_header(heap, root)?.level;
     let mut stats = TreeStats { levels: root_level + 1, ..TreeStats::default() };
@@ -152,20 +159,22 @@ fn check_node_offset<H: HeapRead>(heap: &mut H, node: u64) -> Result<(), IndexEr
     Ok(())
 }
 
-/// The nodes on the free list. Walks at most `handed_out` links, and stops at the first
-/// repeated node, so a damaged list ends the check with an error instead of a loop.
-fn free_list<H: HeapRead>(heap: &mut H, meta: u64, handed_out: u64) -> Result<HashSet<u64>, IndexError> {
+/// The nodes on the stripes' free lists. Walks at most `handed_out` links in all, and stops at
+/// the first repeated node, so a damaged list ends the check with an error instead of a loop.
+fn free_lists<H: HeapRead>(heap: &mut H, meta: u64, handed_out: u64) -> Result<HashSet<u64>, IndexError> {
     let mut free = HashSet::new();
-    let mut node = heap.load(meta + FREE_HEAD_OFF)?;
-    while node != 0 {
-        check_node_offset(heap, node)?;
-        if !free.insert(node) {
-            return Err(broken(node, "free list has a cycle"));
+    for s in 0..STRIPES {
+        let mut node = heap.load(meta::stripe(meta, s) + FREE_HEAD)?;
+        while node != 0 {
+            check_node_offset(heap, node)?;
+            if !free.insert(node) {
+                return Err(broken(node, format!("free list of stripe {s} has a cycle or shares a node")));
+            }
+            if free.len() as u64 > handed_out {
+                return Err(broken(node, format!("free lists longer than the {handed_out} nodes handed out")));
+            }
+            node = heap.load(node)?;
         }
-        if free.len() as u64 > handed_out {
-            return Err(broken(node, format!("free list longer than the {handed_out} nodes handed out")));
-        }
-        node = heap.load(node)?;
     }
     Ok(free)
 }

@@ -5,8 +5,8 @@
 //! so other transactions never see a half-split; the links are there for lock-free readers.
 
 use super::layout::{self, Header, CAPACITY};
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
-use super::{search, slab};
+use super::meta::ROOT_OFF;
+use super::{meta, search, slab};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
 
@@ -21,9 +21,10 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Re
         heap.store(layout::value_off(leaf, i), value)?;
         return Ok(Some(old));
     }
-    let keys = heap.load(meta + KEY_COUNT_OFF)?;
-    heap.store(meta + KEY_COUNT_OFF, keys + 1)?;
     insert_entry(heap, meta, leaf, h, i, key, value, path)?;
+    // Counted last: the leaf's entries above are read while the write set is still empty,
+    // the transaction's fast path (whole lines validated at once, no write-set lookups).
+    meta::add_keys(heap, meta, 1)?;
     Ok(None)
 }
 
@@ -32,9 +33,7 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Re
 fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, mut path: Vec<u64>) -> Result<(), TxnError> {
     loop {
         if h.count < CAPACITY {
-            layout::move_entries(heap, node, i, node, i + 1, h.count - i)?;
-            layout::write_entry(heap, node, i, k, v)?;
-            return layout::write_level_count(heap, node, h.level, h.count + 1);
+            return shift_in(heap, node, h, i, k, v);
         }
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
         match path.pop() {
@@ -52,6 +51,20 @@ fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Hea
             None => return grow_root(heap, meta, node, h.level, separator, right),
         }
     }
+}
+
+/// Inserts (k, v) at slot `i` of `node`, which has room: the entries from `i` on are read
+/// as two runs of words and written back one slot up.
+fn shift_in<H: HeapWrite>(heap: &mut H, node: u64, h: Header, i: usize, k: u64, v: u64) -> Result<(), TxnError> {
+    let n = h.count - i;
+    let (mut keys, mut values) = ([0u64; CAPACITY], [0u64; CAPACITY]);
+    heap.load_words(layout::key_off(node, i), &mut keys[..n])?;
+    heap.load_words(layout::value_off(node, i), &mut values[..n])?;
+    layout::write_entry(heap, node, i, k, v)?;
+    for j in 0..n {
+        layout::write_entry(heap, node, i + 1 + j, keys[j], values[j])?;
+    }
+    layout::write_level_count(heap, node, h.level, h.count + 1)
 }
 
 /// Splits the full `node` while inserting (k, v) at slot `i`: of the CAPACITY + 1 entries the

@@ -46,8 +46,7 @@ pub struct BTree {
 impl BTree {
     /// Creates an empty tree: a descriptor and one empty leaf as the root.
     pub fn create<H: HeapWrite>(heap: &mut H) -> Result<BTree, IndexError> {
-        let meta = heap.alloc(meta::META_SIZE)?;
-        heap.store(meta + meta::MAGIC_OFF, meta::MAGIC)?;
+        let meta = meta::create(heap)?;
         let root = slab::alloc_node(heap, meta)?;
         layout::write_level_count(heap, root, 0, 0)?;
         layout::write_bound(heap, root, None, 0)?;
@@ -77,9 +76,10 @@ impl BTree {
         Ok(heap.load(self.meta + meta::ROOT_OFF)?)
     }
 
-    /// Number of entries.
+    /// Number of entries: exact, the sum of the descriptor's per-thread stripes (one line
+    /// each, see `meta.rs`) read in this transaction.
     pub fn len<H: HeapRead>(&self, heap: &mut H) -> Result<u64, IndexError> {
-        Ok(heap.load(self.meta + meta::KEY_COUNT_OFF)?)
+        Ok(meta::total(heap, self.meta, meta::KEY_DELTA)?)
     }
 
     pub fn is_empty<H: HeapRead>(&self, heap: &mut H) -> Result<bool, IndexError> {

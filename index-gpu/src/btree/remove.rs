@@ -18,8 +18,8 @@
 //! list (`slab.rs`).
 
 use super::layout::{self, Header, MIN_FILL};
-use super::meta::{KEY_COUNT_OFF, ROOT_OFF};
-use super::{search, slab};
+use super::meta::ROOT_OFF;
+use super::{meta, search, slab};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
 
@@ -33,8 +33,7 @@ pub fn remove<H: HeapWrite>(heap: &mut H, meta: u64, key: u64) -> Result<Option<
         return Ok(None);
     }
     let old = layout::value(heap, leaf, i)?;
-    let keys = heap.load(meta + KEY_COUNT_OFF)?;
-    heap.store(meta + KEY_COUNT_OFF, keys - 1)?;
+    meta::add_keys(heap, meta, -1)?;
     let h = remove_slot(heap, leaf, h, i)?;
     repair(heap, meta, leaf, h, key, path)?;
     Ok(Some(old))

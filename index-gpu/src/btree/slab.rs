@@ -3,65 +3,101 @@
 //! node would neither be 64-byte aligned nor pack densely), and because a later GPU mirror
 //! wants the nodes in few contiguous ranges it can copy wholesale.
 //!
-//! A chunk is one allocation of [`NODES_PER_CHUNK`] nodes plus alignment slack; the descriptor
-//! keeps a cursor into the current chunk. Chunks are allocated through the transaction, so an
+//! A chunk is one allocation of [`NODES_PER_CHUNK`] nodes plus alignment slack. Each stripe of
+//! the descriptor (`meta.rs`, one per inserting thread) keeps its own cursor into its own
+//! chunk, so two threads splitting leaves at the same time neither write a common cursor nor
+//! get nodes on a common cache line. Chunks are allocated through the transaction, so an
 //! aborted insert gives its nodes back with everything else.
 //!
 //! Nodes that `remove` merges away are never given back to the heap allocator (they sit inside
-//! a chunk): they go on the tree's free list instead, a stack threaded through the freed
-//! nodes' first words, and [`alloc_node`] takes from it before carving new ones. So a tree
-//! that shrinks and grows again stays inside the slab ranges the GPU mirror already copies.
+//! a chunk): they go on the freeing thread's stripe's free list instead, a stack threaded
+//! through the freed nodes' first words, and [`alloc_node`] takes from its own list before
+//! carving. When a stripe's chunk is spent, it also adopts another stripe's whole free list,
+//! if any, to use before the new chunk (one write to that stripe's free-list line, and only
+//! once per chunk, so the owner is rarely disturbed). So a tree that shrinks in one thread and
+//! grows in another mostly stays inside the slab ranges the GPU mirror already copies.
 
 use super::layout::{NODE_ALIGN, NODE_SIZE};
-use super::meta::{FREE_HEAD_OFF, HANDED_OUT_OFF, NODE_COUNT_OFF, SLAB_CURSOR_OFF, SLAB_END_OFF};
+use super::meta::{self, FREE_HEAD, HANDED_OUT, NODE_DELTA, SLAB_CURSOR, SLAB_END};
 use crate::heap::HeapWrite;
+use crate::stripe::{self, STRIPES};
 use tusk_txn::TxnError;
 
 /// Nodes per slab chunk: 64 KiB of nodes, a few pages per allocation.
 pub const NODES_PER_CHUNK: u64 = 128;
 
 /// Hands out one zeroed, 64-byte-aligned node of the tree whose descriptor is at `meta`: a
-/// freed one if there is any, else a fresh one from the current chunk.
+/// freed one if there is any, else a fresh one from the stripe's chunk.
 pub fn alloc_node<H: HeapWrite>(heap: &mut H, meta: u64) -> Result<u64, TxnError> {
-    let node = match heap.load(meta + FREE_HEAD_OFF)? {
-        0 => carve(heap, meta)?,
-        free => {
-            let next = heap.load(free)?;
-            heap.store(meta + FREE_HEAD_OFF, next)?;
-            // Callers rely on a zeroed node (reserved header words, unused slots).
-            for w in (0..NODE_SIZE).step_by(8) {
-                heap.store(free + w, 0)?;
-            }
-            free
-        }
+    let mine = meta::my_stripe(meta);
+    let node = match pop_free(heap, mine)? {
+        Some(node) => node,
+        None => carve(heap, meta, mine)?,
     };
-    let nodes = heap.load(meta + NODE_COUNT_OFF)?;
-    heap.store(meta + NODE_COUNT_OFF, nodes + 1)?;
+    stripe::add(heap, mine + NODE_DELTA, 1)?;
     Ok(node)
 }
 
-/// A never-used node from the current chunk, or from a new chunk when it is spent.
-fn carve<H: HeapWrite>(heap: &mut H, meta: u64) -> Result<u64, TxnError> {
-    let mut cursor = heap.load(meta + SLAB_CURSOR_OFF)?;
-    let end = heap.load(meta + SLAB_END_OFF)?;
+/// Takes the first node of the free list of the stripe at `stripe`, zeroed.
+fn pop_free<H: HeapWrite>(heap: &mut H, stripe: u64) -> Result<Option<u64>, TxnError> {
+    let free = heap.load(stripe + FREE_HEAD)?;
+    if free == 0 {
+        return Ok(None);
+    }
+    let next = heap.load(free)?;
+    heap.store(stripe + FREE_HEAD, next)?;
+    // Callers rely on a zeroed node (reserved header words, unused slots).
+    for w in (0..NODE_SIZE).step_by(8) {
+        heap.store(free + w, 0)?;
+    }
+    Ok(Some(free))
+}
+
+/// A never-used node from the stripe's chunk, or, when the chunk is spent, a node of another
+/// stripe's free list, which this stripe adopts whole (its own list is empty here) along with
+/// a new chunk: the adopted nodes go first, the chunk after them. Doing both at once bounds
+/// the reads of other stripes' lines to one scan per chunk.
+fn carve<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64) -> Result<u64, TxnError> {
+    let mut cursor = heap.load(mine + SLAB_CURSOR)?;
+    let end = heap.load(mine + SLAB_END)?;
     if cursor == 0 || cursor + NODE_SIZE > end {
         let chunk = heap.alloc(NODES_PER_CHUNK * NODE_SIZE + NODE_ALIGN)?;
         cursor = chunk.next_multiple_of(NODE_ALIGN);
-        heap.store(meta + SLAB_END_OFF, cursor + NODES_PER_CHUNK * NODE_SIZE)?;
+        heap.store(mine + SLAB_END, cursor + NODES_PER_CHUNK * NODE_SIZE)?;
+        if adopt(heap, meta, mine)? {
+            heap.store(mine + SLAB_CURSOR, cursor)?;
+            return Ok(pop_free(heap, mine)?.expect("the adopted list is not empty"));
+        }
     }
-    heap.store(meta + SLAB_CURSOR_OFF, cursor + NODE_SIZE)?;
-    let handed = heap.load(meta + HANDED_OUT_OFF)?;
-    heap.store(meta + HANDED_OUT_OFF, handed + 1)?;
+    heap.store(mine + SLAB_CURSOR, cursor + NODE_SIZE)?;
+    stripe::add(heap, mine + HANDED_OUT, 1)?;
     Ok(cursor)
 }
 
-/// Puts `node`, no longer reachable from the tree, on the free list.
+/// Moves the first non-empty free list of another stripe to `mine` (whose list is empty);
+/// returns whether there was one.
+fn adopt<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64) -> Result<bool, TxnError> {
+    for s in 0..STRIPES {
+        let other = meta::stripe(meta, s);
+        if other == mine {
+            continue;
+        }
+        let head = heap.load(other + FREE_HEAD)?;
+        if head != 0 {
+            heap.store(other + FREE_HEAD, 0)?;
+            heap.store(mine + FREE_HEAD, head)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Puts `node`, no longer reachable from the tree, on the calling thread's stripe's free list.
 pub fn free_node<H: HeapWrite>(heap: &mut H, meta: u64, node: u64) -> Result<(), TxnError> {
     debug_assert!(node != 0 && node.is_multiple_of(NODE_ALIGN));
-    let head = heap.load(meta + FREE_HEAD_OFF)?;
+    let mine = meta::my_stripe(meta);
+    let head = heap.load(mine + FREE_HEAD)?;
     heap.store(node, head)?;
-    heap.store(meta + FREE_HEAD_OFF, node)?;
-    let nodes = heap.load(meta + NODE_COUNT_OFF)?;
-    debug_assert!(nodes > 1, "the root is never freed without a replacement");
-    heap.store(meta + NODE_COUNT_OFF, nodes - 1)
+    heap.store(mine + FREE_HEAD, node)?;
+    stripe::add(heap, mine + NODE_DELTA, -1)
 }

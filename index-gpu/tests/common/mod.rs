@@ -4,7 +4,13 @@ use tusk_storage::Heap;
 use tusk_txn::{Commit, Engine, EngineConfig, Transaction};
 
 pub fn engine(capacity: u64) -> Engine {
-    let config = EngineConfig { stripes_log2: 12, log: None, existing_segments: Vec::new() };
+    engine_with_stripes(capacity, 12)
+}
+
+/// An engine with `2^stripes_log2` stripe locks.
+#[allow(dead_code)]
+pub fn engine_with_stripes(capacity: u64, stripes_log2: u32) -> Engine {
+    let config = EngineConfig { stripes_log2, log: None, existing_segments: Vec::new() };
     let engine = Engine::start(config, Heap::new(capacity).unwrap(), 0).unwrap();
     {
         let mut tx = engine.begin();
