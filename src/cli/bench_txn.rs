@@ -109,15 +109,17 @@ struct ThreadResult {
     latency: Histogram<u64>,
 }
 
-/// Bounds of the write + fdatasync probe.
-const PROBE_MIN_WRITES: u32 = 50;
-const PROBE_MAX_WRITES: u32 = 300;
-const PROBE_TIME: Duration = Duration::from_millis(500);
+/// Bounds of each half of the write + fdatasync probe.
+const PROBE_MIN_WRITES: u32 = 25;
+const PROBE_MAX_WRITES: u32 = 150;
+const PROBE_TIME: Duration = Duration::from_millis(250);
 
-/// p50 latency in µs of one O_DIRECT append of `size` bytes followed by fdatasync, to a
-/// fresh file in `dir`: what one log flush of that size costs this file system, without the
-/// log around it (the log's flushes are appends to a segment file too).
-fn write_sync_p50_us(dir: &Path, size: usize) -> Result<f64, Box<dyn std::error::Error>> {
+/// Records into `latency` the time of O_DIRECT appends of `size` bytes, each followed by
+/// fdatasync, to a fresh file in `dir`: what one log flush of that size costs this file
+/// system without the log around it (the log's flushes are appends to a segment file too).
+/// A run takes half its probe just before the store opens and half just after it closes,
+/// so that both see the disk as the run did (the machine's other I/O comes and goes).
+fn probe_write_sync(dir: &Path, size: usize, latency: &mut Histogram<u64>) -> Result<(), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::sync::{fdatasync, pwrite_all};
     use tusk_storage::io::{open_direct, AlignedBuf};
@@ -129,7 +131,6 @@ fn write_sync_p50_us(dir: &Path, size: usize) -> Result<f64, Box<dyn std::error:
     for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let started = Instant::now();
     let (mut offset, mut writes) = (0u64, 0u32);
     while writes < PROBE_MIN_WRITES || (writes < PROBE_MAX_WRITES && started.elapsed() < PROBE_TIME) {
@@ -142,12 +143,21 @@ fn write_sync_p50_us(dir: &Path, size: usize) -> Result<f64, Box<dyn std::error:
     }
     drop(file);
     std::fs::remove_file(&path)?;
-    Ok(latency.value_at_quantile(0.50) as f64 / 1000.0)
+    Ok(())
 }
 
 /// One run of one commit mode on a fresh store.
 fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<ModeResult, Box<dyn std::error::Error>> {
     let dir = BenchDir::new(args.dir.clone())?;
+    let waits_for_disk = matches!(commit, CommitChoice::Partition | CommitChoice::Sync);
+    // Before the run the flush size is not known yet: the half taken then is of one O_DIRECT
+    // block (the size of a flush of a few records) and counts only if the run's mean flush
+    // size turns out to be that block.
+    let mut probe = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    if waits_for_disk {
+        std::fs::create_dir_all(dir.path())?;
+        probe_write_sync(dir.path(), FLUSH_ALIGN as usize, &mut probe)?;
+    }
     let mut options = Options {
         heap_capacity: (args.heap_mib + 64) << 20,
         io: args.io.to_io(),
@@ -236,9 +246,14 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
         Err(_) => return Err("store still shared after the run".into()),
     }
     let flush_bytes = (flushed_bytes / flushes.max(1)).max(1).next_multiple_of(FLUSH_ALIGN) as usize;
-    let write_sync_us = match commit {
-        CommitChoice::Partition | CommitChoice::Sync => Some(write_sync_p50_us(dir.path(), flush_bytes)?),
-        _ => None,
+    let write_sync_us = if waits_for_disk {
+        if flush_bytes != FLUSH_ALIGN as usize {
+            probe.reset();
+        }
+        probe_write_sync(dir.path(), flush_bytes, &mut probe)?;
+        Some(probe.value_at_quantile(0.50) as f64 / 1000.0)
+    } else {
+        None
     };
     let p50_us = total.latency.value_at_quantile(0.50) as f64 / 1000.0;
 
