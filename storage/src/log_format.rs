@@ -103,14 +103,19 @@ pub struct RecordHeader {
     pub void: Option<(u64, u64)>,
 }
 
-/// Appends `v` as an unsigned LEB128 varint.
+/// Appends `v` as an unsigned LEB128 varint (encoded on the stack, appended at once: one
+/// capacity check instead of one per byte, on the commit path).
 #[inline]
 fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+    let mut bytes = [0u8; MAX_VARINT];
+    let mut n = 0;
     while v >= 0x80 {
-        buf.push(v as u8 | 0x80);
+        bytes[n] = v as u8 | 0x80;
         v >>= 7;
+        n += 1;
     }
-    buf.push(v as u8);
+    bytes[n] = v as u8;
+    buf.extend_from_slice(&bytes[..=n]);
 }
 
 /// Reads a varint from the front of `rest`, advancing it; `None` if truncated or longer
@@ -182,6 +187,7 @@ impl RecordEncoder {
 
     /// Appends a write whose bytes are the little-endian encodings of `words`.
     pub fn push_write_words(&mut self, buf: &mut Vec<u8>, offset: u64, words: impl ExactSizeIterator<Item = u64>) {
+        buf.reserve(2 * MAX_VARINT + words.len() * 8);
         self.push_header(buf, offset, words.len() * 8);
         for w in words {
             buf.extend_from_slice(&w.to_le_bytes());
