@@ -118,11 +118,15 @@ const PROBE_TIME: Duration = Duration::from_millis(250);
 /// fdatasync, to a fresh file in `dir`: what one log flush of that size costs this file
 /// system without the log around it (the log's flushes are appends to a segment file too).
 /// A run takes half its probe just before the store opens and half just after it closes,
-/// so that both see the disk as the run did (the machine's other I/O comes and goes).
+/// so that both see the disk as the run did (the machine's other I/O comes and goes); each
+/// half starts with a syncfs, so that it does not wait for our own earlier writes.
 fn probe_write_sync(dir: &Path, size: usize, latency: &mut Histogram<u64>) -> Result<(), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
-    use tusk_storage::io::sync::{fdatasync, pwrite_all};
+    use tusk_storage::io::sync::{fdatasync, pwrite_all, sync_file_system};
     use tusk_storage::io::{open_direct, AlignedBuf};
+    // The previous run's files were just deleted and this run's store just closed: let the
+    // file system finish that work first, or the probe measures our own clean-up.
+    sync_file_system(dir)?;
     let path = dir.join("write-sync-probe.tmp");
     let _ = std::fs::remove_file(&path);
     let file = open_direct(&path, true)?;
