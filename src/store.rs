@@ -244,6 +244,12 @@ impl Store {
         self.engine.log().map_or(0, |l| l.catalog().total_bytes())
     }
 
+    /// Log flushes written since open, and their bytes (headers and pads included); zeros
+    /// without durability.
+    pub fn log_flush_totals(&self) -> (u64, u64) {
+        self.engine.log().map_or((0, 0), |l| l.catalog().flush_totals())
+    }
+
     /// Makes everything committed durable and closes the store.
     pub fn close(mut self) -> Result<(), Error> {
         if let Some(mut c) = self.checkpoints.take() {

@@ -485,9 +485,10 @@ fn gap_from_cut_partition(torn: bool) {
     commits_after_gap_survive(dir.path(), &opts, want, marker);
 }
 
-/// The same gap made by the log itself: one flush writes partition 0 and fails partition 1
-/// (fault injection), so an Async commit on partition 1 is lost while a later Async and a
-/// Partition commit on partition 0 reach the disk.
+/// The same gap made by the log itself: partition 0's flush succeeds and partition 1's
+/// next flush fails (fault injection; partitions flush independently), so an Async commit
+/// on partition 1 is lost while a later Async and a Partition commit on partition 0 reach
+/// the disk.
 #[test]
 fn gap_from_a_failed_partition_flush() {
     let dir = tempfile::tempdir().unwrap();
@@ -513,9 +514,12 @@ fn gap_from_a_failed_partition_flush() {
         let z = w0.run(move || put(store, p, 9, 909, Commit::Async));
         assert_eq!(z, g + 1);
         assert!(store.durable_lsn() < g, "the Async commits must still be buffered");
-        // The next flush writes partition 0 and fails partition 1.
+        // The next flush (partition 0's, led by this Partition commit) succeeds; the one
+        // after it (partition 1's, led by the next) fails.
         plan.fail_after(1, libc::EIO);
         let y = w0.run(move || store.transact(Commit::Partition, |tx| tx.write_u64_at(p, 8 * 10, 1010)));
+        let failed = w1.run(move || store.transact(Commit::Partition, |tx| tx.write_u64_at(p, 8 * 11, 1111)));
+        assert!(matches!(failed, Err(Error::LogFailed(_))), "{failed:?}");
         (g, y)
     });
     let (_, y) = y.expect("the Partition commit's own partition was written");

@@ -2,8 +2,13 @@
 //! 8-byte words of one allocation spanning `heap_mib` MiB; all threads run for `duration`
 //! seconds. Reports throughput and commit latency (from the start of the transaction to the
 //! return of its commit, retries included).
+//!
+//! For the modes that wait for the disk (partition, sync), each run is followed, on the same
+//! file system, by the latency of one O_DIRECT append + fdatasync of the run's mean flush
+//! size: the floor a commit that waits for its flush cannot go under. The ratio
+//! p50(commit) / p50(write + fdatasync) is how far the log is from that floor.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -13,6 +18,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tusk::{Commit, Durability, Options, Store};
+use tusk_storage::log_format::FLUSH_ALIGN;
 
 use super::report::rate;
 use super::{BenchDir, CliResult, IoChoice};
@@ -58,8 +64,10 @@ impl CommitChoice {
 pub struct TxnArgs {
     #[arg(long, value_enum, default_value = "hathi")]
     workload: Workload,
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
+    /// Committing threads; several (comma-separated, e.g. `1,64`) are run interleaved and
+    /// their throughput ratio (most / fewest threads) reported per mode.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    threads: Vec<usize>,
     /// Commit mode; several (comma-separated) are run interleaved, `--rounds` times each,
     /// and reported with their ratios.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "async")]
@@ -101,9 +109,59 @@ struct ThreadResult {
     latency: Histogram<u64>,
 }
 
+/// Bounds of each half of the write + fdatasync probe.
+const PROBE_MIN_WRITES: u32 = 25;
+const PROBE_MAX_WRITES: u32 = 150;
+const PROBE_TIME: Duration = Duration::from_millis(250);
+
+/// Records into `latency` the time of O_DIRECT appends of `size` bytes, each followed by
+/// fdatasync, to a fresh file in `dir`: what one log flush of that size costs this file
+/// system without the log around it (the log's flushes are appends to a segment file too).
+/// A run takes half its probe just before the store opens and half just after it closes,
+/// so that both see the disk as the run did (the machine's other I/O comes and goes); each
+/// half starts with a syncfs, so that it does not wait for our own earlier writes.
+fn probe_write_sync(dir: &Path, size: usize, latency: &mut Histogram<u64>) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    use tusk_storage::io::sync::{fdatasync, pwrite_all, sync_file_system};
+    use tusk_storage::io::{open_direct, AlignedBuf};
+    // The previous run's files were just deleted and this run's store just closed: let the
+    // file system finish that work first, or the probe measures our own clean-up.
+    sync_file_system(dir)?;
+    let path = dir.join("write-sync-probe.tmp");
+    let _ = std::fs::remove_file(&path);
+    let file = open_direct(&path, true)?;
+    let mut buf = AlignedBuf::new();
+    buf.extend_zeros(size);
+    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let started = Instant::now();
+    let (mut offset, mut writes) = (0u64, 0u32);
+    while writes < PROBE_MIN_WRITES || (writes < PROBE_MAX_WRITES && started.elapsed() < PROBE_TIME) {
+        let t = Instant::now();
+        pwrite_all(file.as_raw_fd(), offset, buf.as_slice())?;
+        fdatasync(file.as_raw_fd())?;
+        latency.saturating_record(t.elapsed().as_nanos() as u64);
+        offset += size as u64;
+        writes += 1;
+    }
+    drop(file);
+    std::fs::remove_file(&path)?;
+    Ok(())
+}
+
 /// One run of one commit mode on a fresh store.
-fn run_once(args: &TxnArgs, commit: CommitChoice) -> Result<ModeResult, Box<dyn std::error::Error>> {
+fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<ModeResult, Box<dyn std::error::Error>> {
     let dir = BenchDir::new(args.dir.clone())?;
+    let waits_for_disk = matches!(commit, CommitChoice::Partition | CommitChoice::Sync);
+    // Before the run the flush size is not known yet: the half taken then is of one O_DIRECT
+    // block (the size of a flush of a few records) and counts only if the run's mean flush
+    // size turns out to be that block.
+    let mut probe = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    if waits_for_disk {
+        std::fs::create_dir_all(dir.path())?;
+        probe_write_sync(dir.path(), FLUSH_ALIGN as usize, &mut probe)?;
+    }
     let mut options = Options {
         heap_capacity: (args.heap_mib + 64) << 20,
         io: args.io.to_io(),
@@ -127,8 +185,8 @@ fn run_once(args: &TxnArgs, commit: CommitChoice) -> Result<ModeResult, Box<dyn 
     store.prefault();
 
     let stop = Arc::new(AtomicBool::new(false));
-    let barrier = Arc::new(Barrier::new(args.threads + 1));
-    let handles: Vec<_> = (0..args.threads)
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (store, stop, barrier) = (store.clone(), stop.clone(), barrier.clone());
             let (mode, split, words, prefetch) =
@@ -186,26 +244,44 @@ fn run_once(args: &TxnArgs, commit: CommitChoice) -> Result<ModeResult, Box<dyn 
     let elapsed = started.elapsed().as_secs_f64();
     let io = store.io_backend().unwrap_or_else(|| "none".into());
     let durable = store.durable_lsn();
+    let (flushes, flushed_bytes) = store.log_flush_totals();
     match Arc::try_unwrap(store) {
         Ok(store) => store.close()?,
         Err(_) => return Err("store still shared after the run".into()),
     }
+    let flush_bytes = (flushed_bytes / flushes.max(1)).max(1).next_multiple_of(FLUSH_ALIGN) as usize;
+    let write_sync_us = if waits_for_disk {
+        if flush_bytes != FLUSH_ALIGN as usize {
+            probe.reset();
+        }
+        probe_write_sync(dir.path(), flush_bytes, &mut probe)?;
+        Some(probe.value_at_quantile(0.50) as f64 / 1000.0)
+    } else {
+        None
+    };
+    let p50_us = total.latency.value_at_quantile(0.50) as f64 / 1000.0;
 
     Ok(ModeResult {
         commit,
+        threads,
         txn_per_s: total.commits as f64 / elapsed,
         commits: total.commits,
         elapsed,
-        p50_us: total.latency.value_at_quantile(0.50) as f64 / 1000.0,
+        p50_us,
         p99_us: total.latency.value_at_quantile(0.99) as f64 / 1000.0,
         abort_rate: 1.0 - total.commits as f64 / total.attempts.max(1) as f64,
         io,
         durable_lsn: durable,
+        flushes,
+        flush_bytes,
+        write_sync_us,
+        floor_ratio: write_sync_us.map(|w| p50_us / w),
     })
 }
 
 struct ModeResult {
     commit: CommitChoice,
+    threads: usize,
     txn_per_s: f64,
     commits: u64,
     elapsed: f64,
@@ -214,6 +290,13 @@ struct ModeResult {
     abort_rate: f64,
     io: String,
     durable_lsn: u64,
+    flushes: u64,
+    /// Mean bytes per log flush, rounded up to the O_DIRECT block.
+    flush_bytes: usize,
+    /// p50 of one write + fdatasync of `flush_bytes`, measured right after the run.
+    write_sync_us: Option<f64>,
+    /// p50 commit / p50 write + fdatasync, of this run.
+    floor_ratio: Option<f64>,
 }
 
 impl ModeResult {
@@ -222,7 +305,7 @@ impl ModeResult {
             "bench": "txn",
             "workload": "hathi",
             "commit": self.commit.name(),
-            "threads": args.threads,
+            "threads": self.threads,
             "duration_s": self.elapsed,
             "heap_mib": args.heap_mib,
             "words_per_txn": args.words,
@@ -234,74 +317,116 @@ impl ModeResult {
             "abort_rate": self.abort_rate,
             "io": self.io,
             "durable_lsn": self.durable_lsn,
+            "flushes": self.flushes,
+            "flush_bytes": self.flush_bytes,
+            "write_sync_p50_us": self.write_sync_us,
+            "p50_over_write_sync": self.floor_ratio,
         })
     }
 }
 
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
 pub fn run(args: TxnArgs) -> CliResult {
     let Workload::Hathi = args.workload;
-    let mut runs: Vec<Vec<ModeResult>> = args.commit.iter().map(|_| Vec::new()).collect();
+    let mut threads = args.threads.clone();
+    threads.dedup();
+    if threads.iter().any(|&t| t == 0) {
+        return Err("--threads takes counts of at least 1".into());
+    }
+    // Every (threads, mode), run interleaved round by round.
+    let cases: Vec<(usize, CommitChoice)> = threads.iter().flat_map(|&t| args.commit.iter().map(move |&c| (t, c))).collect();
+    let mut runs: Vec<Vec<ModeResult>> = cases.iter().map(|_| Vec::new()).collect();
     for _ in 0..args.rounds.max(1) {
-        for (i, &commit) in args.commit.iter().enumerate() {
-            runs[i].push(run_once(&args, commit)?);
+        for (i, &(t, commit)) in cases.iter().enumerate() {
+            runs[i].push(run_once(&args, t, commit)?);
         }
     }
-    // The median run of each mode.
-    let results: Vec<ModeResult> = runs
+    // The median run of each case by throughput; the floor ratio is the median of each
+    // run's own ratio (commit and probe measured in the same round).
+    let results: Vec<(ModeResult, Option<f64>)> = runs
         .into_iter()
         .map(|mut r| {
+            let floor = median(r.iter().filter_map(|m| m.floor_ratio).collect());
             r.sort_by(|a, b| a.txn_per_s.total_cmp(&b.txn_per_s));
-            r.swap_remove(r.len() / 2)
+            (r.swap_remove(r.len() / 2), floor)
         })
         .collect();
-    let rate_of = |c: CommitChoice| results.iter().find(|r| r.commit == c).map(|r| r.txn_per_s);
-    let mut ratios = Vec::new();
-    for (name, num, den) in [
-        ("async/off", CommitChoice::Async, CommitChoice::Off),
-        ("split/async", CommitChoice::Split, CommitChoice::Async),
-        ("partition/async", CommitChoice::Partition, CommitChoice::Async),
-        ("sync/async", CommitChoice::Sync, CommitChoice::Async),
-    ] {
-        if let (Some(a), Some(b)) = (rate_of(num), rate_of(den)) {
-            ratios.push((name, a / b));
+    let rate_of = |t: usize, c: CommitChoice| results.iter().find(|(r, _)| r.commit == c && r.threads == t).map(|(r, _)| r.txn_per_s);
+    let suffix = |t: usize| if threads.len() > 1 { format!("@{t}") } else { String::new() };
+    let mut ratios: Vec<(String, f64)> = Vec::new();
+    for &t in &threads {
+        for (name, num, den) in [
+            ("async/off", CommitChoice::Async, CommitChoice::Off),
+            ("split/async", CommitChoice::Split, CommitChoice::Async),
+            ("partition/async", CommitChoice::Partition, CommitChoice::Async),
+            ("sync/async", CommitChoice::Sync, CommitChoice::Async),
+        ] {
+            if let (Some(a), Some(b)) = (rate_of(t, num), rate_of(t, den)) {
+                ratios.push((format!("{name}{}", suffix(t)), a / b));
+            }
+        }
+    }
+    for (r, floor) in &results {
+        if let Some(f) = floor {
+            ratios.push((format!("{}{} p50/write+fdatasync", r.commit.name(), suffix(r.threads)), *f));
+        }
+    }
+    if let (Some(&few), Some(&most)) = (threads.iter().min(), threads.iter().max()) {
+        if most > few {
+            for &c in &args.commit {
+                if let (Some(a), Some(b)) = (rate_of(most, c), rate_of(few, c)) {
+                    ratios.push((format!("{} txn/s @{most}/@{few}", c.name()), a / b));
+                }
+            }
         }
     }
     if args.json {
         if results.len() == 1 {
-            println!("{}", results[0].json(&args));
+            println!("{}", results[0].0.json(&args));
         } else {
             let ratios: serde_json::Map<String, serde_json::Value> =
-                ratios.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+                ratios.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect();
             println!(
                 "{}",
                 serde_json::json!({
                     "bench": "txn",
                     "rounds": args.rounds,
-                    "modes": results.iter().map(|r| r.json(&args)).collect::<Vec<_>>(),
+                    "modes": results.iter().map(|(r, _)| r.json(&args)).collect::<Vec<_>>(),
                     "ratios": ratios,
                 })
             );
         }
         return Ok(());
     }
+    let thread_list: Vec<String> = threads.iter().map(|t| t.to_string()).collect();
     println!(
         "tusk bench txn: hathi, {} threads, {} MiB, {} words/txn, prefetch {}, median of {} round(s)",
-        args.threads, args.heap_mib, args.words, args.prefetch, args.rounds.max(1)
+        thread_list.join(","), args.heap_mib, args.words, args.prefetch, args.rounds.max(1)
     );
-    println!("{:<10} {:>12} {:>10} {:>10} {:>9} {:>9}", "commit", "txn/s", "p50 us", "p99 us", "aborts", "log I/O");
-    for r in &results {
+    println!(
+        "{:<10} {:>7} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>11}",
+        "commit", "threads", "txn/s", "p50 us", "p99 us", "aborts", "log I/O", "flush B", "w+sync us"
+    );
+    for (r, _) in &results {
         println!(
-            "{:<10} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9}",
+            "{:<10} {:>7} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9} {:>8} {:>11}",
             r.commit.name(),
+            r.threads,
             rate(r.txn_per_s),
             r.p50_us,
             r.p99_us,
             r.abort_rate * 100.0,
-            r.io
+            r.io,
+            r.flush_bytes,
+            r.write_sync_us.map_or_else(|| "-".into(), |w| format!("{w:.1}")),
         );
     }
     for (name, v) in ratios {
-        println!("{name:<16} {v:.3}");
+        println!("{name:<34} {v:.3}");
     }
     Ok(())
 }

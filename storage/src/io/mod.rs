@@ -104,6 +104,19 @@ pub fn open_backend(io: &Io) -> std::io::Result<Box<dyn IoBackend>> {
     }
 }
 
+/// Opens the backend for one log partition's flushes. The log writes each partition's
+/// flushes one at a time from the thread that holds the partition's flush slot (usually the
+/// committer waiting for it), so io_uring would overlap nothing there and would punt every
+/// fdatasync to an io-wq worker thread, adding a hand-off to each commit: `Auto` (and the
+/// fault-injecting wrapper) use plain pwrite + fdatasync instead. `Uring` still gets io_uring.
+pub fn open_log_backend(io: &Io) -> std::io::Result<Box<dyn IoBackend>> {
+    match io {
+        Io::Auto => Ok(Box::new(sync::SyncIo)),
+        Io::Faulty(plan) => Ok(Box::new(fault::FaultyIo::new(Box::new(sync::SyncIo), plan.clone()))),
+        other => open_backend(other),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod backend_tests {
     use super::*;

@@ -66,6 +66,19 @@ pub fn fdatasync(fd: RawFd) -> std::io::Result<()> {
     }
 }
 
+/// Writes back everything pending on the file system holding `path` (syncfs): lets a
+/// measurement start from a disk that is not still busy with earlier writes and deletions.
+pub fn sync_file_system(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(path)?;
+    // SAFETY: plain syscall on a descriptor that `dir` keeps open; no memory is passed.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl IoBackend for SyncIo {
     fn name(&self) -> String {
         "sync".into()

@@ -26,6 +26,9 @@ pub struct SegmentCatalog {
     /// Why the checkpointer could not trim the log: stalled committers fail with it
     /// instead of waiting for a checkpoint that may never come.
     trim_failure: Mutex<Option<String>>,
+    /// Flushes written since the store opened, and their bytes (pads and headers included).
+    flushes: AtomicU64,
+    flushed_bytes: AtomicU64,
 }
 
 impl SegmentCatalog {
@@ -101,6 +104,8 @@ impl SegmentCatalog {
     }
 
     pub(crate) fn flushed(&self, partition: u32, first: u64, last: u64, bytes: u64) {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);
         let mut segs = self.segments.lock();
         if let Some(s) = segs.iter_mut().rev().find(|s| s.partition == partition && s.open) {
             if s.min_lsn == 0 {
@@ -110,6 +115,11 @@ impl SegmentCatalog {
             s.bytes += bytes;
         }
         self.update_pressure(&segs);
+    }
+
+    /// Flushes written since the store opened, and their total bytes.
+    pub fn flush_totals(&self) -> (u64, u64) {
+        (self.flushes.load(Ordering::Relaxed), self.flushed_bytes.load(Ordering::Relaxed))
     }
 
     pub fn snapshot(&self) -> Vec<SegmentInfo> {

@@ -1,16 +1,18 @@
 //! The partitioned redo log.
 //!
 //! Committing threads append records to the buffer of their partition (threads map to
-//! partitions round-robin). One writer thread takes the filled buffers of every partition
-//! and hands them to the I/O backend as one batch (write + fdatasync per partition, all in
-//! flight together), then advances the durable watermark and wakes waiters.
+//! partitions round-robin). Each partition has a flush slot: whoever holds it writes the
+//! partition's buffer (write + fdatasync) and marks it durable, independently of the other
+//! partitions. A committer that waits for durability leads its partition's next flush
+//! itself; a background thread flushes at the group-commit interval for `Async` commits
+//! (see [`progress`]).
 //!
 //! The watermark rests on one rule: an LSN is drawn and its record appended in the same
 //! critical section of its partition's mutex. So after reading the LSN clock `c`, every LSN
 //! ≤ c is found in some partition (pending or durable), and
 //! `durable = min(c, min over partitions of (first pending LSN - 1))`.
-//! Within a partition, LSNs are appended in ascending order. The watermark and the waiters'
-//! rendezvous live in [`progress`], apart from the writer's thread and I/O, so that loom can
+//! Within a partition, LSNs are appended in ascending order. The watermark, the flush slots
+//! and the waiters' rendezvous live in [`progress`], apart from the I/O, so that loom can
 //! model them.
 
 pub mod catalog;
@@ -31,10 +33,10 @@ use parking_lot::Mutex;
 use crate::sync::AtomicU64;
 use crate::TxnError;
 use catalog::SegmentCatalog;
-use partition::Partition;
-use progress::{Progress, Watermark};
+use progress::FlushGroup;
 use tusk_storage::io::Io;
 use tusk_storage::log_files::SegmentInfo;
+use writer::PartitionWriter;
 
 /// How the log is written.
 #[derive(Clone, Debug)]
@@ -43,26 +45,20 @@ pub struct LogConfig {
     pub dir: PathBuf,
     pub partitions: usize,
     pub io: Io,
-    /// A partition's buffer is handed to the writer once it holds this many bytes.
+    /// The background flusher is kicked once a partition's buffer holds this many bytes.
     pub log_buffer_bytes: usize,
-    /// The writer flushes at least this often.
+    /// The background flusher flushes at least this often.
     pub group_commit_interval: Duration,
     /// A segment file is closed once it passes this size.
     pub segment_bytes: u64,
 }
 
-/// State shared by committers, waiters and the writer thread.
+/// State shared by committers, waiters and the background flusher.
 pub(crate) struct Shared {
-    pub partitions: Vec<Partition>,
-    /// Last LSN drawn (the STM's version clock).
-    pub clock: Arc<AtomicU64>,
-    /// Every LSN ≤ durable is on disk.
-    pub watermark: Watermark,
-    /// Where waiters sleep; failure and shutdown.
-    progress: Progress,
+    pub group: FlushGroup<PartitionWriter>,
     kick: Sender<()>,
     pub config: LogConfig,
-    pub catalog: SegmentCatalog,
+    pub catalog: Arc<SegmentCatalog>,
 }
 
 impl Shared {
@@ -71,65 +67,39 @@ impl Shared {
             Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
         }
     }
-
-    pub fn fail(&self, why: String) {
-        self.progress.fail(why);
-    }
-
-    pub fn failure(&self) -> Option<String> {
-        self.progress.failure()
-    }
-
-    /// Wakes every waiter.
-    pub fn notify(&self) {
-        self.progress.notify();
-    }
-
-    /// Recomputes the durable watermark from the clock and the partitions.
-    pub fn advance_watermark(&self) {
-        self.watermark.advance(&self.clock, &self.partitions);
-    }
-
-    /// Blocks until `done()` holds or the log failed or stopped.
-    fn wait_until(&self, done: impl Fn() -> bool) -> Result<(), TxnError> {
-        self.progress.wait_until(done, || self.kick())
-    }
 }
 
 /// The log of one store.
 pub struct LogManager {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    stop: Arc<writer::Stop>,
+    backend_name: String,
 }
 
 impl LogManager {
-    /// Starts the writer. New segments are created after the existing ones (never appended to).
-    /// `existing` lists the segments already on disk (from recovery), for trimming.
+    /// Starts the background flusher. New segments are created after the existing ones
+    /// (never appended to). `existing` lists the segments already on disk (from recovery),
+    /// for trimming.
     pub fn start(config: LogConfig, clock: Arc<AtomicU64>, existing: Vec<SegmentInfo>) -> Result<LogManager, TxnError> {
-        let backend = tusk_storage::io::open_backend(&config.io)
-            .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io(&config.dir, e)))?;
-        let partitions = (0..config.partitions).map(|_| Partition::default()).collect();
+        let catalog = Arc::new(SegmentCatalog::new(existing));
+        segments::prepare_log_dir(&config.dir)?;
+        let mut slots = Vec::with_capacity(config.partitions);
+        for p in 0..config.partitions as u32 {
+            let backend = tusk_storage::io::open_log_backend(&config.io)
+                .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io(&config.dir, e)))?;
+            let file = segments::SegmentFile::open(&config.dir, p, config.segment_bytes)?;
+            slots.push(PartitionWriter::new(p, file, backend, catalog.clone()));
+        }
+        let backend_name = slots.first().map_or_else(String::new, |s| s.backend_name());
         let (kick, kicked): (Sender<()>, Receiver<()>) = crossbeam_channel::bounded(1);
-        let durable = clock.load(Ordering::SeqCst);
-        let shared = Arc::new(Shared {
-            partitions,
-            clock,
-            watermark: Watermark::new(durable),
-            progress: Progress::new(),
-            kick,
-            config,
-            catalog: SegmentCatalog::new(existing),
-        });
-        let files = segments::SegmentFiles::open(&shared.config)?;
-        let stop = Arc::new(writer::Stop::default());
-        let handle = writer::spawn(shared.clone(), backend, files, kicked, stop.clone())?;
-        Ok(LogManager { shared, writer: Mutex::new(Some(handle)), stop })
+        let shared = Arc::new(Shared { group: FlushGroup::new(clock, slots), kick, config, catalog });
+        let handle = writer::spawn(shared.clone(), kicked)?;
+        Ok(LogManager { shared, writer: Mutex::new(Some(handle)), backend_name })
     }
 
     /// Name of the I/O backend in use.
     pub fn backend_name(&self) -> String {
-        self.stop.backend_name.lock().clone()
+        self.backend_name.clone()
     }
 
     /// The segments on disk.
@@ -138,7 +108,7 @@ impl LogManager {
     }
 
     pub fn partitions(&self) -> usize {
-        self.shared.partitions.len()
+        self.shared.group.partitions.len()
     }
 
     /// Draws the next LSN and appends its record to `partition`, atomically with respect to
@@ -146,7 +116,7 @@ impl LogManager {
     /// Returns the LSN and whether the partition's buffer has outgrown its bound (the
     /// committer should then [`LogManager::throttle`] once it has released its locks).
     pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, bool) {
-        let (lsn, len) = self.shared.partitions[partition].append(&self.shared.clock, encode);
+        let (lsn, len) = self.shared.group.append(partition, encode);
         if len >= self.shared.config.log_buffer_bytes {
             self.shared.kick();
         }
@@ -160,7 +130,7 @@ impl LogManager {
     }
 
     pub fn failure(&self) -> Option<String> {
-        self.shared.failure()
+        self.shared.group.failure()
     }
 
     /// Stalls the caller while the log is over its space bound (see
@@ -170,9 +140,9 @@ impl LogManager {
             return Ok(());
         }
         self.shared.catalog.wait_for_space(|| {
-            if let Some(why) = self.shared.failure() {
+            if let Some(why) = self.shared.group.failure() {
                 Some(TxnError::LogFailed(why))
-            } else if self.shared.progress.is_stopped() {
+            } else if self.shared.group.is_stopped() {
                 Some(TxnError::Closed)
             } else {
                 None
@@ -181,55 +151,54 @@ impl LogManager {
     }
 
     pub fn durable_lsn(&self) -> u64 {
-        self.shared.watermark.get()
+        self.shared.group.watermark.get()
     }
 
-    /// Waits until every LSN ≤ lsn is durable.
+    /// Waits until every LSN ≤ lsn is durable (leading the flushes it needs).
     pub fn wait_durable(&self, lsn: u64) -> Result<(), TxnError> {
         if self.durable_lsn() >= lsn {
             return Ok(());
         }
-        self.shared.wait_until(|| self.durable_lsn() >= lsn)
+        self.shared.group.wait_durable(lsn, || self.shared.kick())
     }
 
-    /// Waits until this partition's records up to `lsn` are durable.
+    /// Waits until this partition's records up to `lsn` are durable (leading its flushes).
     pub fn wait_partition(&self, partition: usize, lsn: u64) -> Result<(), TxnError> {
-        let p = &self.shared.partitions[partition];
-        if p.durable() >= lsn {
-            return Ok(());
-        }
-        self.shared.wait_until(|| p.durable() >= lsn)
+        self.shared.group.wait_partition(partition, lsn)
     }
 
-    /// Flushes everything appended so far and stops the writer.
+    /// Flushes everything appended so far and stops flushing.
     pub fn close(&self) -> Result<(), TxnError> {
-        let target = self.shared.clock.load(Ordering::SeqCst);
-        let flushed = if self.shared.failure().is_none() { self.wait_durable(target) } else { Ok(()) };
-        self.stop_writer(false);
+        let group = &self.shared.group;
+        let target = group.clock.load(Ordering::SeqCst);
+        let flushed = if group.failure().is_none() && !group.is_stopped() { group.wait_durable(target, || self.shared.kick()) } else { Ok(()) };
+        self.stop_flushing();
         flushed?;
-        match self.shared.failure() {
+        match group.failure() {
             Some(why) => Err(TxnError::LogFailed(why)),
             None => Ok(()),
         }
     }
 
-    /// Stops the writer without flushing what is buffered: what a crash would leave.
+    /// Stops flushing without writing what is buffered: what a crash would leave. A flush
+    /// already under way completes (as the disk would have completed it).
     pub fn abandon(&self) {
-        self.stop_writer(true);
+        self.stop_flushing();
     }
 
-    fn stop_writer(&self, abandon: bool) {
-        self.stop.request(abandon);
+    fn stop_flushing(&self) {
+        self.shared.group.stop();
         self.shared.kick();
         if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
         }
-        self.shared.progress.stop();
     }
 }
 
 impl Drop for LogManager {
     fn drop(&mut self) {
-        self.stop_writer(false);
+        if !self.shared.group.is_stopped() {
+            let _ = self.close();
+        }
     }
 }

@@ -1,15 +1,19 @@
-//! One log partition's in-memory side: the buffer committers append to, and what the
-//! writer has in flight.
+//! One log partition's in-memory side: the buffer committers append to, what a flusher has
+//! in flight, and where the waiters for this partition's flushes sleep.
 
 use std::sync::atomic::Ordering;
 
-use crate::sync::{AtomicU64, Mutex};
+use crate::sync::{AtomicU64, Condvar, Mutex, MutexGuard};
 
 #[derive(Default)]
 pub struct Partition {
     state: Mutex<State>,
     /// Largest LSN of this partition known durable (its records are appended in LSN order).
     durable: AtomicU64,
+    /// Waiters for a flush of this partition sleep here (see [`super::progress`]): one
+    /// rendezvous per partition, so a flush wakes only those it may satisfy.
+    wake: Mutex<()>,
+    cond: Condvar,
 }
 
 #[derive(Default)]
@@ -44,6 +48,21 @@ impl Partition {
         debug_assert!(lsn > s.active_last, "LSNs ascend within a partition");
         s.active_last = lsn;
         (lsn, s.active.len())
+    }
+
+    /// Wakes every waiter of this partition (under the wake mutex, so none misses it: a
+    /// waiter checks its condition and goes to sleep without releasing that mutex between).
+    pub fn notify(&self) {
+        let _g = self.wake.lock();
+        self.cond.notify_all();
+    }
+
+    pub(super) fn lock_wake(&self) -> MutexGuard<'_, ()> {
+        self.wake.lock()
+    }
+
+    pub(super) fn sleep(&self, guard: &mut MutexGuard<'_, ()>) {
+        self.cond.wait(guard);
     }
 
     pub fn durable(&self) -> u64 {

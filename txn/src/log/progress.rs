@@ -1,12 +1,26 @@
-//! The core of group commit, shared by committers, waiters and the writer thread: the
-//! durable watermark, and the rendezvous where waiters sleep until the writer (or a failure,
-//! or shutdown) wakes them. Kept apart from the writer's threads and I/O so that the loom
-//! models (below) check exactly this code.
+//! The core of group commit, shared by committers, waiters and the background flusher: the
+//! durable watermark, the flush slots, and the per-partition rendezvous where waiters sleep.
+//! Kept apart from the I/O (a [`Flush`] does that) so that the loom models (below) check
+//! exactly this code.
+//!
+//! The writer is pipelined: each partition has a flush slot (a mutex over its segment file
+//! and I/O), and whoever holds it writes that partition's buffered records. A committer that
+//! waits for durability leads: if the slot of a partition it waits for is free, it flushes
+//! that partition itself (no hand-off to another thread, no wait for other partitions'
+//! flushes); if the slot is busy, it sleeps until that flush ends, and then either its record
+//! was in it or it leads the next one, which carries every record appended meanwhile (group
+//! commit). The background flusher uses the same slots for `Async` commits.
+//!
+//! No waiter sleeps through the event it waits for: every change a waiter's check looks at
+//! (a partition's durable LSN, its pending records, its slot, failure, stop) is followed by a
+//! notify of that partition under its wake mutex, and a waiter checks and falls asleep
+//! holding that mutex. A flusher therefore releases the slot *before* it notifies.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use super::partition::Partition;
-use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex};
+use super::partition::{Partition, Taken};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard};
 use crate::TxnError;
 
 /// Every LSN ≤ the watermark is durable.
@@ -26,6 +40,9 @@ impl Watermark {
     /// Recomputes the watermark from the clock and the partitions (see the module docs of
     /// [`super`]). The clock is read first: every LSN it covers was appended in the same
     /// critical section that drew it, so the partitions then show it pending or durable.
+    /// Partitions complete independently; each flusher advances after marking its buffer
+    /// written, so the last of two concurrent flushers sees both written (each partition's
+    /// state is read under its mutex).
     pub fn advance(&self, clock: &AtomicU64, partitions: &[Partition]) {
         let clock = clock.load(Ordering::SeqCst);
         let mut durable = clock;
@@ -38,34 +55,180 @@ impl Watermark {
     }
 }
 
-/// Where waiters for durability sleep, and why they might never be satisfied (log failure,
-/// writer stopped).
-pub struct Progress {
+/// Writes one taken buffer of its partition durably (the I/O side of a flush slot).
+pub trait Flush {
+    /// Ok only once every record of `taken` is on disk.
+    fn write(&mut self, taken: &Taken) -> Result<(), String>;
+}
+
+/// The partitions, their flush slots, the watermark, and why waiting may end without
+/// success (log failure, shutdown).
+pub struct FlushGroup<S> {
+    /// Last LSN drawn (the STM's version clock).
+    pub clock: Arc<AtomicU64>,
+    pub partitions: Vec<Partition>,
+    /// Per partition: whether its slot is claimed. The claim is a compare-exchange, so a
+    /// waiter can test and take a slot while it holds its partition's wake mutex; the slot's
+    /// mutex is only locked by the claimant and never waits.
+    claimed: Vec<AtomicBool>,
+    slots: Vec<Mutex<S>>,
+    pub watermark: Watermark,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
-    /// The writer stopped: nothing more becomes durable.
+    /// Flushing stopped: nothing more becomes durable.
     stopped: AtomicBool,
-    wake: Mutex<()>,
-    cond: Condvar,
 }
 
-impl Default for Progress {
-    fn default() -> Progress {
-        Progress::new()
-    }
-}
-
-impl Progress {
-    pub fn new() -> Progress {
-        Progress {
+impl<S: Flush> FlushGroup<S> {
+    /// One partition per slot; the watermark starts at the clock.
+    pub fn new(clock: Arc<AtomicU64>, slots: Vec<S>) -> FlushGroup<S> {
+        let durable = clock.load(Ordering::SeqCst);
+        FlushGroup {
+            clock,
+            partitions: slots.iter().map(|_| Partition::default()).collect(),
+            claimed: slots.iter().map(|_| AtomicBool::new(false)).collect(),
+            slots: slots.into_iter().map(Mutex::new).collect(),
+            watermark: Watermark::new(durable),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             stopped: AtomicBool::new(false),
-            wake: Mutex::new(()),
-            cond: Condvar::new(),
         }
     }
 
+    /// Draws an LSN and appends its record to `partition` (see [`Partition::append`]).
+    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize) {
+        self.partitions[partition].append(&self.clock, encode)
+    }
+
+    /// Flushes `partition` once if its slot is free; returns whether it was.
+    pub fn flush(&self, partition: usize) -> bool {
+        match self.claim(partition) {
+            Some(slot) => {
+                self.flush_locked(partition, slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes `partition`'s slot if no one holds it.
+    fn claim(&self, partition: usize) -> Option<MutexGuard<'_, S>> {
+        self.claimed[partition].compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).ok()?;
+        Some(self.slots[partition].lock())
+    }
+
+    /// Writes what `partition` has buffered, then releases the slot, advances the watermark
+    /// and wakes the partition's waiters, in that order (see the module docs).
+    fn flush_locked(&self, partition: usize, mut slot: MutexGuard<'_, S>) {
+        let p = &self.partitions[partition];
+        // After a failure nothing more is written (a later flush would leave a hole behind
+        // the failed one); after a stop neither (what a crash would leave).
+        if !self.failed.load(Ordering::SeqCst) && !self.is_stopped() {
+            if let Some(taken) = p.take() {
+                match slot.write(&taken) {
+                    Ok(()) => p.written(taken),
+                    // The buffer stays in flight: the watermark cannot pass it.
+                    Err(why) => self.fail(why),
+                }
+            }
+        }
+        drop(slot);
+        self.claimed[partition].store(false, Ordering::SeqCst);
+        self.watermark.advance(&self.clock, &self.partitions);
+        p.notify();
+    }
+
+    /// Waits until `partition`'s records up to `lsn` are durable, leading its flushes.
+    pub fn wait_partition(&self, partition: usize, lsn: u64) -> Result<(), TxnError> {
+        let p = &self.partitions[partition];
+        loop {
+            if p.durable() >= lsn {
+                return Ok(());
+            }
+            let mut wake = p.lock_wake();
+            loop {
+                if p.durable() >= lsn {
+                    return Ok(());
+                }
+                self.check()?;
+                if let Some(slot) = self.claim(partition) {
+                    drop(wake);
+                    self.flush_locked(partition, slot);
+                    break;
+                }
+                p.sleep(&mut wake);
+            }
+        }
+    }
+
+    /// Waits until every LSN ≤ `lsn` is durable: leads the flush of any partition holding a
+    /// pending LSN ≤ `lsn` whose slot is free; when all such slots are busy, sleeps until
+    /// the lowest one's flush ends. When several free partitions hold such LSNs, `kick` asks
+    /// the background flusher to take the others, so that they flush side by side.
+    pub fn wait_durable(&self, lsn: u64, kick: impl Fn()) -> Result<(), TxnError> {
+        loop {
+            if self.watermark.get() >= lsn {
+                return Ok(());
+            }
+            self.check()?;
+            let blocks = |i: usize| self.partitions[i].first_pending().is_some_and(|f| f <= lsn);
+            if (0..self.partitions.len()).filter(|&i| !self.claimed[i].load(Ordering::Relaxed) && blocks(i)).nth(1).is_some() {
+                kick();
+            }
+            let mut lowest: Option<(u64, usize)> = None;
+            let mut led = false;
+            for i in 0..self.partitions.len() {
+                let Some(first) = self.partitions[i].first_pending().filter(|&f| f <= lsn) else { continue };
+                if let Some(slot) = self.claim(i) {
+                    self.flush_locked(i, slot);
+                    led = true;
+                    break;
+                }
+                if lowest.is_none_or(|(f, _)| first < f) {
+                    lowest = Some((first, i));
+                }
+            }
+            if led {
+                continue;
+            }
+            let Some((_, i)) = lowest else {
+                // Nothing ≤ lsn pending: a flusher that cleared the last one may not have
+                // advanced the watermark yet.
+                self.watermark.advance(&self.clock, &self.partitions);
+                continue;
+            };
+            let p = &self.partitions[i];
+            let mut wake = p.lock_wake();
+            loop {
+                if self.watermark.get() >= lsn {
+                    return Ok(());
+                }
+                self.check()?;
+                if !blocks(i) {
+                    break;
+                }
+                if let Some(slot) = self.claim(i) {
+                    drop(wake);
+                    self.flush_locked(i, slot);
+                    break;
+                }
+                p.sleep(&mut wake);
+            }
+        }
+    }
+
+    fn check(&self) -> Result<(), TxnError> {
+        if let Some(why) = self.failure() {
+            return Err(TxnError::LogFailed(why));
+        }
+        if self.is_stopped() {
+            return Err(TxnError::Closed);
+        }
+        Ok(())
+    }
+}
+
+impl<S> FlushGroup<S> {
     /// Records the first failure and wakes every waiter to report it.
     pub fn fail(&self, why: String) {
         let mut f = self.failure.lock();
@@ -74,7 +237,9 @@ impl Progress {
         }
         self.failed.store(true, Ordering::SeqCst);
         drop(f);
-        self.notify();
+        for p in &self.partitions {
+            p.notify();
+        }
     }
 
     pub fn failure(&self) -> Option<String> {
@@ -84,47 +249,23 @@ impl Progress {
         self.failure.lock().clone()
     }
 
-    /// The writer stopped: wakes every waiter to give up.
+    /// Flushing stops (close, or abandon as a crash would): wakes every waiter to give up.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
-        self.notify();
+        for p in &self.partitions {
+            p.notify();
+        }
     }
 
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
-
-    /// Wakes every waiter (under the wake mutex, so no waiter misses it: a waiter checks its
-    /// condition and goes to sleep without releasing that mutex in between).
-    pub fn notify(&self) {
-        let _g = self.wake.lock();
-        self.cond.notify_all();
-    }
-
-    /// Blocks until `done()` holds, or the log failed or stopped. `kick` asks the writer for
-    /// a flush before each sleep.
-    pub fn wait_until(&self, done: impl Fn() -> bool, kick: impl Fn()) -> Result<(), TxnError> {
-        let mut guard = self.wake.lock();
-        loop {
-            if done() {
-                return Ok(());
-            }
-            if let Some(why) = self.failure() {
-                return Err(TxnError::LogFailed(why));
-            }
-            if self.is_stopped() {
-                return Err(TxnError::Closed);
-            }
-            kick();
-            self.cond.wait(&mut guard);
-        }
-    }
 }
 
-/// Loom models of group commit (run by .ci/loom): the real [`Partition`], [`Watermark`] and
-/// [`Progress`], with a model writer thread standing in for the I/O of `writer.rs` (take
-/// every partition's buffer, "write" it, mark it written, advance, notify: the order of
-/// `Writer::round`).
+/// Loom models of the pipelined group commit (run by .ci/loom): the real [`FlushGroup`],
+/// [`Partition`] and [`Watermark`], with a model [`Flush`] standing in for the I/O of
+/// `writer.rs` (it marks each LSN of the taken buffer as on disk). Committers lead flushes
+/// themselves, as in the store; partitions complete independently.
 #[cfg(all(test, loom))]
 mod loom_models {
     use std::sync::Arc;
@@ -132,9 +273,8 @@ mod loom_models {
     use loom::thread;
 
     use super::*;
-    use crate::log::partition::Partition;
 
-    /// LSNs 1..=N, each flagged once the model writer has "written" it.
+    /// LSNs 1..=N, each flagged once a model flush has "written" it.
     struct Disk {
         written: Vec<AtomicBool>,
     }
@@ -150,117 +290,168 @@ mod loom_models {
         }
     }
 
-    struct Log {
-        clock: AtomicU64,
-        partitions: Vec<Partition>,
-        watermark: Watermark,
-        progress: Progress,
-        disk: Disk,
+    /// A flush slot writing to the model disk; fails the write of `fail_lsn` if set.
+    struct ModelSlot {
+        disk: Arc<Disk>,
+        fail_lsn: u64,
     }
 
-    fn log(partitions: usize, records: usize) -> Arc<Log> {
-        Arc::new(Log {
-            clock: AtomicU64::new(0),
-            partitions: (0..partitions).map(|_| Partition::default()).collect(),
-            watermark: Watermark::new(0),
-            progress: Progress::new(),
-            disk: Disk::new(records),
-        })
+    impl Flush for ModelSlot {
+        fn write(&mut self, taken: &Taken) -> Result<(), String> {
+            let lsns: Vec<u64> = taken.data.chunks(8).map(|r| u64::from_le_bytes(r.try_into().unwrap())).collect();
+            if lsns.contains(&self.fail_lsn) {
+                return Err("disk gone".into());
+            }
+            for lsn in lsns {
+                assert!(lsn >= taken.first && lsn <= taken.last);
+                self.disk.written[lsn as usize].store(true, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+    }
+
+    struct Log {
+        group: FlushGroup<ModelSlot>,
+        disk: Arc<Disk>,
+    }
+
+    fn log(partitions: usize, records: usize, fail_lsn: u64) -> Arc<Log> {
+        let disk = Arc::new(Disk::new(records));
+        let slots = (0..partitions).map(|_| ModelSlot { disk: disk.clone(), fail_lsn }).collect();
+        Arc::new(Log { group: FlushGroup::new(Arc::new(AtomicU64::new(0)), slots), disk })
     }
 
     /// Appends one record to `partition` (the LSN is the record).
     fn append(log: &Log, partition: usize) -> u64 {
-        log.partitions[partition].append(&log.clock, |buf, lsn| buf.extend_from_slice(&lsn.to_le_bytes())).0
+        log.group.append(partition, |buf, lsn| buf.extend_from_slice(&lsn.to_le_bytes())).0
     }
 
-    /// The model writer: rounds until `records` LSNs are durable.
-    fn writer(log: &Log, records: u64) {
-        loop {
-            for p in &log.partitions {
-                if let Some(taken) = p.take() {
-                    for rec in taken.data.chunks(8) {
-                        let lsn = u64::from_le_bytes(rec.try_into().unwrap());
-                        assert!(lsn >= taken.first && lsn <= taken.last);
-                        log.disk.written[lsn as usize].store(true, Ordering::SeqCst);
-                    }
-                    p.written(taken);
-                }
-            }
-            log.watermark.advance(&log.clock, &log.partitions);
-            let durable = log.watermark.get();
-            assert!(log.disk.holds_all_through(durable), "watermark {durable} passed an unwritten LSN");
-            log.progress.notify();
-            if durable >= records {
-                return;
-            }
-            thread::yield_now();
-        }
+    /// The watermark never promises an LSN that is not on disk.
+    fn check_watermark(log: &Log) {
+        let durable = log.group.watermark.get();
+        assert!(log.disk.holds_all_through(durable), "watermark {durable} passed an unwritten LSN");
     }
 
     /// Sync commit: wait for the global watermark, then check what it promises.
     fn commit_sync(log: &Log, partition: usize) {
         let lsn = append(log, partition);
-        log.progress.wait_until(|| log.watermark.get() >= lsn, || {}).unwrap();
-        let durable = log.watermark.get();
-        assert!(durable >= lsn);
-        assert!(log.disk.holds_all_through(durable), "is_stable({durable}) before every lower LSN was written");
+        log.group.wait_durable(lsn, || {}).unwrap();
+        assert!(log.group.watermark.get() >= lsn);
+        check_watermark(log);
     }
 
     /// Partition commit: wait for this partition only.
     fn commit_partition(log: &Log, partition: usize) {
         let lsn = append(log, partition);
-        let p = &log.partitions[partition];
-        log.progress.wait_until(|| p.durable() >= lsn, || {}).unwrap();
+        log.group.wait_partition(partition, lsn).unwrap();
         assert!(log.disk.written[lsn as usize].load(Ordering::SeqCst), "partition durable before its record was written");
+        check_watermark(log);
     }
 
-    /// Two committers on two partitions, one Sync and one Partition, and the writer: the
-    /// watermark never passes an LSN not yet written (whichever partition flushes first),
-    /// and no waiter sleeps through the flush that satisfies it (loom reports a deadlock).
+    /// A Sync and a Partition committer on two partitions, each leading its own flushes,
+    /// and the background flusher's pass over both: whichever partition completes first,
+    /// the watermark never passes an unwritten LSN, and no waiter sleeps through the flush
+    /// that satisfies it (loom reports a deadlock).
     #[test]
-    fn loom_watermark_and_group_commit_wakeups() {
+    fn loom_partitions_complete_independently() {
         loom::model(|| {
-            let log = log(2, 2);
+            let log = log(2, 2, 0);
             let a = { let log = log.clone(); thread::spawn(move || commit_sync(&log, 0)) };
             let b = { let log = log.clone(); thread::spawn(move || commit_partition(&log, 1)) };
-            writer(&log, 2);
+            for p in 0..2 {
+                log.group.flush(p);
+                check_watermark(&log);
+            }
             a.join().unwrap();
             b.join().unwrap();
-            assert_eq!(log.watermark.get(), 2);
+            log.group.watermark.advance(&log.group.clock, &log.group.partitions);
+            assert_eq!(log.group.watermark.get(), 2);
         });
     }
 
-    /// Two Sync committers share one partition: one flush may serve both (group commit), a
-    /// record appended while the previous buffer is in flight waits for the next round, and
-    /// both waiters are woken.
+    /// Two Partition committers share one partition: a record appended while the leader's
+    /// flush is in flight is carried by the next flush, which its committer leads once it
+    /// is woken (group commit's hand-off).
     #[test]
-    fn loom_group_commit_on_one_partition() {
+    fn loom_group_commit_hands_off_the_lead() {
         loom::model(|| {
-            let log = log(1, 2);
-            let a = { let log = log.clone(); thread::spawn(move || commit_sync(&log, 0)) };
-            let b = { let log = log.clone(); thread::spawn(move || commit_sync(&log, 0)) };
-            writer(&log, 2);
+            let log = log(1, 2, 0);
+            let a = { let log = log.clone(); thread::spawn(move || commit_partition(&log, 0)) };
+            let b = { let log = log.clone(); thread::spawn(move || commit_partition(&log, 0)) };
             a.join().unwrap();
             b.join().unwrap();
+            assert!(log.disk.holds_all_through(2));
         });
     }
 
-    /// A waiter is woken by a failure or a shutdown that happens while it goes to sleep.
+    /// A Sync committer whose record is held back by an older record of another partition,
+    /// appended by an Async committer that then flushes its partition as the background
+    /// flusher would: the Sync waiter either leads that flush or sleeps until it ends.
+    #[test]
+    fn loom_sync_waits_for_another_partitions_flush() {
+        loom::model(|| {
+            let log = log(2, 2, 0);
+            let first = append(&log, 1);
+            assert_eq!(first, 1);
+            let flusher = { let log = log.clone(); thread::spawn(move || { log.group.flush(1); check_watermark(&log); }) };
+            commit_sync(&log, 0);
+            flusher.join().unwrap();
+            assert!(log.disk.holds_all_through(2));
+        });
+    }
+
+    /// A failed write wakes the waiters with the failure, and the watermark stays below the
+    /// failed record even though a later partition's record is on disk.
+    #[test]
+    fn loom_failed_flush_wakes_waiters_and_holds_the_watermark() {
+        loom::model(|| {
+            let log = log(2, 2, 1);
+            let a = {
+                let log = log.clone();
+                thread::spawn(move || {
+                    let lsn = append(&log, 0);
+                    log.group.wait_partition(0, lsn)
+                })
+            };
+            let b = {
+                let log = log.clone();
+                thread::spawn(move || {
+                    let lsn = append(&log, 1);
+                    log.group.wait_durable(lsn, || {})
+                })
+            };
+            let ra = a.join().unwrap();
+            let rb = b.join().unwrap();
+            check_watermark(&log);
+            // LSN 1 failed, whichever partition drew it: its waiter fails, and a Sync waiter
+            // behind it fails too; the watermark never reaches it.
+            assert!(log.group.watermark.get() < 1);
+            assert!(ra.is_err() || rb.is_err());
+            if let Err(e) = &rb {
+                assert!(matches!(e, TxnError::LogFailed(why) if why == "disk gone"), "{e:?}");
+            }
+        });
+    }
+
+    /// A waiter is woken by a shutdown or a failure that happens while it goes to sleep on
+    /// a flush another thread holds.
     #[test]
     fn loom_failure_and_stop_wake_waiters() {
         loom::model(|| {
-            let log = log(1, 1);
+            let log = log(1, 1, 0);
+            assert!(log.group.claimed[0].compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok());
             let waiter = {
                 let log = log.clone();
                 thread::spawn(move || {
                     let lsn = append(&log, 0);
-                    log.progress.wait_until(|| log.watermark.get() >= lsn, || {})
+                    log.group.wait_partition(0, lsn)
                 })
             };
-            let stopper = { let log = log.clone(); thread::spawn(move || log.progress.stop()) };
-            log.progress.fail("disk gone".into());
+            let stopper = { let log = log.clone(); thread::spawn(move || log.group.stop()) };
+            log.group.fail("disk gone".into());
             stopper.join().unwrap();
-            match waiter.join().unwrap() {
+            let result = waiter.join().unwrap();
+            match result {
                 Err(TxnError::LogFailed(why)) => assert_eq!(why, "disk gone"),
                 Err(TxnError::Closed) => {}
                 other => panic!("waiter returned {other:?} with nothing written"),
