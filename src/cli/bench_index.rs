@@ -6,7 +6,9 @@
 //!   transactions of `--txn-keys` inserts committed `Async`; the clock stops once the last LSN is
 //!   durable, so the rate is of durable inserts;
 //! - bulk load (B-link tree only): the distinct sorted pairs into a fresh tree, one transaction;
-//! - point lookups of random present keys, `--lookups-per-txn` per read-only transaction;
+//! - point lookups of random present keys, `--lookups-per-txn` per read-only transaction, in
+//!   `--rounds` rounds interleaved with the peer's (tusk, peer, tusk, ...; both built first and
+//!   alive together), the medians reported, so a ratio is of the same moments of a noisy machine;
 //! - range scans of `--scan-len` keys from random present keys (keys delivered per second);
 //! - count + sum over ranges of about `--agg-width` keys (ranges per second);
 //! - memory per key: heap bytes of the index's nodes (tusk) and allocator bytes (peers).
@@ -25,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::key_orders::KeyOrder;
-use super::report::rate;
+use super::report::{median, rate};
 use super::{BenchDir, CliResult, IoChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -75,6 +77,9 @@ pub struct IndexArgs {
     /// Point lookups per read-only transaction.
     #[arg(long, default_value_t = 16)]
     lookups_per_txn: usize,
+    /// Lookup rounds, interleaved with the peer's (medians reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Range scans measured.
     #[arg(long, default_value_t = 20_000)]
     scans: usize,
@@ -108,6 +113,8 @@ struct Row {
     keys: usize,
     distinct: usize,
     threads: usize,
+    /// Interleaved lookup rounds behind the lookup medians.
+    rounds: usize,
     insert_per_s: f64,
     peer_insert_per_s: f64,
     bulk_load_per_s: Option<f64>,
@@ -389,18 +396,36 @@ fn probes(args: &IndexArgs, pairs: &[(u64, u64)]) -> Probes {
     Probes { lookups, scans, aggs }
 }
 
-/// Measures every phase on one contender; returns (insert, lookup, scan keys, aggs) per second.
-fn measure(c: &dyn Contender, args: &IndexArgs, ops: &[(u64, u64)], probes: &Probes, settle: impl Fn() -> Result<(), tusk::Error>, name: &str) -> Result<[f64; 4], Box<dyn std::error::Error>> {
-    let t = args.threads;
+/// Runs every insert of `ops` on a contender; returns inserts per second (until `settle`).
+fn load(c: &dyn Contender, args: &IndexArgs, ops: &[(u64, u64)], settle: impl Fn() -> Result<(), tusk::Error>) -> Result<f64, tusk::Error> {
     let started = Instant::now();
-    parallel(t, ops, |share| c.insert(share).map(|_| 0))?;
+    parallel(args.threads, ops, |share| c.insert(share).map(|_| 0))?;
     settle()?;
-    let insert = ops.len() as f64 / started.elapsed().as_secs_f64();
-    let (secs, found) = parallel(t, &probes.lookups, |share| c.lookup(share))?;
+    Ok(ops.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// One round of the point lookups; returns lookups per second.
+fn lookups(c: &dyn Contender, args: &IndexArgs, probes: &Probes, name: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let (secs, found) = parallel(args.threads, &probes.lookups, |share| c.lookup(share))?;
     if found != probes.lookups.len() as u64 {
         return Err(format!("{name}: {found} of {} present keys found", probes.lookups.len()).into());
     }
-    let lookup = found as f64 / secs;
+    Ok(found as f64 / secs)
+}
+
+/// The lookup medians of `--rounds` interleaved rounds: (tusk, peer).
+fn interleaved_lookups(tusk: &dyn Contender, peer: &dyn Contender, args: &IndexArgs, probes: &Probes) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for _ in 0..args.rounds.max(1) {
+        ours.push(lookups(tusk, args, probes, "tusk")?);
+        theirs.push(lookups(peer, args, probes, "peer")?);
+    }
+    Ok((median(ours), median(theirs)))
+}
+
+/// Scans and count+sum queries on a contender; returns (scanned keys, aggregates) per second.
+fn queries(c: &dyn Contender, args: &IndexArgs, probes: &Probes, name: &str) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let t = args.threads;
     let (secs, scanned) = parallel(t, &probes.scans, |share| {
         share.iter().try_fold(0, |n, &k| Ok(n + c.scan(k, args.scan_len)?))
     })?;
@@ -417,8 +442,7 @@ fn measure(c: &dyn Contender, args: &IndexArgs, ops: &[(u64, u64)], probes: &Pro
         }
         Ok(0)
     })?;
-    let aggs = probes.aggs.len() as f64 / secs;
-    Ok([insert, lookup, scan, aggs])
+    Ok((scan, probes.aggs.len() as f64 / secs))
 }
 
 fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, Box<dyn std::error::Error>> {
@@ -435,6 +459,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
         keys: ops.len(),
         distinct: pairs.len(),
         threads: args.threads,
+        rounds: args.rounds.max(1),
         ..Row::default()
     };
 
@@ -449,15 +474,26 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
         store.is_stable(store.last_lsn(), true);
         Ok(())
     };
-    let [insert, lookup, scan, aggs] = measure(&index, args, &ops, &probes, settle, "tusk")?;
+    row.insert_per_s = load(&index, args, &ops, settle)?;
     let len = index.len()?;
     if len != pairs.len() as u64 {
         return Err(format!("tusk {}: {len} keys after the inserts, expected {}", kind.name(), pairs.len()).into());
     }
-    row.insert_per_s = insert;
-    row.lookup_per_s = lookup;
-    row.range_keys_per_s = scan;
-    row.count_sum_per_s = aggs;
+
+    // The peer, on the same operations; alive with the store so that the lookup rounds
+    // interleave.
+    let before = heap_allocated();
+    let peer: Box<dyn Contender> = match kind {
+        IndexChoice::Btree => Box::new(StdMap(RwLock::new(BTreeMap::new()))),
+        IndexChoice::Art => Box::new(Congee(congee::Congee::default())),
+    };
+    row.peer_insert_per_s = load(peer.as_ref(), args, &ops, || Ok(()))?;
+    row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
+    (row.lookup_per_s, row.peer_lookup_per_s) = interleaved_lookups(&index, peer.as_ref(), args, &probes)?;
+    (row.peer_range_keys_per_s, row.peer_count_sum_per_s) = queries(peer.as_ref(), args, &probes, kind.peer())?;
+    drop(peer);
+
+    (row.range_keys_per_s, row.count_sum_per_s) = queries(&index, args, &probes, "tusk")?;
     row.bytes_per_key = index.bytes()? as f64 / pairs.len() as f64;
     if kind == IndexChoice::Btree {
         let started = Instant::now();
@@ -468,33 +504,13 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder) -> Result<Row, 
         settle()?;
         assert_eq!(loaded, pairs.len() as u64, "bulk load takes every pair");
         row.bulk_load_per_s = Some(pairs.len() as f64 / started.elapsed().as_secs_f64());
+        let started = Instant::now();
+        let built: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+        row.peer_bulk_load_per_s = Some(pairs.len() as f64 / started.elapsed().as_secs_f64());
+        assert_eq!(built.len(), pairs.len());
     }
     store.close()?;
     drop(dir);
-
-    // The peer, on the same operations.
-    let before = heap_allocated();
-    match kind {
-        IndexChoice::Btree => {
-            let map = StdMap(RwLock::new(BTreeMap::new()));
-            let [insert, lookup, scan, aggs] = measure(&map, args, &ops, &probes, || Ok(()), "BTreeMap")?;
-            row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
-            (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
-                (insert, lookup, scan, aggs);
-            drop(map);
-            let started = Instant::now();
-            let built: BTreeMap<u64, u64> = pairs.iter().copied().collect();
-            row.peer_bulk_load_per_s = Some(pairs.len() as f64 / started.elapsed().as_secs_f64());
-            assert_eq!(built.len(), pairs.len());
-        }
-        IndexChoice::Art => {
-            let tree = Congee(congee::Congee::default());
-            let [insert, lookup, scan, aggs] = measure(&tree, args, &ops, &probes, || Ok(()), "congee")?;
-            row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
-            (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
-                (insert, lookup, scan, aggs);
-        }
-    }
     Ok(row)
 }
 
@@ -546,6 +562,7 @@ fn row_json(r: &Row) -> serde_json::Value {
         "peer_count_sum_per_s": r.peer_count_sum_per_s,
         "peer_bytes_per_key": r.peer_bytes_per_key,
         "lookup_ratio": r.lookup_per_s / r.peer_lookup_per_s,
+        "lookup_rounds": r.rounds,
     })
 }
 
