@@ -27,7 +27,7 @@ use serde_json::json;
 use tusk::{BTreeOp, Commit, Durability, GpuOptions, Options, Store};
 
 use super::key_orders::KeyOrder;
-use super::report::{rate, table};
+use super::report::{median, rate, table};
 use super::{BenchDir, CliResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -67,11 +67,6 @@ pub struct GpuArgs {
     /// Print one JSON object per index (one line each).
     #[arg(long)]
     json: bool,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 pub fn run(args: GpuArgs) -> CliResult {
@@ -285,8 +280,8 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         "sync_host_ms": report.host.as_secs_f64() * 1e3,
         "sync_upload_ms": report.upload.as_secs_f64() * 1e3,
         "heap_pages": heap_pages,
-        "cpu_lookups_per_s": median(cpu_lookups),
-        "cpu_count_sum_ranges_per_s": (index == GpuIndex::Btree).then(|| median(cpu_ranges)),
+        "cpu_lookups_per_s": median(&cpu_lookups),
+        "cpu_count_sum_ranges_per_s": (index == GpuIndex::Btree).then(|| median(&cpu_ranges)),
         "load_s": load_s,
     }))
 }

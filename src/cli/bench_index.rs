@@ -32,7 +32,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::key_orders::KeyOrder;
-use super::report::rate;
+use super::report::{median, rate};
 use super::{BenchDir, CliResult, IoChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -584,20 +584,10 @@ pub fn run(args: IndexArgs) -> CliResult {
     Ok(())
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 /// One row whose every figure is the median of that figure over `rounds` (same cell).
 fn median_row(rounds: Vec<Row>) -> Row {
-    let m = |f: fn(&Row) -> f64| median(rounds.iter().map(f).collect());
-    let mo = |f: fn(&Row) -> Option<f64>| rounds.iter().map(f).collect::<Option<Vec<f64>>>().map(median);
+    let m = |f: fn(&Row) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+    let mo = |f: fn(&Row) -> Option<f64>| rounds.iter().map(f).collect::<Option<Vec<f64>>>().map(|v| median(&v));
     let first = &rounds[0];
     Row {
         index: first.index,

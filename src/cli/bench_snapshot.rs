@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 use tusk::{Commit, Durability, HeapPtr, Options, SnapshotMode, SnapshotOptions, Store};
 
 use super::page_dists::{PageDist, PageStream};
-use super::report::{rate, table};
+use super::report::{median, rate, table};
 use super::svg_plot::{write_svg, write_svg_grid, Chart, Series};
 use super::{BenchDir, CliResult};
 
@@ -248,14 +248,6 @@ fn update(store: &Store, region: HeapPtr, stream: &mut PageStream, n: u64, salt:
     Ok(started.elapsed())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -303,11 +295,11 @@ fn cycles(args: &SnapshotArgs, threads: usize, out: &mut Vec<Measurement>) -> Cl
                 let mut m = Measurement::new("cycle", choice.mode().name(), args.heap_mib);
                 m.distribution = Some(dist.name());
                 m.updates_per_snapshot = Some(every);
-                m.snapshot_ms = Some(median(snap_ms));
-                m.cycle_ms = Some(median(cycle_ms));
-                m.copy_gb_per_s = (choice != ModeChoice::Fork).then(|| median(copied));
+                m.snapshot_ms = Some(median(&snap_ms));
+                m.cycle_ms = Some(median(&cycle_ms));
+                m.copy_gb_per_s = (choice != ModeChoice::Fork).then(|| median(&copied));
                 m.threads = Some(threads);
-                m.extra = json!({ "pause_ms": median(pause_ms), "picked": picked });
+                m.extra = json!({ "pause_ms": median(&pause_ms), "picked": picked });
                 out.push(m);
                 bar.inc(1);
             }
@@ -356,13 +348,13 @@ fn sizes(args: &SnapshotArgs, threads: usize, out: &mut Vec<Measurement>) -> Cli
                 plain_memcpy(&src, &mut dst, t);
                 plain_ms.push(ms(started.elapsed()));
             }
-            let (s, p) = (median(snap_ms), median(plain_ms));
+            let (s, p) = (median(&snap_ms), median(&plain_ms));
             let mut m = Measurement::new("size", "memcpy", mib);
             m.threads = Some(t);
             m.snapshot_ms = Some(s);
             m.copy_gb_per_s = Some(extent as f64 / s / 1e6);
             m.plain_memcpy_gb_per_s = Some(extent as f64 / p / 1e6);
-            m.extra = json!({ "first_snapshot_ms": ms(first), "pause_ms": median(pause_ms), "bandwidth_ratio": p / s });
+            m.extra = json!({ "first_snapshot_ms": ms(first), "pause_ms": median(&pause_ms), "bandwidth_ratio": p / s });
             out.push(m);
         }
         // Incremental refresh with 5% of the pages dirty, against a full copy, interleaved
@@ -384,11 +376,11 @@ fn sizes(args: &SnapshotArgs, threads: usize, out: &mut Vec<Measurement>) -> Cli
                 full.refresh()?;
                 full_ms.push(ms(started.elapsed()));
             }
-            let (i, f) = (median(inc_ms), median(full_ms));
+            let (i, f) = (median(&inc_ms), median(&full_ms));
             let mut m = Measurement::new("incremental_5pct", "incremental", mib);
             m.snapshot_ms = Some(i);
             m.threads = Some(t);
-            m.extra = json!({ "full_memcpy_ms": f, "speedup": f / i, "bytes_copied": median(copied) });
+            m.extra = json!({ "full_memcpy_ms": f, "speedup": f / i, "bytes_copied": median(&copied) });
             out.push(m);
         }
 
@@ -401,7 +393,7 @@ fn sizes(args: &SnapshotArgs, threads: usize, out: &mut Vec<Measurement>) -> Cli
             drop(snap);
         }
         let mut m = Measurement::new("size", "fork", mib);
-        m.snapshot_ms = Some(median(fork_ms));
+        m.snapshot_ms = Some(median(&fork_ms));
         out.push(m);
 
         if mib == largest {
@@ -446,7 +438,7 @@ fn cow_on_heap(store: &Store, region: HeapPtr, pages: u64, args: &SnapshotArgs) 
         dirty_pages(store, region, b, round as u64 + 1)?;
         without.push(started.elapsed().as_secs_f64() / b.len() as f64);
     }
-    let (f, w) = (median(with_fork), median(without));
+    let (f, w) = (median(&with_fork), median(&without));
     let mut m = Measurement::new("cow", "fork", (pages * PAGE) >> 20);
     m.extra = json!({
         "cow_us_per_page": (f - w) * 1e6,
@@ -547,15 +539,15 @@ fn queries(args: &SnapshotArgs, out: &mut Vec<Measurement>) -> CliResult {
             std::hint::black_box(total);
         }
     }
-    let txn_lookups = median(lookup_rates[0].clone());
+    let txn_lookups = median(&lookup_rates[0]);
     for (k, kind) in kinds.iter().enumerate() {
         let mut m = Measurement::new("queries", *kind, store.heap_used() >> 20);
-        let rate = median(lookup_rates[k].clone());
+        let rate = median(&lookup_rates[k]);
         m.queries_per_s = Some(rate);
         m.extra = json!({
             "query": "btree_get",
             "keys": keys.len(),
-            "count_sum_ranges_per_s": median(range_rates[k].clone()),
+            "count_sum_ranges_per_s": median(&range_rates[k]),
             "vs_txn": rate / txn_lookups,
         });
         out.push(m);

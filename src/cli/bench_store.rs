@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
-use super::report::table;
+use super::report::{median, table};
 use super::{BenchDir, CliResult};
 
 const MIB: f64 = (1 << 20) as f64;
@@ -222,12 +222,6 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
         ],
     );
     Ok(())
-}
-
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn fmt_rounds(xs: &[f64]) -> String {

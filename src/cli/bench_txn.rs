@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, Durability, Options, Store};
 use tusk_storage::log_format::FLUSH_ALIGN;
 
-use super::report::rate;
+use super::report::{median, rate};
 use super::{BenchDir, CliResult, IoChoice};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -325,11 +325,6 @@ impl ModeResult {
     }
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[v.len() / 2])
-}
-
 pub fn run(args: TxnArgs) -> CliResult {
     let Workload::Hathi = args.workload;
     let mut threads = args.threads.clone();
@@ -350,7 +345,7 @@ pub fn run(args: TxnArgs) -> CliResult {
     let results: Vec<(ModeResult, Option<f64>)> = runs
         .into_iter()
         .map(|mut r| {
-            let floor = median(r.iter().filter_map(|m| m.floor_ratio).collect());
+            let floor = Some(median(&r.iter().filter_map(|m| m.floor_ratio).collect::<Vec<_>>())).filter(|m| !m.is_nan());
             r.sort_by(|a, b| a.txn_per_s.total_cmp(&b.txn_per_s));
             (r.swap_remove(r.len() / 2), floor)
         })

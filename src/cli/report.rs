@@ -23,3 +23,14 @@ pub fn rate(v: f64) -> String {
     }
     out
 }
+
+/// The median of `xs` (the mean of the middle two for an even count; NaN when empty).
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}

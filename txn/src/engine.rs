@@ -77,6 +77,27 @@ impl Engine {
         self.clock.load(Ordering::SeqCst)
     }
 
+    /// A read version for a new transaction, and whether the heap holds exactly the commits
+    /// up to it right now (no write-back of one of them still running), so the transaction
+    /// may read in clock mode (see [`crate::transaction`]). The clock is read first: see
+    /// [`CommitGate::is_idle`](crate::snapshot::gate::CommitGate::is_idle).
+    pub(crate) fn read_version(&self) -> (u64, bool) {
+        let rv = self.last_lsn();
+        // A thread takes its slot before its first commit enters the gate, so a slot of a
+        // commit the clock covers is below this count (the clock's acquire orders the load).
+        let used = NEXT_THREAD_SLOT.load(Ordering::Relaxed);
+        (rv, self.gate.is_idle(used))
+    }
+
+    /// Whether no LSN was drawn since `rv`, checked after the caller's heap loads (seqlock
+    /// style: a commit draws its LSN, fences, then writes back, so a load that saw one of its
+    /// stores makes this see its LSN).
+    #[inline]
+    pub(crate) fn clock_still(&self, rv: u64) -> bool {
+        crate::sync::fence(Ordering::Acquire);
+        self.clock.load(Ordering::Relaxed) == rv
+    }
+
     /// Every LSN ≤ this is durable (0 without durability).
     pub fn durable_lsn(&self) -> u64 {
         self.log.as_ref().map_or(0, |l| l.durable_lsn())

@@ -7,6 +7,17 @@
 //! dirty pages, and release the stripes with the LSN as their new version. So every LSN
 //! drawn belongs to a committed transaction (no gaps), and a transaction that read another's
 //! writes has a larger LSN (it read them after their stripes were released).
+//!
+//! Clock mode: a transaction that begins while no commit is writing back (the commit gate is
+//! idle behind the clock it read) sees in the heap exactly the commits up to its read
+//! version. Until the clock moves, a read needs no stripe word: it loads the words, and
+//! checks that the clock still stands at the read version (one word every transaction reads,
+//! in cache unless commits are happening). A commit draws its LSN before it writes back, so a
+//! load that saw any of its stores finds the clock moved. On the first read that finds it
+//! moved, the transaction changes to stripe mode for good, keeping its read version: the
+//! stripes it read in clock mode are in its read set, and their values were the read
+//! version's, so extension and commit validate them like any other read (a stripe written
+//! since, even through an alias line, fails that validation: a false conflict at worst).
 
 use tusk_storage::layout::{BlockHeader, CLASS_LARGE, DATA_START, HEADER_SIZE, STATE_ALLOCATED};
 use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
@@ -41,6 +52,8 @@ pub struct Transaction<'e> {
     engine: &'e Engine,
     /// Read version: every stripe read must carry a version ≤ rv.
     rv: u64,
+    /// Clock mode (see the module docs): reads validate against the clock, not the stripes.
+    clock_mode: bool,
     bufs: Buffers,
     /// (user pointer, length) of recently checked allocations.
     bounds: [(u64, u64); BOUNDS_CACHE],
@@ -90,9 +103,11 @@ impl Drop for Transaction<'_> {
 
 impl<'e> Transaction<'e> {
     pub(crate) fn new(engine: &'e Engine) -> Transaction<'e> {
+        let (rv, clock_mode) = engine.read_version();
         Transaction {
             engine,
-            rv: engine.last_lsn(),
+            rv,
+            clock_mode,
             bufs: SPARE_BUFFERS.try_with(|spare| spare.take()).ok().flatten().unwrap_or_default(),
             bounds: [(0, 0); BOUNDS_CACHE],
             bounds_next: 0,
@@ -102,11 +117,17 @@ impl<'e> Transaction<'e> {
 
     /// Starts over (after a conflict), keeping allocated buffers.
     pub fn restart(&mut self) {
-        self.rv = self.engine.last_lsn();
+        (self.rv, self.clock_mode) = self.engine.read_version();
         self.bufs.reads.clear();
         self.bufs.writes.clear();
         self.bounds = [(0, 0); BOUNDS_CACHE];
         self.doomed = false;
+    }
+
+    /// Whether reads still validate against the clock (see the module docs).
+    #[cfg(test)]
+    pub(crate) fn in_clock_mode(&self) -> bool {
+        self.clock_mode
     }
 
     pub fn engine(&self) -> &'e Engine {
@@ -204,6 +225,16 @@ impl<'e> Transaction<'e> {
         let stripes = &engine.stripes;
         let s = stripes.index_of(off);
         debug_assert!(out.len() as u64 * 8 <= STRIPE_BYTES - off % STRIPE_BYTES);
+        if self.clock_mode {
+            for (i, w) in out.iter_mut().enumerate() {
+                *w = engine.heap().load_word(off + 8 * i as u64);
+            }
+            if engine.clock_still(self.rv) {
+                self.bufs.reads.push(s);
+                return Ok(());
+            }
+            self.clock_mode = false;
+        }
         let mut spins = 0;
         loop {
             let before = stripes.load(s);
@@ -372,14 +403,16 @@ impl<'e> Transaction<'e> {
     }
 
     /// Hints that the word at `offset` of the allocation at `p` will be accessed soon: its
-    /// line and its stripe lock are fetched into cache, so that a transaction touching
+    /// line and (in stripe mode) its stripe lock are fetched into cache, so that a transaction touching
     /// several random words waits for their memory in parallel rather than one by one.
     /// Unchecked and without effect on the transaction's state.
     #[inline]
     pub fn prefetch(&self, p: HeapPtr, offset: u64) {
         let at = p.offset().wrapping_add(offset);
         self.engine.heap().prefetch(at);
-        self.engine.stripes.prefetch(at);
+        if !self.clock_mode {
+            self.engine.stripes.prefetch(at);
+        }
     }
 
     // ---- commit ----
@@ -415,6 +448,10 @@ impl<'e> Transaction<'e> {
             }
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
+        // Clock-mode readers: a load that sees a store of this write-back must then see the
+        // LSN just drawn (pairs with the acquire fence of `Engine::clock_still`). A
+        // compiler-only barrier on x86.
+        crate::sync::fence(std::sync::atomic::Ordering::Release);
         let heap = engine.heap();
         let epoch = engine.dirty_epoch();
         for w in self.bufs.writes.iter() {
@@ -578,6 +615,28 @@ mod tests {
         });
     }
 
+    /// A transaction begun with no commit in flight reads in clock mode; the first read after
+    /// a commit falls back to stripes and extends over it when its earlier reads are
+    /// untouched, and conflicts once a commit overwrote one of them.
+    #[test]
+    fn clock_mode_falls_back_then_validates_like_stripe_mode() {
+        let engine = engine();
+        let mut tx = engine.begin();
+        assert!(tx.in_clock_mode());
+        assert_eq!(tx.load(4096).unwrap(), 0);
+        let write = |off: u64| {
+            let mut w = engine.begin();
+            w.store(off, 7).unwrap();
+            w.commit(Commit::Async).unwrap().unwrap()
+        };
+        write(8192);
+        assert_eq!(tx.load(8192).unwrap(), 7, "extended over a commit it did not conflict with");
+        assert!(!tx.in_clock_mode());
+        write(4096);
+        write(12288);
+        assert!(matches!(tx.load(12288), Err(TxnError::Conflict)), "its read of 4096 is stale");
+    }
+
     /// With buffered writes, `load_words` returns them (read-your-writes), like `load`.
     #[test]
     fn load_words_reads_own_writes() {
@@ -592,5 +651,112 @@ mod tests {
         let mut out = [0u64; 10];
         tx.load_words(8192, &mut out).unwrap();
         assert_eq!(out, [0, 3, 99, 9, 12, 15, 18, 21, 24, 27]);
+    }
+}
+
+/// Loom models of clock mode (run by .ci/loom). Each transaction under test begins before the
+/// other thread exists, so it is certainly in clock mode; the models of `stripes.rs` cover
+/// transactions that begin at any moment, in either mode.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use loom::thread;
+
+    use crate::engine::loom_models::{engine, transact};
+    use crate::{Commit, TxnError};
+
+    /// A clock-mode reader concurrent with a commit of two words sees both old or both new
+    /// values, whether it stays in clock mode, falls back to stripes midway (and extends), or
+    /// fails with a conflict; the words on different stripes or one.
+    fn clock_mode_reader_sees_whole_commits(a: u64, b: u64) {
+        loom::model(move || {
+            let engine = engine();
+            let mut t = engine.begin();
+            assert!(t.in_clock_mode(), "nothing commits: a new transaction starts in clock mode");
+            let writer = {
+                let engine = engine.clone();
+                thread::spawn(move || transact(&engine, |t| {
+                    t.store(a, 1)?;
+                    t.store(b, 1)
+                }))
+            };
+            if let (Ok(x), Ok(y)) = (t.load(a), t.load(b)) {
+                assert_eq!(x, y, "a clock-mode reader saw half of a commit");
+                assert_eq!(t.commit(Commit::Async).unwrap(), None);
+            }
+            drop(t);
+            writer.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn loom_clock_mode_reader_sees_whole_commits_across_stripes() {
+        clock_mode_reader_sees_whole_commits(64, 128);
+    }
+
+    #[test]
+    fn loom_clock_mode_reader_sees_whole_commits_within_a_stripe() {
+        clock_mode_reader_sees_whole_commits(64, 72);
+    }
+
+    /// An update transaction that read in clock mode is validated at commit like any other:
+    /// two increments of one word, one of them read in clock mode, lose no update.
+    #[test]
+    fn loom_clock_mode_update_loses_no_update() {
+        loom::model(|| {
+            let engine = engine();
+            let mut t = engine.begin();
+            assert!(t.in_clock_mode());
+            let other = {
+                let engine = engine.clone();
+                thread::spawn(move || transact(&engine, |t| {
+                    let old = t.load(64)?;
+                    t.store(64, old + 1)
+                }))
+            };
+            loop {
+                let done = t.load(64).and_then(|old| t.store(64, old + 1)).and_then(|()| t.commit(Commit::Async));
+                match done {
+                    Ok(lsn) => {
+                        assert!(lsn.is_some());
+                        break;
+                    }
+                    Err(TxnError::Conflict) => {
+                        t.restart();
+                        thread::yield_now();
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            drop(t);
+            other.join().unwrap();
+            assert_eq!(engine.heap().load_word(64), 2, "an update was lost");
+        });
+    }
+
+    /// A reader that fell back to stripes keeps its clock-mode reads valid only while their
+    /// stripes are unchanged: after reading `a` in clock mode, a commit of both words makes
+    /// its later read of `b` either the old value or a conflict, never the new one.
+    #[test]
+    fn loom_clock_mode_fallback_validates_earlier_reads() {
+        loom::model(|| {
+            let engine = engine();
+            let mut t = engine.begin();
+            let x = t.load(64).unwrap();
+            assert_eq!(x, 0);
+            let writer = {
+                let engine = engine.clone();
+                thread::spawn(move || transact(&engine, |t| {
+                    t.store(64, 1)?;
+                    t.store(128, 1)
+                }))
+            };
+            match t.load(128) {
+                Ok(y) => assert_eq!(y, 0, "read the new b after the old a"),
+                Err(TxnError::Conflict) => {}
+                Err(e) => panic!("{e}"),
+            }
+            drop(t);
+            writer.join().unwrap();
+        });
     }
 }

@@ -116,21 +116,24 @@ pub fn value<H: HeapRead>(heap: &mut H, node: u64, i: usize) -> Result<u64, TxnE
 /// whole (at most four cache lines, validated line by line), then searched in registers: the
 /// same shape a GPU thread group uses on its coalesced load.
 pub fn lower_bound<H: HeapRead>(heap: &mut H, node: u64, count: usize, key: u64) -> Result<usize, TxnError> {
+    Ok(search(heap, node, count, key)?.0)
+}
+
+/// [`lower_bound`], and whether the key in that slot is `key` itself: taken from the keys
+/// already read, so a lookup reads no key twice.
+pub fn search<H: HeapRead>(heap: &mut H, node: u64, count: usize, key: u64) -> Result<(usize, bool), TxnError> {
     let count = count.min(CAPACITY);
     let mut keys = [0u64; CAPACITY];
     heap.load_words(key_off(node, 0), &mut keys[..count])?;
-    Ok(keys[..count].iter().filter(|&&k| k < key).count())
+    let i = keys[..count].iter().filter(|&&k| k < key).count();
+    Ok((i, i < count && keys[i] == key))
 }
 
 /// The child slot of an internal node covering `key`: the last i with keys[i] ≤ key.
 pub fn child_slot<H: HeapRead>(heap: &mut H, node: u64, count: usize, key: u64) -> Result<usize, TxnError> {
-    let i = lower_bound(heap, node, count, key)?;
-    if i < count && self::key(heap, node, i)? == key {
-        Ok(i)
-    } else {
-        // keys[0] is the node's low bound ≤ key, so i ≥ 1 here.
-        Ok(i.saturating_sub(1))
-    }
+    let (i, hit) = search(heap, node, count, key)?;
+    // keys[0] is the node's low bound ≤ key, so i ≥ 1 when it is no hit.
+    Ok(if hit { i } else { i.saturating_sub(1) })
 }
 
 /// Writes entry i (key and value/child).

@@ -33,8 +33,8 @@ pub fn descend<H: HeapRead>(heap: &mut H, root: u64, key: u64, mut path: Option<
 /// The value stored under `key`, if any.
 pub fn get<H: HeapRead>(heap: &mut H, root: u64, key: u64) -> Result<Option<u64>, TxnError> {
     let (leaf, h) = descend(heap, root, key, None)?;
-    let i = layout::lower_bound(heap, leaf, h.count, key)?;
-    if i < h.count && layout::key(heap, leaf, i)? == key {
+    let (i, hit) = layout::search(heap, leaf, h.count, key)?;
+    if hit {
         Ok(Some(layout::value(heap, leaf, i)?))
     } else {
         Ok(None)

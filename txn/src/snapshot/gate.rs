@@ -87,6 +87,16 @@ impl CommitGate {
         }
     }
 
+    /// Whether no committer is inside through the counters of the first `used` thread slots
+    /// (those handed out so far). Read after the LSN clock, a true answer means every commit
+    /// the clock covers has finished its write-back and its stores are visible: a commit
+    /// enters the gate before it draws its LSN (a release RMW of the clock), so a reader that
+    /// saw the LSN sees the increment, and zero then comes from the commit's release of it.
+    #[inline]
+    pub fn is_idle(&self, used: usize) -> bool {
+        self.slots[..used.min(SLOTS)].iter().all(|slot| slot.0.load(Acquire) == 0)
+    }
+
     /// Closes the gate and waits until no committer is inside.
     pub fn close(&self) -> Closed<'_> {
         let closer = self.closer.lock();
