@@ -339,7 +339,9 @@ mod tests {
             let commits = writer.join().unwrap();
             assert!(overlapped >= 50, "only {overlapped} copies ran while the writer did");
             for (lsn, seen) in copies {
-                let expected = commits.iter().take_while(|(l, _)| *l < lsn).last().map_or(0, |&(_, k)| k);
+                // One writer: its commits ascend by LSN (a binary search, not a scan per copy).
+                let below = commits.partition_point(|&(l, _)| l < lsn);
+                let expected = below.checked_sub(1).map_or(0, |i| commits[i].1);
                 assert_eq!(seen, expected, "copy with LSN {lsn} does not hold exactly the commits below it");
             }
         });
