@@ -26,6 +26,22 @@ thread_local! {
     static STRIPE: u64 = take_stripe(&NEXT_STRIPE);
 }
 
+/// Every striped descriptor starts on a line of its own (so that each stripe's lines are its
+/// own, the STM's unit of conflict) holding its magic, its root (byte 8) and its stripe count.
+pub const DESCRIPTOR_ALIGN: u64 = 64;
+pub const MAGIC_OFF: u64 = 0;
+pub const STRIPE_COUNT_OFF: u64 = 16;
+
+/// Allocates a descriptor of `size` bytes on a [`DESCRIPTOR_ALIGN`] boundary, all zero but
+/// its magic and stripe count; returns its offset.
+pub fn create_descriptor<H: HeapWrite>(heap: &mut H, size: u64, magic: u64) -> Result<u64, TxnError> {
+    let raw = heap.alloc(size + DESCRIPTOR_ALIGN - 8)?;
+    let meta = raw.next_multiple_of(DESCRIPTOR_ALIGN);
+    heap.store(meta + MAGIC_OFF, magic)?;
+    heap.store(meta + STRIPE_COUNT_OFF, STRIPES)?;
+    Ok(meta)
+}
+
 /// The next stripe in round-robin order.
 fn take_stripe(next: &AtomicU64) -> u64 {
     next.fetch_add(1, Ordering::Relaxed) % STRIPES

@@ -54,11 +54,11 @@ use tusk_txn::TxnError;
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"tuskART2");
 /// The descriptor's alignment: the lines above are the STM's units of conflict.
-pub const META_ALIGN: u64 = 64;
+pub const META_ALIGN: u64 = stripe::DESCRIPTOR_ALIGN;
 
-pub const MAGIC_OFF: u64 = 0;
+pub const MAGIC_OFF: u64 = stripe::MAGIC_OFF;
 pub const ROOT_OFF: u64 = 8;
-pub const STRIPE_COUNT_OFF: u64 = 16;
+pub const STRIPE_COUNT_OFF: u64 = stripe::STRIPE_COUNT_OFF;
 
 /// Per-kind lines holding the handed-out count.
 pub const KINDS_OFF: u64 = 64;
@@ -137,11 +137,7 @@ pub fn add_keys<H: HeapWrite>(heap: &mut H, meta: u64, delta: i64) -> Result<(),
 
 /// Allocates and formats an empty descriptor; returns its offset.
 pub fn create<H: HeapWrite>(heap: &mut H) -> Result<u64, TxnError> {
-    let raw = heap.alloc(META_SIZE + META_ALIGN - 8)?;
-    let meta = raw.next_multiple_of(META_ALIGN);
-    heap.store(meta + MAGIC_OFF, MAGIC)?;
-    heap.store(meta + STRIPE_COUNT_OFF, STRIPES)?;
-    Ok(meta)
+    stripe::create_descriptor(heap, META_SIZE, MAGIC)
 }
 
 #[cfg(test)]
