@@ -187,6 +187,35 @@ fn damaged_newest_manifest_falls_back_to_the_previous_checkpoint() {
     assert_falls_back(dir.path(), first, &victim);
 }
 
+/// The only manifest damaged after the log was trimmed behind its checkpoint: the log alone
+/// cannot stand in for it, so recovery must refuse, naming the manifest, not come back empty.
+#[test]
+fn damaged_only_manifest_after_a_trim_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options()).unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
+    // More than one log segment (64 KiB each here), so that the checkpoint trims one.
+    for start in (0..WORDS).step_by(1024) {
+        store
+            .transact(Commit::Sync, |tx| (start..start + 1024).try_for_each(|i| tx.write_u64_at(p, i * 8, initial(i))))
+            .unwrap();
+    }
+    let only = store.checkpoint().unwrap();
+    assert!(only.trimmed_segments > 0, "the log behind the checkpoint was trimmed: {only:?}");
+    store.transact(Commit::Sync, |tx| tx.write_u64_at(p, 0, 7)).unwrap();
+    store.close().unwrap();
+    let manifests = list_manifests(dir.path()).unwrap();
+    assert_eq!(manifests.len(), 1, "one checkpoint, one manifest");
+    let victim = manifests[0].1.clone();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[55] ^= 0x80;
+    std::fs::write(&victim, bytes).unwrap();
+    match Store::open(dir.path(), options()) {
+        Err(e) => assert!(e.to_string().contains(&victim.display().to_string()), "the error names the manifest: {e}"),
+        Ok(store) => panic!("recovered without the damaged checkpoint: {:?}", store.recovery_report()),
+    }
+}
+
 #[test]
 fn manifest_from_a_newer_format_version_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -76,7 +76,12 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedC
             Err(RecoveryError::Corrupt { reason, .. }) if reason.contains("newer") => return Err(corrupt(path, reason)),
             Err(e) => {
                 // A manifest is renamed into place only when complete: damage is media damage.
-                fallback.get_or_insert(Fallback { path: path.clone(), reason: e.to_string(), required_lsn: 0 });
+                // Its checkpoint was valid once, so LSN 1 was durable and the log may have
+                // been trimmed past it since: whatever stands in for it (an older checkpoint
+                // or the whole log) must reach at least LSN 1 — a log that starts later
+                // cannot replace it (found by `crashtest --workload index --seed 5`: a flipped
+                // bit in the only manifest recovered an empty heap plus the log's tail).
+                fallback.get_or_insert(Fallback { path: path.clone(), reason: e.to_string(), required_lsn: 1 });
                 continue;
             }
         };
