@@ -3,22 +3,11 @@
 
 mod common;
 
+use common::Rng;
+
 use std::collections::BTreeMap;
 
 use tusk_index::{BTree, BatchOutcome, Op};
-
-/// splitmix64: deterministic pseudo-random numbers without a random-number crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 fn random_ops(rng: &mut Rng, n: usize, domain: u64, remove_share: u64) -> Vec<Op> {
     (0..n)

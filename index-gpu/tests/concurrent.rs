@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::Rng;
+
 use std::collections::BTreeMap;
 use std::sync::{Barrier, Mutex};
 
@@ -79,23 +81,6 @@ impl Tree {
             Tree::BTree(t) => t.check(tx).unwrap().keys,
             Tree::Art(t) => t.check(tx).unwrap().keys,
         }
-    }
-}
-
-/// splitmix64: a seeded stream of random words without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
