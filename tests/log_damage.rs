@@ -6,13 +6,12 @@
 mod common;
 
 use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::Scope;
 use std::time::Duration;
 
-use common::{partition_of_lsn, records, segments, small_opts, Rec};
+use common::{flush_end, partition_of_lsn, records, segments, small_opts, Rec};
 use tusk::{Commit, Error, FaultPlan, HeapPtr, Io, Lsn, Options, Store};
 
 const SLOTS: u64 = 32;
@@ -50,8 +49,9 @@ fn truncate(path: &Path, len: u64) {
     OpenOptions::new().write(true).open(path).unwrap().set_len(len).unwrap();
 }
 
-fn append(path: &Path, bytes: &[u8]) {
-    OpenOptions::new().append(true).open(path).unwrap().write_all(bytes).unwrap();
+fn write_at(path: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, at).unwrap();
 }
 
 fn flip(path: &Path, at: u64) {
@@ -84,8 +84,6 @@ fn expected_slots(n: u64) -> Vec<u64> {
 enum Tear {
     /// Random bytes after the last record.
     Garbage,
-    /// Zeros after the last record (preallocated space).
-    Zeros,
     /// The last record cut in the middle of its payload.
     CutRecord,
     /// The last record cut inside its frame header.
@@ -96,7 +94,7 @@ enum Tear {
 
 #[test]
 fn torn_tail_is_cut_and_reported() {
-    for tear in [Tear::Garbage, Tear::Zeros, Tear::CutRecord, Tear::CutHeader, Tear::DamagedLastRecord] {
+    for tear in [Tear::Garbage, Tear::CutRecord, Tear::CutHeader, Tear::DamagedLastRecord] {
         let dir = tempfile::tempdir().unwrap();
         let opts = small_opts();
         let n = 20;
@@ -105,35 +103,34 @@ fn torn_tail_is_cut_and_reported() {
         let recs = records(&last_seg);
         let last_rec = *recs.last().unwrap();
         assert_eq!(last_rec.lsn, *lsns.last().unwrap());
-        let len = file_len(&last_seg);
-        // Every flush is closed by a pad frame up to a 4 KiB boundary (O_DIRECT).
+        let len = flush_end(&last_seg);
+        // Every flush is closed by a pad frame up to a 4 KiB boundary (O_DIRECT); zeros
+        // written ahead of the flushes may follow.
         let pad = len - (last_rec.offset + last_rec.len);
-        assert!(pad > 0 && len % 4096 == 0, "the last flush ends with a pad: {pad} bytes, file {len}");
+        assert!(pad > 0 && len % 4096 == 0, "the last flush ends with a pad: {pad} bytes, flush end {len}");
 
-        // (where the damage starts, bytes cut, whether the last commit survives)
-        let (torn_at, cut, last_survives) = match tear {
+        // (where the damage starts, whether the last commit survives)
+        let (torn_at, last_survives) = match tear {
             Tear::Garbage => {
                 let garbage: Vec<u8> = (0..37u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 | 1).collect();
-                append(&last_seg, &garbage);
-                (len, 37, true)
-            }
-            Tear::Zeros => {
-                append(&last_seg, &[0u8; 4096]);
-                (len, 4096, true)
+                write_at(&last_seg, len, &garbage);
+                (len, true)
             }
             Tear::CutRecord => {
                 truncate(&last_seg, last_rec.offset + last_rec.len / 2);
-                (last_rec.offset, last_rec.len / 2, false)
+                (last_rec.offset, false)
             }
             Tear::CutHeader => {
                 truncate(&last_seg, last_rec.offset + 10);
-                (last_rec.offset, 10, false)
+                (last_rec.offset, false)
             }
             Tear::DamagedLastRecord => {
                 flip(&last_seg, last_rec.offset + 24);
-                (last_rec.offset, last_rec.len + pad, false)
+                (last_rec.offset, false)
             }
         };
+        // Everything from the damage to the end of the file is cut.
+        let cut = file_len(&last_seg) - torn_at;
 
         let store = Store::open(dir.path(), opts.clone()).unwrap_or_else(|e| panic!("{tear:?}: open failed: {e}"));
         let report = store.recovery_report().clone();
@@ -166,6 +163,48 @@ fn torn_tail_is_cut_and_reported() {
     }
 }
 
+/// Zeros after the last flush of a partition's last segment are the space the writer wrote
+/// ahead of its flushes: not a tear, nothing is reported or lost, and opening cuts them off.
+#[test]
+fn zeros_after_the_last_flush_are_no_tear() {
+    for extra in [0usize, 4096, 64 << 10] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = small_opts();
+        let n = 20;
+        let lsns = store_with_commits(dir.path(), &opts, n);
+        let last_seg = segments(dir.path(), 0).last().cloned().expect("a segment");
+        let end = flush_end(&last_seg);
+        write_at(&last_seg, file_len(&last_seg), &vec![0u8; extra]);
+        let store = Store::open(dir.path(), opts.clone()).unwrap();
+        let report = store.recovery_report().clone();
+        assert!(report.torn_tails.is_empty(), "{extra} zeros: {report:?}");
+        assert_eq!(report.recovered_lsn, *lsns.last().unwrap());
+        assert_eq!(slots(&store), expected_slots(n));
+        assert_eq!(file_len(&last_seg), end, "opening cuts the zeros off");
+        store.close().unwrap();
+    }
+}
+
+/// The writer cuts the zeros off a segment before it starts the next one: zeros to the end
+/// of a segment that is not its partition's last are damage, named with file and offset.
+#[test]
+fn zeros_at_the_end_of_an_earlier_segment_are_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = small_opts();
+    store_with_commits(dir.path(), &opts, 5);
+    let segs = segments(dir.path(), 0);
+    let last = segs.last().unwrap();
+    let end = flush_end(last);
+    write_at(last, file_len(last), &[0u8; 8192]);
+    let name = last.file_name().unwrap().to_str().unwrap();
+    let seq: u64 = name.strip_suffix(".seg").unwrap().parse().unwrap();
+    let next = last.with_file_name(format!("{:020}.seg", seq + 1));
+    std::fs::write(&next, []).unwrap();
+    let err = Store::open(dir.path(), opts.clone()).err().expect("zeros ending an earlier segment are damage");
+    let text = err.to_string();
+    assert!(text.contains(&last.display().to_string()) && text.contains(&end.to_string()), "{text}");
+}
+
 /// A segment created just before a crash, whose header never reached the disk, is a torn
 /// tail too: it is reported and removed.
 #[test]
@@ -176,6 +215,8 @@ fn empty_last_segment_is_a_torn_tail() {
         store_with_commits(dir.path(), &opts, 5);
         let segs = segments(dir.path(), 0);
         let last = segs.last().unwrap();
+        // As the writer does before it starts a segment: the zeros ahead are cut off.
+        truncate(last, flush_end(last));
         let name = last.file_name().unwrap().to_str().unwrap();
         let seq: u64 = name.strip_suffix(".seg").unwrap().parse().unwrap();
         let extra = last.with_file_name(format!("{:020}.seg", seq + 1));
@@ -283,7 +324,8 @@ fn damage_in_an_earlier_segment_is_an_error() {
             2 => {
                 // Flushes end with a pad to a 4 KiB boundary: the garbage starts at the file's end.
                 let end = file_len(first);
-                append(first, &[0xAB; 40]);
+                assert_eq!(end, flush_end(first), "an earlier segment ends with its last flush");
+                write_at(first, end, &[0xAB; 40]);
                 (end, "garbage after the first segment's records")
             }
             _ => {

@@ -32,7 +32,7 @@ fuzz_target!(|input: &[u8]| {
                 assert!(next > at && next <= data.len());
                 at = next;
             }
-            Frame::End => break,
+            Frame::End | Frame::Zeros => break,
             Frame::Invalid(_) => match later_flush_after(&data, at) {
                 Some(next) => {
                     assert!(next > at && next < data.len());

@@ -88,6 +88,14 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
     Ok(out)
 }
 
+/// Cuts a segment's file at `len`, durably.
+fn cut(path: &Path, len: usize) -> Result<(), RecoveryError> {
+    let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| StorageError::io(path, e))?;
+    f.set_len(len as u64).map_err(|e| StorageError::io(path, e))?;
+    f.sync_all().map_err(|e| StorageError::io(path, e))?;
+    Ok(())
+}
+
 fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, RecoveryError> {
     let mut out = Scan::default();
     {
@@ -141,6 +149,17 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
                     }
                     Frame::Pad(next) => at = next,
                     Frame::End => break data.len(),
+                    // Space the writer zeroed ahead of its last flush; it cuts the zeros off
+                    // a segment before starting the next, so only the last may end so.
+                    Frame::Zeros if is_last => {
+                        if repair {
+                            cut(&path, at)?;
+                        }
+                        break at;
+                    }
+                    Frame::Zeros => {
+                        return Err(corrupt(&path, at as u64, "zeros from here to the end of a segment that is not the partition's last"));
+                    }
                     Frame::Invalid(reason) => {
                         if !is_last {
                             return Err(corrupt(&path, at as u64, format!("{reason} (in a segment that is not the partition's last)")));
@@ -150,9 +169,7 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
                         }
                         out.torn.push(TornTail { path: path.clone(), offset: at as u64, bytes: (data.len() - at) as u64, reason });
                         if repair {
-                            let f = std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| StorageError::io(&path, e))?;
-                            f.set_len(at as u64).map_err(|e| StorageError::io(&path, e))?;
-                            f.sync_all().map_err(|e| StorageError::io(&path, e))?;
+                            cut(&path, at)?;
                         }
                         break at;
                     }

@@ -312,17 +312,23 @@ fn cycle(config: &Config, k: u64, baseline: &[u64]) -> Result<(CycleOutcome, Opt
     outcome.recovered_lsn = report.recovered_lsn;
     outcome.torn_tails_cut = report.torn_tails.len() as u64;
     if let Some(plan) = &torn_plan {
-        let found = report.torn_tails.iter().any(|t| t.path == plan.path && t.offset == plan.expect_offset);
-        if found {
-            outcome.corruption_detected = true;
-        } else {
-            outcome.verdict.violations.push(format!(
-                "{} ({}) should be cut as a torn tail at offset {}, recovery reported {:?}",
+        match plan.expect_offset {
+            Some(offset) if report.torn_tails.iter().any(|t| t.path == plan.path && t.offset == offset) => {
+                outcome.corruption_detected = true;
+            }
+            Some(offset) => outcome.verdict.violations.push(format!(
+                "{} ({}) should be cut as a torn tail at offset {offset}, recovery reported {:?}",
                 plan.path.display(),
                 plan.how,
-                plan.expect_offset,
                 report.torn_tails
-            ));
+            )),
+            None if report.torn_tails.iter().any(|t| t.path == plan.path) => outcome.verdict.violations.push(format!(
+                "{} ({}) holds only zeros after its last flush, yet recovery reported a torn tail: {:?}",
+                plan.path.display(),
+                plan.how,
+                report.torn_tails
+            )),
+            None => {}
         }
     }
     let recovered = words(&store, config.workload)?;

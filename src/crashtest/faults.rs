@@ -36,12 +36,14 @@ struct Rec {
     marker: bool,
 }
 
-/// The valid records at the start of a segment (up to the first invalid frame).
-fn records(data: &[u8]) -> Vec<Rec> {
+/// The valid records at the start of a segment (up to the first invalid frame), and where
+/// its last flush ends if the frames after it are only the end of the file or zeros
+/// written ahead (`None`: the tail is torn already).
+fn records(data: &[u8]) -> (Vec<Rec>, Option<u64>) {
     let mut out = Vec::new();
     let mut at = SEGMENT_HEADER_SIZE;
     if data.len() < SEGMENT_HEADER_SIZE {
-        return out;
+        return (out, None);
     }
     loop {
         match decode_frame(data, at) {
@@ -50,7 +52,8 @@ fn records(data: &[u8]) -> Vec<Rec> {
                 at = next;
             }
             Frame::Pad(next) => at = next,
-            Frame::End | Frame::Invalid(_) => return out,
+            Frame::End | Frame::Zeros => return (out, Some(at as u64)),
+            Frame::Invalid(_) => return (out, None),
         }
     }
 }
@@ -66,8 +69,10 @@ fn frame_len(data: &[u8], r: &Rec) -> u64 {
 #[derive(Clone, Debug)]
 pub struct TornPlan {
     pub path: PathBuf,
-    /// Where recovery must find the tail torn (the file's length after the cut).
-    pub expect_offset: u64,
+    /// Where recovery must find the tail torn (the end of the last flush, or where the cut
+    /// went); `None`: only zeros follow the last flush, which is no tear (the writer zeroes
+    /// space ahead of its flushes) and must not be reported as one.
+    pub expect_offset: Option<u64>,
     pub how: &'static str,
 }
 
@@ -98,35 +103,33 @@ pub fn tear_tail(dir: &Path, rng: &mut SmallRng, first_lsn: u64, required_lsn: u
         // A segment whose header never made it: recovery removes it whatever we add.
         return Ok(None);
     }
-    let recs = records(&data);
-    let valid_end = recs.last().map_or(SEGMENT_HEADER_SIZE as u64, |r| r.offset + r.len);
-    if valid_end < data.len() as u64 && !data[valid_end as usize..].starts_with(&tusk_storage::log_format::PAD_MAGIC.to_le_bytes()) {
+    let (recs, flush_end) = records(&data);
+    let Some(len) = flush_end else {
         // The crash left the tail torn already (a power cut): leave it to recovery.
         return Ok(None);
-    }
+    };
     let expendable = |r: &Rec| !r.marker && r.lsn >= first_lsn && r.lsn > required_lsn && !keep.contains(&r.lsn);
     let suffix_start = recs.iter().rposition(|r| !expendable(r)).map_or(0, |i| i + 1);
     let suffix = &recs[suffix_start..];
     let file = OpenOptions::new().write(true).open(&path).map_err(|e| CrashtestError::io(&path, e))?;
-    let len = data.len() as u64;
     let kind = if suffix.is_empty() { rng.random_range(0..2u8) } else { rng.random_range(0..4u8) };
     let plan = match kind {
         0 => {
             let garbage: Vec<u8> = (0..rng.random_range(1..600)).map(|_| rng.random::<u8>() | 1).collect();
             file.write_all_at(&garbage, len).map_err(|e| CrashtestError::io(&path, e))?;
-            TornPlan { path: path.clone(), expect_offset: len, how: "garbage after the end" }
+            TornPlan { path: path.clone(), expect_offset: Some(len), how: "garbage after the end" }
         }
         1 => {
             let zeros = vec![0u8; 512 * rng.random_range(1..9)];
             file.write_all_at(&zeros, len).map_err(|e| CrashtestError::io(&path, e))?;
-            TornPlan { path: path.clone(), expect_offset: len, how: "zeros after the end" }
+            TornPlan { path: path.clone(), expect_offset: None, how: "zeros after the end" }
         }
         2 => {
             let victim = suffix[rng.random_range(0..suffix.len())];
             // Inside the frame: a cut in the alignment bytes after it leaves the record whole.
             let cut = victim.offset + rng.random_range(1..frame_len(&data, &victim).max(2));
             file.set_len(cut).map_err(|e| CrashtestError::io(&path, e))?;
-            TornPlan { path: path.clone(), expect_offset: victim.offset, how: "cut inside a record" }
+            TornPlan { path: path.clone(), expect_offset: Some(victim.offset), how: "cut inside a record" }
         }
         _ => {
             // Only the last record: damage followed by a later flush is an error, not a tear.
@@ -137,7 +140,7 @@ pub fn tear_tail(dir: &Path, rng: &mut SmallRng, first_lsn: u64, required_lsn: u
             let mut byte = [data[at as usize]];
             byte[0] ^= 1 << rng.random_range(0..8);
             file.write_all_at(&byte, at).map_err(|e| CrashtestError::io(&path, e))?;
-            TornPlan { path: path.clone(), expect_offset: victim.offset, how: "last record damaged" }
+            TornPlan { path: path.clone(), expect_offset: Some(victim.offset), how: "last record damaged" }
         }
     };
     file.sync_all().map_err(|e| CrashtestError::io(&path, e))?;

@@ -83,8 +83,22 @@ pub fn records(path: &Path) -> Vec<Rec> {
                 at = next;
             }
             Frame::Pad(next) => at = next,
-            Frame::End => return out,
+            Frame::End | Frame::Zeros => return out,
             Frame::Invalid(why) => panic!("{}: invalid record at {at}: {why}", path.display()),
+        }
+    }
+}
+
+/// Where a segment's last flush ends: the end of the file, or where the zeros the writer
+/// wrote ahead of its flushes begin (panics on damage: only for intact files).
+pub fn flush_end(path: &Path) -> u64 {
+    let data = std::fs::read(path).unwrap();
+    let mut at = SEGMENT_HEADER_SIZE;
+    loop {
+        match decode_frame(&data, at) {
+            Frame::Record(_, next) | Frame::Pad(next) => at = next,
+            Frame::End | Frame::Zeros => return at as u64,
+            Frame::Invalid(why) => panic!("{}: invalid frame at {at}: {why}", path.display()),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tusk_storage::io::open_direct;
 use tusk_storage::log_files::{list_segments, log_dir, partition_dir, segment_path, sync_dir};
-use tusk_storage::log_format::{SegmentHeader, SEGMENT_HEADER_SIZE};
+use tusk_storage::log_format::{SegmentHeader, FLUSH_ALIGN, SEGMENT_HEADER_SIZE, ZERO_AHEAD, ZERO_AHEAD_MAX_FLUSH};
 use tusk_storage::StorageError;
 
 use super::catalog::SegmentCatalog;
@@ -18,8 +18,10 @@ struct OpenSegment {
     file: File,
     path: PathBuf,
     seq: u64,
-    /// Bytes written so far (a multiple of the flush alignment).
+    /// Bytes of flushes written so far (a multiple of the flush alignment).
     len: u64,
+    /// The file's length: `len` plus the zeros written ahead of the last flush.
+    allocated: u64,
 }
 
 pub struct SegmentFile {
@@ -65,10 +67,26 @@ impl SegmentFile {
         Ok((seg.file.as_raw_fd(), seg.len, header))
     }
 
-    /// `len` bytes landed at the end of the open segment.
-    pub fn advance(&mut self, len: usize) {
+    /// How many zeros to write after a flush of `len` bytes at `offset` (see
+    /// [`ZERO_AHEAD`]): none unless the flush is small and runs past the zeros written
+    /// ahead already; never past the segment's size bound.
+    pub fn zeros_after(&self, offset: u64, len: usize) -> usize {
+        let Some(seg) = &self.open else { return 0 };
+        let end = offset + len as u64;
+        if len as u64 > ZERO_AHEAD_MAX_FLUSH || end <= seg.allocated {
+            return 0;
+        }
+        let ahead = (end + ZERO_AHEAD).min(self.segment_bytes.next_multiple_of(FLUSH_ALIGN)).saturating_sub(end);
+        debug_assert_eq!(ahead % FLUSH_ALIGN, 0);
+        ahead as usize
+    }
+
+    /// A flush of `len` bytes, followed by `zeros` zero bytes, landed at the end of the open
+    /// segment.
+    pub fn advance(&mut self, len: usize, zeros: usize) {
         if let Some(seg) = &mut self.open {
             seg.len += len as u64;
+            seg.allocated = seg.allocated.max(seg.len + zeros as u64);
         }
     }
 
@@ -77,6 +95,14 @@ impl SegmentFile {
     }
 
     fn roll(&mut self) -> Result<(), StorageError> {
+        // Only a partition's last segment may end in zeros (recovery reads zeros anywhere
+        // else as damage): cut them off, durably, before the next segment exists.
+        if let Some(seg) = self.open.take() {
+            if seg.allocated > seg.len {
+                seg.file.set_len(seg.len).map_err(|e| StorageError::io(&seg.path, e))?;
+                seg.file.sync_data().map_err(|e| StorageError::io(&seg.path, e))?;
+            }
+        }
         let pdir = partition_dir(&self.dir, self.partition);
         if !pdir.exists() {
             std::fs::create_dir_all(&pdir).map_err(|e| StorageError::io(&pdir, e))?;
@@ -88,7 +114,7 @@ impl SegmentFile {
         // The header goes out with the segment's first flush; the new name is durable now.
         sync_dir(&pdir)?;
         self.next_seq = seq + 1;
-        self.open = Some(OpenSegment { file, path, seq, len: 0 });
+        self.open = Some(OpenSegment { file, path, seq, len: 0, allocated: 0 });
         Ok(())
     }
 }

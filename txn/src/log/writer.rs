@@ -50,10 +50,13 @@ impl Flush for PartitionWriter {
         stage.extend_from_slice(&pad_frame(offset + stage.len() as u64));
         debug_assert_eq!((offset + stage.len() as u64) % FLUSH_ALIGN, 0);
         let len = stage.len();
+        // Zeros ahead go out in the same write: one fdatasync commits them with the flush.
+        let zeros = self.file.zeros_after(offset, len);
+        stage.extend_zeros(zeros);
         let result = self.backend.write_and_sync(&[WriteSync { fd, offset, data: stage.as_slice() }]).pop();
         match result.expect("one result per request") {
             Ok(()) => {
-                self.file.advance(len);
+                self.file.advance(len, zeros);
                 self.catalog.flushed(self.partition, taken.first, taken.last, len as u64);
                 Ok(())
             }
