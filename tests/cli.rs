@@ -105,6 +105,21 @@ fn inspect_and_recover_report_checkpoint_log_and_torn_tail() {
     assert_eq!(words, (0..100u64).map(|i| if i < 50 { i + 1000 } else { i }).collect::<Vec<_>>());
 }
 
+/// Found running `bench txn --dir D --commit partition,sync`: the second mode reopened the
+/// first mode's store in D, whose heap already held the word array ("heap exhausted").
+#[test]
+fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&[
+        "bench", "txn", "--commit", "async,off", "--rounds", "2", "--duration", "0.2", "--heap-mib", "64",
+        "--dir", dir.path().to_str().unwrap(), "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(v.to_string().contains("async") && v.to_string().contains("off"), "{v}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
+}
+
 #[test]
 fn inspect_of_a_missing_directory_is_a_one_line_error() {
     let (ok, _, err) = tusk(&["inspect", "/nonexistent/tusk-store"]);

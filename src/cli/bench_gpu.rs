@@ -62,6 +62,8 @@ pub struct GpuArgs {
     rounds: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Where the store goes (the disk to measure): a fresh directory inside it, removed
+    /// afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
     /// Print one JSON object per index (one line each).

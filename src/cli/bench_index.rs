@@ -103,7 +103,8 @@ pub struct IndexArgs {
     agg_width: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Store directory (default: a fresh temporary directory per run, removed afterwards).
+    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
+    /// removed afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "auto")]

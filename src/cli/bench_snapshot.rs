@@ -111,7 +111,8 @@ pub struct SnapshotArgs {
     ranges: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Store directory (default: a fresh temporary directory per part, removed afterwards).
+    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
+    /// removed afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Print one JSON object per measurement (one line each) instead of the tables.

@@ -27,6 +27,8 @@ pub struct RecoveryArgs {
     log_mib: u64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
+    /// removed afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Only build the store (checkpoint + log) in --dir and stop, for profiling recovery.
@@ -58,6 +60,8 @@ pub struct CheckpointArgs {
     /// of the whole dirtied heap); medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
+    /// removed afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     #[arg(long)]

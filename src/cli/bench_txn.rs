@@ -84,7 +84,8 @@ pub struct TxnArgs {
     /// Words read and written per transaction.
     #[arg(long, default_value_t = 6)]
     words: usize,
-    /// Store directory (default: a fresh temporary directory, removed afterwards).
+    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
+    /// removed afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "auto")]

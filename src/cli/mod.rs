@@ -105,24 +105,20 @@ pub fn run(cli: Cli) -> CliResult {
     }
 }
 
-/// A directory for a benchmark: the given one, or a fresh temporary one removed afterwards.
-pub enum BenchDir {
-    Given(PathBuf),
-    Temp(tempfile::TempDir),
-}
+/// A directory for one benchmark run: a fresh one inside the directory given with `--dir`
+/// (the disk to measure) or the current one, removed afterwards. Every run starts from an
+/// empty store, so a bench that runs several modes or rounds never reopens an earlier
+/// run's store (whose heap already holds that run's data).
+pub struct BenchDir(tempfile::TempDir);
 
 impl BenchDir {
-    pub fn new(dir: Option<PathBuf>) -> std::io::Result<BenchDir> {
-        match dir {
-            Some(d) => Ok(BenchDir::Given(d)),
-            None => Ok(BenchDir::Temp(tempfile::Builder::new().prefix("tusk-bench-").tempdir_in(".")?)),
-        }
+    pub fn new(parent: Option<PathBuf>) -> std::io::Result<BenchDir> {
+        let parent = parent.unwrap_or_else(|| PathBuf::from("."));
+        std::fs::create_dir_all(&parent)?;
+        Ok(BenchDir(tempfile::Builder::new().prefix("tusk-bench-").tempdir_in(parent)?))
     }
 
     pub fn path(&self) -> &std::path::Path {
-        match self {
-            BenchDir::Given(p) => p,
-            BenchDir::Temp(t) => t.path(),
-        }
+        self.0.path()
     }
 }
