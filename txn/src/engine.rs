@@ -35,8 +35,13 @@ pub struct Engine {
     pub(crate) gate: CommitGate,
 }
 
-/// Optimistic chunk copies tried before the copy locks the chunk's stripes.
-const OPTIMISTIC_COPY_TRIES: usize = 4;
+/// Rounds of an optimistic chunk copy (each copies again only the lines that changed)
+/// before the copy locks the chunk's stripes. Few under loom, whose state space each round
+/// multiplies.
+#[cfg(not(loom))]
+const OPTIMISTIC_COPY_ROUNDS: usize = 64;
+#[cfg(loom)]
+const OPTIMISTIC_COPY_ROUNDS: usize = 2;
 
 static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
 
@@ -172,36 +177,53 @@ impl Engine {
     /// back to locking the range's stripes only after a few copies raced with writers.
     pub fn copy_consistent(&self, off: u64, out: &mut [u8]) -> Result<u64, TxnError> {
         self.check_open()?;
-        let lines = (out.len() as u64).div_ceil(STRIPE_BYTES);
-        let stripes: Vec<u32> = (0..lines).map(|i| self.stripes.index_of(off + i * STRIPE_BYTES)).collect();
-        let mut seen = Vec::with_capacity(stripes.len());
-        for _ in 0..OPTIMISTIC_COPY_TRIES {
-            if let Some(lsn) = self.try_copy_optimistic(off, out, &stripes, &mut seen) {
-                return Ok(lsn);
-            }
+        let lines = (out.len() as u64).div_ceil(STRIPE_BYTES) as usize;
+        let stripes: Vec<u32> = (0..lines as u64).map(|i| self.stripes.index_of(off + i * STRIPE_BYTES)).collect();
+        match self.copy_optimistic(off, out, &stripes) {
+            Some(lsn) => Ok(lsn),
+            None => Ok(self.copy_locked(off, out, stripes)),
         }
-        Ok(self.copy_locked(off, out, stripes))
     }
 
-    /// One optimistic copy: note the range's stripe words (all unlocked), copy, draw the
-    /// LSN, and check that no word changed. Why that is consistent: a transaction reflected
-    /// in the copy had unlocked its stripes before they were noted, so it took its LSN before
-    /// ours; one not reflected locks a stripe only after it was checked again (or the check
-    /// fails), and since our LSN was drawn before that check — and LSNs come from one
-    /// read-modify-write counter — it takes its LSN after ours.
-    fn try_copy_optimistic(&self, off: u64, out: &mut [u8], stripes: &[u32], seen: &mut Vec<u64>) -> Option<u64> {
-        seen.clear();
-        for &s in stripes {
-            let w = self.stripes.load(s);
-            if is_locked(w) {
-                return None;
+    /// The optimistic copy, in rounds: note the stripe words of the lines to copy, copy those
+    /// lines, draw an LSN, then check every line's stripe word against the one noted before
+    /// its copy; the lines whose word changed (or was locked) are copied again in the next
+    /// round. When a check finds no change the copy is consistent at that round's LSN: each
+    /// line's word stayed the same from before its copy until after the LSN was drawn, so a
+    /// transaction reflected in the line had unlocked its stripe (and taken its LSN) before,
+    /// and one not reflected locks the stripe only after the check — after the LSN, which
+    /// comes from one read-modify-write counter. A busy chunk thus costs a copy of its busy
+    /// lines per round instead of a whole copy per try. `None`: still changing after
+    /// [`OPTIMISTIC_COPY_ROUNDS`].
+    fn copy_optimistic(&self, off: u64, out: &mut [u8], stripes: &[u32]) -> Option<u64> {
+        let line = STRIPE_BYTES as usize;
+        let mut seen = vec![0u64; stripes.len()];
+        let mut todo: Vec<usize> = (0..stripes.len()).collect();
+        for _ in 0..OPTIMISTIC_COPY_ROUNDS {
+            for &i in &todo {
+                seen[i] = self.stripes.load(stripes[i]);
             }
-            seen.push(w);
+            // Runs of neighbouring lines go as one copy (the first round: the whole range).
+            let mut k = 0;
+            while k < todo.len() {
+                let mut end = k + 1;
+                while end < todo.len() && todo[end] == todo[end - 1] + 1 {
+                    end += 1;
+                }
+                let from = todo[k] * line;
+                let to = (todo[end - 1] * line + line).min(out.len());
+                self.heap.read_bytes(off + from as u64, &mut out[from..to]);
+                k = end;
+            }
+            let lsn = self.draw_empty_lsn();
+            // A wasted LSN (a line changed) is harmless: its empty record is logged all the same.
+            todo.clear();
+            todo.extend((0..stripes.len()).filter(|&i| is_locked(seen[i]) || self.stripes.recheck(stripes[i]) != seen[i]));
+            if todo.is_empty() {
+                return Some(lsn);
+            }
         }
-        self.heap.read_bytes(off, out);
-        let lsn = self.draw_empty_lsn();
-        // A wasted LSN (the check fails) is harmless: its empty record is logged all the same.
-        stripes.iter().zip(seen.iter()).all(|(&s, &w)| self.stripes.recheck(s) == w).then_some(lsn)
+        None
     }
 
     /// The copy under the range's stripe locks (writers of the range wait or retry).

@@ -76,6 +76,16 @@ impl IoBackend for FaultyIo {
         let mut inner_results = self.inner.write_and_sync(&admitted).into_iter();
         verdicts.into_iter().map(|v| v.and_then(|()| inner_results.next().expect("one result per admitted request"))).collect()
     }
+
+    fn write(&mut self, req: &WriteSync<'_>) -> std::io::Result<()> {
+        self.plan.admit()?;
+        self.inner.write(req)
+    }
+
+    fn sync(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<()> {
+        self.plan.admit()?;
+        self.inner.sync(fd)
+    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,18 @@ pub trait IoBackend: Send {
     /// Performs every request; returns one result per request, in order. A request is Ok
     /// only when all its bytes were written and the fdatasync that followed succeeded.
     fn write_and_sync(&mut self, reqs: &[WriteSync<'_>]) -> Vec<std::io::Result<()>>;
+
+    /// Writes all of `req` without a sync: its bytes are durable only once a later
+    /// [`IoBackend::sync`] of the same file returned (a checkpoint writes its segment's images
+    /// so, then syncs the file once).
+    fn write(&mut self, req: &WriteSync<'_>) -> std::io::Result<()> {
+        sync::pwrite_all(req.fd, req.offset, req.data)
+    }
+
+    /// fdatasync of `fd`: every write to it before the call is durable when it returns Ok.
+    fn sync(&mut self, fd: RawFd) -> std::io::Result<()> {
+        sync::fdatasync(fd)
+    }
 }
 
 /// Which backend a store uses.
