@@ -7,7 +7,7 @@
 //! a while, so crashes lose some). Each committed change is kept with its LSN since the
 //! last reopen, so after a crash the expected state is the one at the recovered LSN: the
 //! state at the reopen plus every change with an LSN at or below it, plus every Partition
-//! commit beyond it should a crash leave a gap (DESIGN.md, Recovery). The test checks that
+//! commit beyond it should a crash leave a gap (docs/ARCHITECTURE.md, Recovery). The test checks that
 //! the recovered LSN covers everything acknowledged as durable, and that every allocation
 //! equals the model byte for byte, its length included. A crash may also damage an image of
 //! the newest checkpoint: recovery must then fall back to the previous one and still match.

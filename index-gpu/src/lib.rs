@@ -1,5 +1,5 @@
 //! tusk-index: the B-link tree and the Adaptive Radix Tree stored in the transactional heap,
-//! and their GPU mirror (DESIGN.md).
+//! and their GPU mirror (docs/ARCHITECTURE.md, Indexes and GPU mirror).
 //!
 //! - [`heap`]: the word-level heap access the indexes are written against, so that read paths
 //!   can later run over a snapshot image or feed the GPU mirror unchanged.

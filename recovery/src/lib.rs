@@ -3,7 +3,7 @@
 //! - [`scan`]: reads every partition's segments, cuts torn tails, and refuses any other
 //!   damage with an error naming file and offset.
 //! - [`replay`]: orders the records by LSN, applies them up to the first gap, then the
-//!   Partition-flagged records beyond it (DESIGN.md, Recovery).
+//!   Partition-flagged records beyond it (docs/ARCHITECTURE.md, Recovery).
 
 pub mod checkpoint;
 pub mod error;

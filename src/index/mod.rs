@@ -2,8 +2,8 @@
 //!
 //! A handle borrows its transaction, so every operation on it is part of that transaction:
 //! it commits, aborts and retries with everything else the closure did, and the redo log,
-//! checkpoints and recovery cover the index with no code of their own (DESIGN.md, "the one
-//! idea"). The trees themselves live in `tusk-index`; these modules only name them under
+//! checkpoints and recovery cover the index with no code of their own (docs/ARCHITECTURE.md, "one
+//! heap of offsets"). The trees themselves live in `tusk-index`; these modules only name them under
 //! roots and turn their errors into [`Error`].
 
 mod art;

@@ -1,5 +1,5 @@
 //! Snapshots for query readers: a read-only view of the whole heap at one LSN, queried with
-//! the index read paths and no transaction (DESIGN.md, Semantics: Snapshots).
+//! the index read paths and no transaction (docs/ARCHITECTURE.md, Snapshots).
 //!
 //! - [`SnapshotMode::Memcpy`]: a physical copy of the heap's used extent, made by
 //!   `copier_threads` threads with the consistent page copy of tusk-txn (writers pause only

@@ -1,6 +1,6 @@
-//! Batched updates: the CPU-side batch update that the GPU mirror consumes (DESIGN.md: the
-//! mirror is a device copy of the node slabs, kept in sync by CPU batch updates, so a batch
-//! should touch few nodes and dirty few pages). A batch is sorted by key, then applied leaf by
+//! Batched updates: the CPU-side batch update that the GPU mirror consumes (the mirror
+//! is synced by copying the pages dirtied since its last sync, docs/ARCHITECTURE.md, GPU
+//! mirror, so a batch should touch few nodes and dirty few pages). A batch is sorted by key, then applied leaf by
 //! leaf with one descent per touched leaf instead of one per operation.
 //!
 //! Per leaf: the leaf's entries are read once, every pending operation whose key is below the

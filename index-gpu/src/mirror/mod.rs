@@ -1,4 +1,4 @@
-//! The GPU mirror of the indexes (DESIGN.md): device memory holding the heap's used extent at
+//! The GPU mirror of the indexes (docs/ARCHITECTURE.md): device memory holding the heap's used extent at
 //! the same offsets, synced by copying only the pages dirtied since the last sync, and batch
 //! kernels for B-link lookups and range count/sum and ART lookups and prefix count/sum.
 

@@ -1,4 +1,4 @@
-//! Snapshots for query readers (DESIGN.md, Semantics: Snapshots).
+//! Snapshots for query readers (docs/ARCHITECTURE.md, Snapshots).
 //!
 //! - [`gate`]: the barrier commit write-back passes and a snapshot closes.
 //! - [`copy`]: the consistent incremental page copy, shared by memcpy snapshots and the GPU
