@@ -2,7 +2,7 @@
 //!
 //! Index code never touches `Transaction` directly: reads go through [`HeapRead`] and updates
 //! through [`HeapWrite`]. The transaction implements both; a read-only image of the heap (the
-//! snapshots and the GPU fallback of later issues) needs only [`HeapRead`] to reuse every
+//! snapshots and the GPU mirror's CPU fallback) needs only [`HeapRead`] to reuse every
 //! read path (`get`, `range`, `count`, `sum`, `check`) unchanged.
 
 use tusk_storage::HeapPtr;

@@ -17,7 +17,7 @@
 //! place is recognised. The manifest names, for every chunk below `covered bytes`, where the
 //! image that belongs to this checkpoint lies: in its own segment, or in an older one when
 //! the chunk stayed clean. One segment per checkpoint (not one file per chunk) lets a
-//! checkpoint write its images in large sequential writes with one sync each.
+//! checkpoint write its images in large sequential writes and sync the file once.
 //!
 //! Version 1 kept one file per chunk image (`ckpt/cIIIIIIIIII-eEEEEEEEEE.chunk`); this build
 //! refuses such a store with [`ManifestError::Older`] rather than misreading it.

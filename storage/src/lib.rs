@@ -7,7 +7,7 @@
 //! - [`io`]: the I/O backends (io_uring, plain pwrite/fdatasync, fault injection).
 //! - [`process`]: fork, shared memory and pipes for fork snapshots.
 //!
-//! `unsafe` lives here and nowhere else above index-gpu (docs/ARCHITECTURE.md, Crates and folders).
+//! `unsafe` lives here and in the few modules docs/ARCHITECTURE.md (Crates and folders) names.
 
 pub mod checkpoint_format;
 pub mod error;

@@ -3,7 +3,7 @@
 //! A checkpoint copies every chunk of the allocated heap that changed since the previous
 //! one, each inside [`Engine::copy_consistent`] (so it carries a chunk LSN and needs no pause
 //! of other transactions), writes the images back to back into one new segment file (large
-//! sequential writes, one sync each, no file per chunk), waits until the largest chunk LSN is
+//! sequential writes, one fdatasync after the last, no file per chunk), waits until the largest chunk LSN is
 //! durable, and then switches the manifest atomically (temp file, fsync, rename, fsync of
 //! the directory). Clean chunks keep their earlier image, unless that image is so old that
 //! the log it needs would exceed half of `max_log_bytes`, or its segment is mostly dead (see

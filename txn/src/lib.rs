@@ -5,7 +5,8 @@
 //! - [`write_set`]: a transaction's buffered writes, word-granular with byte masks.
 //! - [`transaction`]: reads with opacity (TL2-style read version with extension), commit.
 //! - [`alloc`], [`roots`]: the allocator and the named roots, both transactional.
-//! - [`log`]: per-partition log buffers, the writer thread, the durable watermark.
+//! - [`log`]: per-partition log buffers and flush slots (committers lead their own flushes; a
+//!   background flusher serves `Async`), the durable watermark.
 //! - [`engine`]: what a store shares between its threads.
 //! - [`snapshot`]: the snapshot gate, the consistent incremental page copy, fork servers.
 

@@ -1,7 +1,6 @@
 //! The node slab: nodes are carved from large chunks of the heap rather than allocated one by
 //! one, because the general allocator puts an 8-byte header before each block (so a 512-byte
-//! node would neither be 64-byte aligned nor pack densely), and because a later GPU mirror
-//! wants the nodes in few contiguous ranges it can copy wholesale.
+//! node would neither be 64-byte aligned nor pack densely).
 //!
 //! A chunk is one allocation of [`NODES_PER_CHUNK`] nodes plus alignment slack. Each stripe of
 //! the descriptor (`meta.rs`, one per inserting thread) keeps its own cursor into its own

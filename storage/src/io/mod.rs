@@ -1,4 +1,4 @@
-//! I/O backends: how log buffers (and, later, checkpoint chunks) reach the disk.
+//! I/O backends: how log buffers and checkpoint images reach the disk.
 //!
 //! Every backend does one thing: write a batch of buffers, each at an offset of its file,
 //! and make each file's data durable (fdatasync), with all requests of a batch in flight
