@@ -30,6 +30,7 @@
 //! ```
 
 mod checkpoints;
+#[cfg(feature = "crashtest")]
 pub mod crashtest;
 mod error;
 mod index;
