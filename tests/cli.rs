@@ -120,6 +120,34 @@ fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `--plot DIR` writes the figures of a run as SVG charts naming what they show.
+#[test]
+fn benches_write_their_figures_as_svg_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots");
+    let (ok, _, err) = tusk(&[
+        "bench", "txn", "--commit", "async,off", "--threads", "1,2", "--duration", "0.2", "--heap-mib", "16",
+        "--dir", dir.path().to_str().unwrap(), "--plot", plots.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = tusk(&[
+        "bench", "index", "--keys", "20000", "--order", "shuffled", "--rounds", "1",
+        "--dir", dir.path().to_str().unwrap(), "--plot", plots.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    for (file, labels) in [
+        ("txn.svg", &["async", "off", "1 thread", "2 threads", "p99, 2 threads"][..]),
+        ("index.svg", &["lookup", "btree shuffled", "congee shuffled", "bytes per key"][..]),
+    ] {
+        let svg = std::fs::read_to_string(plots.join(file)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{file}");
+        for label in labels {
+            assert!(svg.lines().any(|l| l.trim() == *label), "{file} lacks {label}");
+        }
+        assert!(svg.matches("<rect").count() > 4, "{file} has no bars");
+    }
+}
+
 #[test]
 fn inspect_of_a_missing_directory_is_a_one_line_error() {
     let (ok, _, err) = tusk(&["inspect", "/nonexistent/tusk-store"]);

@@ -112,6 +112,10 @@ pub struct IndexArgs {
     /// Print one JSON object per index × order (one line each) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Write the figures as SVG charts into this directory (`index.svg`: each index against
+    /// its peer, operation by operation, and bytes per key).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// The figures of one index × order.
@@ -573,6 +577,9 @@ pub fn run(args: IndexArgs) -> CliResult {
         }
     }
     let rows: Vec<Row> = measured.into_iter().map(median_row).collect();
+    if let Some(dir) = &args.plot {
+        plot(dir, &rows)?;
+    }
     if args.json {
         for row in &rows {
             println!("{}", row_json(row, args.inserts_only));
@@ -675,4 +682,44 @@ fn print_table(rows: &[Row]) {
         );
     }
     println!("peers: btree vs std::collections::BTreeMap, art vs congee; peer scan/count+sum/B-per-key in --json");
+}
+
+/// `DIR/index.svg`: a panel per index with its peer, operation by operation (a bar per key
+/// order and contender), and a panel of bytes per key.
+fn plot(dir: &std::path::Path, rows: &[Row]) -> CliResult {
+    use super::svg_plot::{write_bars_grid, Bars};
+    std::fs::create_dir_all(dir)?;
+    let operations = ["insert", "bulk load", "lookup", "range keys", "count+sum"];
+    let ours = |r: &Row| [r.insert_per_s, r.bulk_load_per_s.unwrap_or(f64::NAN), r.lookup_per_s, r.range_keys_per_s, r.count_sum_per_s];
+    let theirs = |r: &Row| {
+        [r.peer_insert_per_s, r.peer_bulk_load_per_s.unwrap_or(f64::NAN), r.peer_lookup_per_s, r.peer_range_keys_per_s, r.peer_count_sum_per_s]
+    };
+    let mut indexes: Vec<&str> = rows.iter().map(|r| r.index).collect();
+    indexes.dedup();
+    let mut charts = Vec::new();
+    let mut space = Bars { title: "memory".into(), y_label: "bytes per key".into(), log_y: false, ..Bars::default() };
+    for index in indexes {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.index == index).collect();
+        let first = mine[0];
+        let mut chart = Bars {
+            title: format!("{index} vs {} ({} keys, {} threads)", first.peer, first.keys, first.threads),
+            y_label: "operations/s (log)".into(),
+            log_y: true,
+            categories: operations.iter().map(|o| o.to_string()).collect(),
+            series: Vec::new(),
+        };
+        for r in &mine {
+            chart.series.push((format!("{index} {}", r.order), ours(r).to_vec()));
+            chart.series.push((format!("{} {}", r.peer, r.order), theirs(r).to_vec()));
+            space.categories.push(format!("{index} {}", r.order));
+        }
+        charts.push(chart);
+    }
+    space.series = vec![
+        ("tusk".into(), rows.iter().map(|r| r.bytes_per_key).collect()),
+        ("peer".into(), rows.iter().map(|r| r.peer_bytes_per_key).collect()),
+    ];
+    charts.push(space);
+    write_bars_grid(&charts, 2, &dir.join("index.svg"))?;
+    Ok(())
 }

@@ -96,6 +96,10 @@ pub struct TxnArgs {
     /// Group-commit interval in microseconds (default: the library's).
     #[arg(long)]
     group_commit_us: Option<u64>,
+    /// Write the figures as SVG charts into this directory (`txn.svg`: txn/s and commit
+    /// latency percentiles per mode and thread count).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Issue `Transaction::prefetch` for the words before touching them.
     #[arg(long)]
     prefetch: bool,
@@ -380,6 +384,10 @@ pub fn run(args: TxnArgs) -> CliResult {
             }
         }
     }
+    if let Some(dir) = &args.plot {
+        let runs: Vec<&ModeResult> = results.iter().map(|(r, _)| r).collect();
+        plot(dir, &args.commit, &threads, &runs)?;
+    }
     if args.json {
         if results.len() == 1 {
             println!("{}", results[0].0.json(&args));
@@ -424,5 +432,30 @@ pub fn run(args: TxnArgs) -> CliResult {
     for (name, v) in ratios {
         println!("{name:<34} {v:.3}");
     }
+    Ok(())
+}
+
+/// `DIR/txn.svg`: throughput per mode (a bar per thread count), and p50 / p99 commit latency.
+fn plot(dir: &Path, modes: &[CommitChoice], threads: &[usize], results: &[&ModeResult]) -> CliResult {
+    use super::svg_plot::{write_bars_grid, Bars};
+    std::fs::create_dir_all(dir)?;
+    let categories: Vec<String> = modes.iter().map(|m| m.name().to_string()).collect();
+    let value = |t: usize, m: CommitChoice, f: fn(&ModeResult) -> f64| {
+        results.iter().find(|r| r.threads == t && r.commit == m).map_or(f64::NAN, |r| f(r))
+    };
+    let per_threads = |t: usize| if t == 1 { "1 thread".to_string() } else { format!("{t} threads") };
+    let throughput = Bars {
+        title: "Hathi workload: txn/s per commit mode".into(),
+        y_label: "txn/s".into(),
+        log_y: threads.len() > 1,
+        categories: categories.clone(),
+        series: threads.iter().map(|&t| (per_threads(t), modes.iter().map(|&m| value(t, m, |r| r.txn_per_s)).collect())).collect(),
+    };
+    let mut latency = Bars { title: "commit latency".into(), y_label: "µs (log)".into(), log_y: true, categories, series: Vec::new() };
+    for &t in threads {
+        latency.series.push((format!("p50, {}", per_threads(t)), modes.iter().map(|&m| value(t, m, |r| r.p50_us)).collect()));
+        latency.series.push((format!("p99, {}", per_threads(t)), modes.iter().map(|&m| value(t, m, |r| r.p99_us)).collect()));
+    }
+    write_bars_grid(&[throughput, latency], 2, &dir.join("txn.svg"))?;
     Ok(())
 }

@@ -70,6 +70,100 @@ pub fn write_svg_grid(charts: &[Chart], cols: usize, path: &Path) -> Result<(), 
 
 type Panel<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
+/// One grouped bar chart: a group of bars per category along x, one bar per series in each
+/// (throughput per commit mode, per store, per operation).
+#[derive(Clone, Debug, Default)]
+pub struct Bars {
+    pub title: String,
+    pub y_label: String,
+    pub log_y: bool,
+    pub categories: Vec<String>,
+    /// A label and one value per category (NaN where the series has none: no bar).
+    pub series: Vec<(String, Vec<f64>)>,
+}
+
+/// Writes `charts` to `path` as one SVG, `cols` panels a row.
+pub fn write_bars_grid(charts: &[Bars], cols: usize, path: &Path) -> Result<(), Box<dyn Error>> {
+    let cols = cols.clamp(1, charts.len().max(1));
+    let rows = charts.len().div_ceil(cols).max(1);
+    let root = SVGBackend::new(path, (PANEL_WIDTH * cols as u32, PANEL_HEIGHT * rows as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    for (chart, panel) in charts.iter().zip(root.split_evenly((rows, cols))) {
+        draw_bars(chart, &panel)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// Share of a category's width its bars take (the rest separates the groups).
+const GROUP_WIDTH: f64 = 0.8;
+
+fn draw_bars(chart: &Bars, panel: &Panel) -> Result<(), Box<dyn Error>> {
+    let keep = |v: f64| v.is_finite() && (!chart.log_y || v > 0.0);
+    let y = axis_range(chart.series.iter().flat_map(|(_, v)| v.iter().copied().filter(|&v| keep(v))), chart.log_y, true);
+    // Categories sit at 0, 1, 2, ...: ticks at integers carry their names.
+    let x = -0.5..chart.categories.len().max(1) as f64 - 0.5;
+    if chart.log_y {
+        draw_bars_in(chart, panel, x, y.clone().log_scale(), y.start, keep)
+    } else {
+        draw_bars_in(chart, panel, x, y.clone(), y.start.max(0.0), keep)
+    }
+}
+
+fn draw_bars_in<Y>(
+    chart: &Bars,
+    panel: &Panel,
+    x: std::ops::Range<f64>,
+    y: Y,
+    base: f64,
+    keep: impl Fn(f64) -> bool,
+) -> Result<(), Box<dyn Error>>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let legend_series: Vec<(&str, Vec<(f64, f64)>)> = chart.series.iter().map(|(l, _)| (l.as_str(), Vec::new())).collect();
+    let height = panel.dim_in_pixel().1;
+    let (plot, legend) = panel.split_vertically(height.saturating_sub(legend_height(&legend_series, panel)));
+    let mut ctx = ChartBuilder::on(&plot)
+        .caption(&chart.title, ("sans-serif", 22))
+        .margin(12)
+        .margin_right(32)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x, y)?;
+    let name = |v: &f64| {
+        let i = v.round();
+        if (v - i).abs() < 1e-9 && i >= 0.0 { chart.categories.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+    };
+    ctx.configure_mesh()
+        .y_desc(&chart.y_label)
+        .x_labels(chart.categories.len().max(1))
+        .x_label_formatter(&name)
+        .y_label_formatter(&|v| tick(*v))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 16))
+        .disable_x_mesh()
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let width = GROUP_WIDTH / chart.series.len().max(1) as f64;
+    for (s, (_, values)) in chart.series.iter().enumerate() {
+        let color = COLORS[s % COLORS.len()];
+        let bars = values.iter().enumerate().filter(|&(_, &v)| keep(v)).map(|(c, &v)| {
+            let left = c as f64 - GROUP_WIDTH / 2.0 + s as f64 * width;
+            Rectangle::new([(left, base), (left + width * 0.95, v)], color.filled())
+        });
+        ctx.draw_series(bars)?;
+    }
+    for (i, (label, x, y)) in legend_layout(&legend_series, panel).into_iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        legend.draw(&Rectangle::new([(x, y - 6), (x + LEGEND_LINE, y + 6)], color.filled()))?;
+        let style = ("sans-serif", 15).into_font().color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
+        legend.draw(&Text::new(label, (x + LEGEND_LINE + 6, y), style))?;
+    }
+    Ok(())
+}
+
 fn draw_chart(chart: &Chart, panel: &Panel) -> Result<(), Box<dyn Error>> {
     let keep = |v: f64, log: bool| v.is_finite() && (!log || v > 0.0);
     let series: Vec<(&str, Vec<(f64, f64)>)> = chart
@@ -252,6 +346,30 @@ mod tests {
         }
         assert!(svg.contains("stroke=\"#0072B2\" stroke-width=\"2\" points="), "no line drawn");
         assert_eq!(dots(&svg), 3 + 3 + 2);
+    }
+
+    #[test]
+    fn a_bar_chart_has_a_bar_per_value_and_names_its_categories() {
+        let dir = tempfile::tempdir().unwrap();
+        for log_y in [false, true] {
+            let path = dir.path().join(format!("bars-{log_y}.svg"));
+            let bars = Bars {
+                title: "txn/s per commit mode".into(),
+                y_label: "txn/s".into(),
+                log_y,
+                categories: vec!["sync".into(), "async".into(), "off".into()],
+                series: vec![("1 thread".into(), vec![5e3, 4e5, 6e5]), ("2 threads".into(), vec![7e3, f64::NAN, 9e5])],
+            };
+            write_bars_grid(&[bars.clone(), bars], 2, &path).unwrap();
+            let svg = read(&path);
+            let texts = texts(&svg);
+            for text in ["sync", "async", "off", "1 thread", "2 threads", "txn/s", "txn/s per commit mode"] {
+                assert!(texts.contains(&text), "{text} missing from {texts:?}");
+            }
+            // Five bars a panel (the NaN has none) and a legend swatch per series, two panels;
+            // plus the background rectangle.
+            assert_eq!(svg.matches("<rect").count(), 2 * (5 + 2) + 1, "log_y {log_y}");
+        }
     }
 
     #[test]
