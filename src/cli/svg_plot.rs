@@ -57,18 +57,30 @@ pub fn write_svg(chart: &Chart, path: &Path) -> Result<(), Box<dyn Error>> {
 /// Writes `charts` to `path` as one SVG, `cols` panels a row (row by row; an empty slice gives
 /// an empty panel).
 pub fn write_svg_grid(charts: &[Chart], cols: usize, path: &Path) -> Result<(), Box<dyn Error>> {
-    let cols = cols.clamp(1, charts.len().max(1));
-    let rows = charts.len().div_ceil(cols).max(1);
+    write_panels(charts, cols, path, draw_chart)
+}
+
+/// Draws `items` into one SVG at `path`, `cols` panels a row, each panel by `draw`.
+fn write_panels<T>(items: &[T], cols: usize, path: &Path, draw: fn(&T, &Panel) -> Result<(), Box<dyn Error>>) -> Result<(), Box<dyn Error>> {
+    let cols = cols.clamp(1, items.len().max(1));
+    let rows = items.len().div_ceil(cols).max(1);
     let root = SVGBackend::new(path, (PANEL_WIDTH * cols as u32, PANEL_HEIGHT * rows as u32)).into_drawing_area();
     root.fill(&WHITE)?;
-    for (chart, panel) in charts.iter().zip(root.split_evenly((rows, cols))) {
-        draw_chart(chart, &panel)?;
+    for (item, panel) in items.iter().zip(root.split_evenly((rows, cols))) {
+        draw(item, &panel)?;
     }
     root.present()?;
     Ok(())
 }
 
 type Panel<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// Every chart's frame: its caption, margins and axis label areas.
+fn builder<'a, 'b>(plot: &'a Panel<'b>, title: &str) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut b = ChartBuilder::on(plot);
+    b.caption(title, ("sans-serif", 22)).margin(12).margin_right(32).x_label_area_size(44).y_label_area_size(72);
+    b
+}
 
 /// One grouped bar chart: a group of bars per category along x, one bar per series in each
 /// (throughput per commit mode, per store, per operation).
@@ -84,15 +96,7 @@ pub struct Bars {
 
 /// Writes `charts` to `path` as one SVG, `cols` panels a row.
 pub fn write_bars_grid(charts: &[Bars], cols: usize, path: &Path) -> Result<(), Box<dyn Error>> {
-    let cols = cols.clamp(1, charts.len().max(1));
-    let rows = charts.len().div_ceil(cols).max(1);
-    let root = SVGBackend::new(path, (PANEL_WIDTH * cols as u32, PANEL_HEIGHT * rows as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
-    for (chart, panel) in charts.iter().zip(root.split_evenly((rows, cols))) {
-        draw_bars(chart, &panel)?;
-    }
-    root.present()?;
-    Ok(())
+    write_panels(charts, cols, path, draw_bars)
 }
 
 /// Share of a category's width its bars take (the rest separates the groups).
@@ -125,13 +129,7 @@ where
     let legend_series: Vec<(&str, Vec<(f64, f64)>)> = chart.series.iter().map(|(l, _)| (l.as_str(), Vec::new())).collect();
     let height = panel.dim_in_pixel().1;
     let (plot, legend) = panel.split_vertically(height.saturating_sub(legend_height(&legend_series, panel)));
-    let mut ctx = ChartBuilder::on(&plot)
-        .caption(&chart.title, ("sans-serif", 22))
-        .margin(12)
-        .margin_right(32)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
-        .build_cartesian_2d(x, y)?;
+    let mut ctx = builder(&plot, &chart.title).build_cartesian_2d(x, y)?;
     let name = |v: &f64| {
         let i = v.round();
         if (v - i).abs() < 1e-9 && i >= 0.0 { chart.categories.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
@@ -221,13 +219,7 @@ where
 {
     let height = panel.dim_in_pixel().1;
     let (plot, legend) = panel.split_vertically(height.saturating_sub(legend_height(series, panel)));
-    let mut ctx = ChartBuilder::on(&plot)
-        .caption(&chart.title, ("sans-serif", 22))
-        .margin(12)
-        .margin_right(32)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
-        .build_cartesian_2d(x, y)?;
+    let mut ctx = builder(&plot, &chart.title).build_cartesian_2d(x, y)?;
     ctx.configure_mesh()
         .x_desc(&chart.x_label)
         .y_desc(&chart.y_label)
