@@ -120,6 +120,20 @@ fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `bench recovery --prepare-only` keeps the store it built in --dir itself (every other
+/// bench run's store is a temporary directory inside --dir), ready for `tusk recover`.
+#[test]
+fn bench_recovery_prepare_only_leaves_a_recoverable_store_in_the_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (ok, _, err) = tusk(&["bench", "recovery", "--heap-mib", "8", "--log-mib", "1", "--prepare-only", "--dir", store.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = tusk(&["recover", store.to_str().unwrap(), "--json", "--heap-mib", "64"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(v["recovered_lsn"].as_u64().unwrap() > 0 && v["checkpoint_epoch"].as_u64().is_some(), "{v}");
+}
+
 /// `--plot DIR` writes the figures of a run as SVG charts naming what they show.
 #[test]
 fn benches_write_their_figures_as_svg_charts() {

@@ -31,7 +31,8 @@ pub struct RecoveryArgs {
     /// removed afterwards (default: the current directory).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Only build the store (checkpoint + log) in --dir and stop, for profiling recovery.
+    /// Only build the store (checkpoint + log) in --dir itself, keep it and stop (for
+    /// profiling `tusk recover` on it).
     #[arg(long, requires = "dir")]
     prepare_only: bool,
     /// Interleaved rounds of (sequential read of the store's files, recovery); medians.
@@ -136,24 +137,12 @@ fn timed_open(dir: &Path, heap_mib: u64) -> Result<(Store, f64), tusk::Error> {
 }
 
 pub fn recovery(args: RecoveryArgs) -> CliResult {
-    let dir = BenchDir::new(args.dir.clone())?;
-    let store = Arc::new(Store::open(dir.path(), options(args.heap_mib))?);
-    let array = make_array(&store, args.heap_mib)?;
-    let ckpt = store.checkpoint()?;
-    // Log after the checkpoint until it holds `log_mib`.
-    let base_log = store.log_bytes();
-    let stop = Arc::new(AtomicBool::new(false));
-    let workers = hathi(&store, array, (args.heap_mib << 20) / 8, args.threads, None, &stop);
-    while store.log_bytes().saturating_sub(base_log) < args.log_mib << 20 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let commits = join(workers)?;
-    let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
-    store.close()?;
     if args.prepare_only {
-        return Ok(());
+        let dir = args.dir.as_deref().expect("clap requires --dir with --prepare-only");
+        return prepare_recovery_store(&args, dir).map(|_| ());
     }
+    let dir = BenchDir::new(args.dir.clone())?;
+    let (ckpt, commits) = prepare_recovery_store(&args, dir.path())?;
 
     // Rounds: read every file recovery reads, sequentially with O_DIRECT (the page cache
     // dropped for them first, as it is before each recovery), then recover. Recovery writes
@@ -226,6 +215,26 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
         ],
     );
     Ok(())
+}
+
+/// A checkpoint of an `--heap-mib` array, then Hathi commits until `--log-mib` of log follow
+/// it, in `dir`; the store closed. Returns the checkpoint's report and the commits logged.
+fn prepare_recovery_store(args: &RecoveryArgs, dir: &std::path::Path) -> Result<(tusk::CheckpointReport, u64), Box<dyn std::error::Error>> {
+    let store = Arc::new(Store::open(dir, options(args.heap_mib))?);
+    let array = make_array(&store, args.heap_mib)?;
+    let ckpt = store.checkpoint()?;
+    // Log after the checkpoint until it holds `log_mib`.
+    let base_log = store.log_bytes();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = hathi(&store, array, (args.heap_mib << 20) / 8, args.threads, None, &stop);
+    while store.log_bytes().saturating_sub(base_log) < args.log_mib << 20 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let commits = join(workers)?;
+    let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
+    store.close()?;
+    Ok((ckpt, commits))
 }
 
 fn fmt_rounds(xs: &[f64]) -> String {
