@@ -465,7 +465,7 @@ pub fn run(args: TxnArgs) -> CliResult {
         );
     }
     for (name, v) in ratios {
-        println!("{name:<34} {v:.3}");
+        println!("{name:<38} {v:.3}");
     }
     Ok(())
 }
