@@ -134,6 +134,22 @@ fn bench_recovery_prepare_only_leaves_a_recoverable_store_in_the_dir() {
     assert!(v["recovered_lsn"].as_u64().unwrap() > 0 && v["checkpoint_epoch"].as_u64().is_some(), "{v}");
 }
 
+/// A mode that waits for the disk reports both floors: the append probe and the overwrite
+/// probe (flushes into zero-ahead space are overwrites), each with its ratio to the p50.
+#[test]
+fn bench_txn_reports_append_and_overwrite_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&[
+        "bench", "txn", "--commit", "partition", "--rounds", "1", "--duration", "0.2", "--heap-mib", "16",
+        "--dir", dir.path().to_str().unwrap(), "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    for key in ["write_sync_p50_us", "p50_over_write_sync", "overwrite_sync_p50_us", "p50_over_overwrite_sync"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} missing: {v}");
+    }
+}
+
 /// `--plot DIR` writes the figures of a run as SVG charts naming what they show.
 #[test]
 fn benches_write_their_figures_as_svg_charts() {

@@ -118,6 +118,8 @@ struct ThreadResult {
 const PROBE_MIN_WRITES: u32 = 25;
 const PROBE_MAX_WRITES: u32 = 150;
 const PROBE_TIME: Duration = Duration::from_millis(250);
+/// Space the overwrite probe preallocates and cycles through (the log's zero-ahead span).
+const PROBE_OVERWRITE_SPAN: usize = tusk_storage::log_format::ZERO_AHEAD as usize;
 
 /// Records into `latency` the time of O_DIRECT appends of `size` bytes, each followed by
 /// fdatasync, to a fresh file in `dir`: what one log flush of that size costs this file
@@ -125,7 +127,11 @@ const PROBE_TIME: Duration = Duration::from_millis(250);
 /// A run takes half its probe just before the store opens and half just after it closes,
 /// so that both see the disk as the run did (the machine's other I/O comes and goes); each
 /// half starts with a syncfs, so that it does not wait for our own earlier writes.
-fn probe_write_sync(dir: &Path, size: usize, latency: &mut Histogram<u64>) -> Result<(), Box<dyn std::error::Error>> {
+/// With `overwrite`, the file is first written (zeros, fdatasync, untimed) over
+/// [`PROBE_OVERWRITE_SPAN`] and the timed writes cycle through that allocated space: the cost
+/// of a log flush into the segment's zero-ahead space (an in-place overwrite whose fdatasync
+/// commits no file-system metadata), the fair floor once flushes no longer append.
+fn probe_write_sync(dir: &Path, size: usize, overwrite: bool, latency: &mut Histogram<u64>) -> Result<(), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::sync::{fdatasync, pwrite_all, sync_file_system};
     use tusk_storage::io::{open_direct, AlignedBuf};
@@ -140,14 +146,24 @@ fn probe_write_sync(dir: &Path, size: usize, latency: &mut Histogram<u64>) -> Re
     for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
+    // Overwrite: how many writes of `size` fit the preallocated span (at least one).
+    let span_writes = if overwrite { (PROBE_OVERWRITE_SPAN / size).max(1) as u64 } else { u64::MAX };
+    if overwrite {
+        let mut zeros = AlignedBuf::new();
+        zeros.extend_zeros(size);
+        for i in 0..span_writes {
+            pwrite_all(file.as_raw_fd(), i * size as u64, zeros.as_slice())?;
+        }
+        fdatasync(file.as_raw_fd())?;
+    }
     let started = Instant::now();
-    let (mut offset, mut writes) = (0u64, 0u32);
+    let mut writes = 0u32;
     while writes < PROBE_MIN_WRITES || (writes < PROBE_MAX_WRITES && started.elapsed() < PROBE_TIME) {
+        let offset = (writes as u64 % span_writes) * size as u64;
         let t = Instant::now();
         pwrite_all(file.as_raw_fd(), offset, buf.as_slice())?;
         fdatasync(file.as_raw_fd())?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
-        offset += size as u64;
         writes += 1;
     }
     drop(file);
@@ -163,9 +179,11 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
     // block (the size of a flush of a few records) and counts only if the run's mean flush
     // size turns out to be that block.
     let mut probe = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut over_probe = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     if waits_for_disk {
         std::fs::create_dir_all(dir.path())?;
-        probe_write_sync(dir.path(), FLUSH_ALIGN as usize, &mut probe)?;
+        probe_write_sync(dir.path(), FLUSH_ALIGN as usize, false, &mut probe)?;
+        probe_write_sync(dir.path(), FLUSH_ALIGN as usize, true, &mut over_probe)?;
     }
     let mut options = Options {
         heap_capacity: (args.heap_mib + 64) << 20,
@@ -258,12 +276,15 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
     let write_sync_us = if waits_for_disk {
         if flush_bytes != FLUSH_ALIGN as usize {
             probe.reset();
+            over_probe.reset();
         }
-        probe_write_sync(dir.path(), flush_bytes, &mut probe)?;
+        probe_write_sync(dir.path(), flush_bytes, false, &mut probe)?;
+        probe_write_sync(dir.path(), flush_bytes, true, &mut over_probe)?;
         Some(probe.value_at_quantile(0.50) as f64 / 1000.0)
     } else {
         None
     };
+    let overwrite_sync_us = waits_for_disk.then(|| over_probe.value_at_quantile(0.50) as f64 / 1000.0);
     let p50_us = total.latency.value_at_quantile(0.50) as f64 / 1000.0;
 
     Ok(ModeResult {
@@ -281,6 +302,8 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
         flush_bytes,
         write_sync_us,
         floor_ratio: write_sync_us.map(|w| p50_us / w),
+        overwrite_sync_us,
+        overwrite_ratio: overwrite_sync_us.map(|w| p50_us / w),
     })
 }
 
@@ -302,6 +325,11 @@ struct ModeResult {
     write_sync_us: Option<f64>,
     /// p50 commit / p50 write + fdatasync, of this run.
     floor_ratio: Option<f64>,
+    /// p50 of one overwrite of preallocated space + fdatasync of `flush_bytes` (the floor
+    /// once flushes land in zero-ahead space).
+    overwrite_sync_us: Option<f64>,
+    /// p50 commit / p50 overwrite + fdatasync, of this run.
+    overwrite_ratio: Option<f64>,
 }
 
 impl ModeResult {
@@ -326,6 +354,8 @@ impl ModeResult {
             "flush_bytes": self.flush_bytes,
             "write_sync_p50_us": self.write_sync_us,
             "p50_over_write_sync": self.floor_ratio,
+            "overwrite_sync_p50_us": self.overwrite_sync_us,
+            "p50_over_overwrite_sync": self.overwrite_ratio,
         })
     }
 }
@@ -347,15 +377,16 @@ pub fn run(args: TxnArgs) -> CliResult {
     }
     // The median run of each case by throughput; the floor ratio is the median of each
     // run's own ratio (commit and probe measured in the same round).
-    let results: Vec<(ModeResult, Option<f64>)> = runs
+    let results: Vec<(ModeResult, Option<f64>, Option<f64>)> = runs
         .into_iter()
         .map(|mut r| {
             let floor = Some(median(&r.iter().filter_map(|m| m.floor_ratio).collect::<Vec<_>>())).filter(|m| !m.is_nan());
+            let over = Some(median(&r.iter().filter_map(|m| m.overwrite_ratio).collect::<Vec<_>>())).filter(|m| !m.is_nan());
             r.sort_by(|a, b| a.txn_per_s.total_cmp(&b.txn_per_s));
-            (r.swap_remove(r.len() / 2), floor)
+            (r.swap_remove(r.len() / 2), floor, over)
         })
         .collect();
-    let rate_of = |t: usize, c: CommitChoice| results.iter().find(|(r, _)| r.commit == c && r.threads == t).map(|(r, _)| r.txn_per_s);
+    let rate_of = |t: usize, c: CommitChoice| results.iter().find(|(r, _, _)| r.commit == c && r.threads == t).map(|(r, _, _)| r.txn_per_s);
     let suffix = |t: usize| if threads.len() > 1 { format!("@{t}") } else { String::new() };
     let mut ratios: Vec<(String, f64)> = Vec::new();
     for &t in &threads {
@@ -370,9 +401,12 @@ pub fn run(args: TxnArgs) -> CliResult {
             }
         }
     }
-    for (r, floor) in &results {
+    for (r, floor, over) in &results {
         if let Some(f) = floor {
             ratios.push((format!("{}{} p50/write+fdatasync", r.commit.name(), suffix(r.threads)), *f));
+        }
+        if let Some(f) = over {
+            ratios.push((format!("{}{} p50/overwrite+fdatasync", r.commit.name(), suffix(r.threads)), *f));
         }
     }
     if let (Some(&few), Some(&most)) = (threads.iter().min(), threads.iter().max()) {
@@ -385,7 +419,7 @@ pub fn run(args: TxnArgs) -> CliResult {
         }
     }
     if let Some(dir) = &args.plot {
-        let runs: Vec<&ModeResult> = results.iter().map(|(r, _)| r).collect();
+        let runs: Vec<&ModeResult> = results.iter().map(|(r, _, _)| r).collect();
         plot(dir, &args.commit, &threads, &runs)?;
     }
     if args.json {
@@ -399,7 +433,7 @@ pub fn run(args: TxnArgs) -> CliResult {
                 serde_json::json!({
                     "bench": "txn",
                     "rounds": args.rounds,
-                    "modes": results.iter().map(|(r, _)| r.json(&args)).collect::<Vec<_>>(),
+                    "modes": results.iter().map(|(r, _, _)| r.json(&args)).collect::<Vec<_>>(),
                     "ratios": ratios,
                 })
             );
@@ -412,12 +446,12 @@ pub fn run(args: TxnArgs) -> CliResult {
         thread_list.join(","), args.heap_mib, args.words, args.prefetch, args.rounds.max(1)
     );
     println!(
-        "{:<10} {:>7} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>11}",
-        "commit", "threads", "txn/s", "p50 us", "p99 us", "aborts", "log I/O", "flush B", "w+sync us"
+        "{:<10} {:>7} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>11} {:>11}",
+        "commit", "threads", "txn/s", "p50 us", "p99 us", "aborts", "log I/O", "flush B", "w+sync us", "ow+sync us"
     );
-    for (r, _) in &results {
+    for (r, _, _) in &results {
         println!(
-            "{:<10} {:>7} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9} {:>8} {:>11}",
+            "{:<10} {:>7} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9} {:>8} {:>11} {:>11}",
             r.commit.name(),
             r.threads,
             rate(r.txn_per_s),
@@ -427,10 +461,11 @@ pub fn run(args: TxnArgs) -> CliResult {
             r.io,
             r.flush_bytes,
             r.write_sync_us.map_or_else(|| "-".into(), |w| format!("{w:.1}")),
+            r.overwrite_sync_us.map_or_else(|| "-".into(), |w| format!("{w:.1}")),
         );
     }
     for (name, v) in ratios {
-        println!("{name:<34} {v:.3}");
+        println!("{name:<38} {v:.3}");
     }
     Ok(())
 }
