@@ -150,6 +150,37 @@ fn bench_txn_reports_append_and_overwrite_probes() {
     }
 }
 
+/// `bench peers` runs every store in both durability classes on the same keys, and each
+/// JSON line carries the fields the comparison is read by.
+#[test]
+fn bench_peers_measures_every_store_and_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots");
+    let (ok, out, err) = tusk(&[
+        "bench", "peers", "--keys", "5000", "--duration", "0.2", "--lookups", "2000", "--threads", "1,2",
+        "--dir", dir.path().to_str().unwrap(), "--json", "--plot", plots.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    for store in ["tusk", "sqlite", "redb"] {
+        for class in ["sync", "nosync"] {
+            for (workload, threads) in [("load", 1), ("hathi", 1), ("hathi", 2), ("lookup", 1)] {
+                let found = lines.iter().find(|v| v["store"] == store && v["durability"] == class && v["workload"] == workload && v["threads"] == threads);
+                let v = found.unwrap_or_else(|| panic!("{store} {class} {workload} @{threads} missing: {out}"));
+                assert!(v["ops_per_s"].as_f64().unwrap() > 0.0, "{v}");
+                if workload != "load" {
+                    assert!(v["p50_us"].as_f64().unwrap() > 0.0 && v["p99_us"].as_f64().unwrap() >= v["p50_us"].as_f64().unwrap(), "{v}");
+                }
+            }
+            let bytes = lines.iter().find(|v| v["store"] == store && v["durability"] == class && v["workload"] == "bytes/key").unwrap();
+            assert!(bytes["value"].as_f64().unwrap() > 0.0, "{bytes}");
+        }
+    }
+    let svg = std::fs::read_to_string(plots.join("peers.svg")).unwrap();
+    assert!(svg.lines().any(|l| l.trim() == "sqlite") && svg.lines().any(|l| l.trim() == "hathi @2"), "peers.svg");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "the stores' directories are removed (plots stay)");
+}
+
 /// `--plot DIR` writes the figures of a run as SVG charts naming what they show.
 #[test]
 fn benches_write_their_figures_as_svg_charts() {

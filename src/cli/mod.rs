@@ -2,6 +2,7 @@
 
 mod bench_gpu;
 mod bench_index;
+mod bench_peers;
 mod bench_snapshot;
 mod bench_store;
 mod bench_txn;
@@ -66,6 +67,8 @@ enum Bench {
     Snapshot(bench_snapshot::SnapshotArgs),
     /// The GPU mirror: batch lookups, ranges and syncs against the CPU engine.
     Gpu(bench_gpu::GpuArgs),
+    /// tusk against SQLite and redb on the same work, durability matched.
+    Peers(bench_peers::PeersArgs),
 }
 
 /// The I/O backend, as a command-line choice.
@@ -99,6 +102,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench { bench: Bench::Index(args) } => bench_index::run(args),
         Command::Bench { bench: Bench::Snapshot(args) } => bench_snapshot::run(args),
         Command::Bench { bench: Bench::Gpu(args) } => bench_gpu::run(args),
+        Command::Bench { bench: Bench::Peers(args) } => bench_peers::run(args),
         Command::CrashChild(args) => crash_child::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),

@@ -1,0 +1,547 @@
+//! `tusk bench peers`: tusk against the embedded stores users pick today, on the same work
+//! through each store's own public API, in one run, with matched durability.
+//!
+//! Stores: tusk (its B-link tree under a root; `Commit::Sync` / `Commit::Async`), SQLite
+//! through `rusqlite` (bundled; WAL; `synchronous=FULL` / `OFF`; a table with an INTEGER
+//! PRIMARY KEY), and `redb` (a `u64 → u64` table; `Durability::Immediate` / `None`). The
+//! durability classes: `sync`, every commit durable when it returns; `nosync`, commits
+//! durable later (or at a clean close).
+//!
+//! Work, on `--keys` keys (values start at 0):
+//! - load: all keys in one write transaction, in key order (each store's bulk path: tusk's
+//!   `bulk_load`, one prepared INSERT per key, one `insert` per key);
+//! - hathi: each transaction reads and adds 1 to `--words` random keys, for `--duration`
+//!   seconds on each thread count (each thread with its own connection or handle; SQLite
+//!   takes its write lock at BEGIN IMMEDIATE, redb lets one writer in at a time);
+//! - lookups: random point reads, 100 per read transaction, one thread;
+//! - reopen: a clean close, then open and one read;
+//! - bytes on disk per key after the load and the runs.
+//!
+//! The JSON lines carry `store`, `durability`, `workload`, `threads`, `ops_per_s`, `p50_us`,
+//! `p99_us`.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use redb::{ReadableDatabase, ReadableTable};
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tusk::{Commit, Durability, Options, Store};
+
+use super::report::rate;
+use super::svg_plot::{write_bars_grid, Bars};
+use super::{BenchDir, CliResult};
+
+type AnyError = Box<dyn Error + Send + Sync>;
+
+#[derive(Args, Debug)]
+pub struct PeersArgs {
+    /// Stores to measure (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "tusk,sqlite,redb")]
+    stores: Vec<StoreChoice>,
+    /// Durability classes (comma-separated): `sync` (durable when the commit returns) and
+    /// `nosync` (durable later).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "sync,nosync")]
+    durability: Vec<Class>,
+    /// Keys loaded (u64 keys 0..N, u64 values).
+    #[arg(long, default_value_t = 10_000_000)]
+    keys: u64,
+    /// Thread counts for the Hathi workload (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<usize>,
+    /// Keys read and updated per Hathi transaction.
+    #[arg(long, default_value_t = 6)]
+    words: usize,
+    /// Seconds of Hathi work per store, class and thread count.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Random point lookups per store and class (100 per read transaction).
+    #[arg(long, default_value_t = 1_000_000)]
+    lookups: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where the stores go (the disk to measure): each store gets a fresh directory inside
+    /// it, removed afterwards (default: the current directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print one JSON object per figure (one line each) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write the figures as SVG charts into this directory (`peers.svg`).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreChoice {
+    Tusk,
+    Sqlite,
+    Redb,
+}
+
+impl StoreChoice {
+    fn name(self) -> &'static str {
+        match self {
+            StoreChoice::Tusk => "tusk",
+            StoreChoice::Sqlite => "sqlite",
+            StoreChoice::Redb => "redb",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Class {
+    Sync,
+    Nosync,
+}
+
+impl Class {
+    fn name(self) -> &'static str {
+        match self {
+            Class::Sync => "sync",
+            Class::Nosync => "nosync",
+        }
+    }
+}
+
+/// A store opened for the benchmark; each thread works through a session of its own.
+trait Peer: Send + Sync {
+    fn session(&self) -> Result<Box<dyn Session + '_>, AnyError>;
+    /// Writes keys 0..n (value 0) in one transaction, durably.
+    fn load(&self, n: u64) -> Result<(), AnyError>;
+}
+
+trait Session {
+    /// One transaction: read each key and write it back plus one.
+    fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError>;
+    /// One read transaction of point lookups; returns the sum of the values found.
+    fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError>;
+}
+
+// ------------------------------------------------------------------------------- tusk
+
+struct TuskPeer {
+    store: Store,
+    commit: Commit,
+}
+
+const TUSK_ROOT: &str = "peers";
+
+impl TuskPeer {
+    fn open(dir: &Path, class: Class, keys: u64) -> Result<TuskPeer, AnyError> {
+        // Room for the tree (about 28 bytes a key shuffled, less bulk-loaded) and its churn.
+        let heap_capacity = (keys * 64 + (256 << 20)).next_multiple_of(1 << 21);
+        let store = Store::open(dir, Options { heap_capacity, durability: Durability::On, ..Options::default() })?;
+        let commit = if class == Class::Sync { Commit::Sync } else { Commit::Async };
+        Ok(TuskPeer { store, commit })
+    }
+}
+
+impl Peer for TuskPeer {
+    fn session(&self) -> Result<Box<dyn Session + '_>, AnyError> {
+        Ok(Box::new(TuskSession { peer: self }))
+    }
+
+    fn load(&self, n: u64) -> Result<(), AnyError> {
+        self.store.transact(Commit::Sync, |tx| tx.btree(TUSK_ROOT)?.bulk_load((0..n).map(|k| (k, 0)), 1.0))?;
+        Ok(())
+    }
+}
+
+struct TuskSession<'p> {
+    peer: &'p TuskPeer,
+}
+
+impl Session for TuskSession<'_> {
+    fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        self.peer.store.transact(self.peer.commit, |tx| {
+            let mut tree = tx.btree(TUSK_ROOT)?;
+            for &k in keys {
+                let v = tree.get(k)?.unwrap_or(0);
+                tree.insert(k, v + 1)?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
+        let (sum, _) = self.peer.store.transact(Commit::Async, |tx| {
+            let mut tree = tx.btree(TUSK_ROOT)?;
+            keys.iter().try_fold(0u64, |s, &k| Ok(s + tree.get(k)?.unwrap_or(0)))
+        })?;
+        Ok(sum)
+    }
+}
+
+// ------------------------------------------------------------------------------ SQLite
+
+struct SqlitePeer {
+    path: PathBuf,
+    class: Class,
+}
+
+impl SqlitePeer {
+    fn open(dir: &Path, class: Class) -> Result<SqlitePeer, AnyError> {
+        std::fs::create_dir_all(dir)?;
+        let peer = SqlitePeer { path: dir.join("peers.sqlite"), class };
+        peer.connect()?.execute_batch("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v INTEGER NOT NULL);")?;
+        Ok(peer)
+    }
+
+    fn connect(&self) -> Result<rusqlite::Connection, AnyError> {
+        let conn = rusqlite::Connection::open(&self.path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", if self.class == Class::Sync { "FULL" } else { "OFF" })?;
+        conn.busy_timeout(Duration::from_secs(60))?;
+        Ok(conn)
+    }
+}
+
+impl Peer for SqlitePeer {
+    fn session(&self) -> Result<Box<dyn Session + '_>, AnyError> {
+        Ok(Box::new(SqliteSession { conn: self.connect()? }))
+    }
+
+    fn load(&self, n: u64) -> Result<(), AnyError> {
+        let mut conn = self.connect()?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let tx = conn.transaction()?;
+        {
+            let mut insert = tx.prepare("INSERT INTO kv (k, v) VALUES (?1, 0)")?;
+            for k in 0..n {
+                insert.execute([k as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+struct SqliteSession {
+    conn: rusqlite::Connection,
+}
+
+impl Session for SqliteSession {
+    fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        {
+            let mut read = tx.prepare_cached("SELECT v FROM kv WHERE k = ?1")?;
+            let mut write = tx.prepare_cached("UPDATE kv SET v = ?2 WHERE k = ?1")?;
+            for &k in keys {
+                let v: i64 = read.query_row([k as i64], |row| row.get(0))?;
+                write.execute([k as i64, v + 1])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
+        let tx = self.conn.transaction()?;
+        let mut sum = 0u64;
+        {
+            let mut read = tx.prepare_cached("SELECT v FROM kv WHERE k = ?1")?;
+            for &k in keys {
+                let v: i64 = read.query_row([k as i64], |row| row.get(0))?;
+                sum += v as u64;
+            }
+        }
+        tx.commit()?;
+        Ok(sum)
+    }
+}
+
+// -------------------------------------------------------------------------------- redb
+
+const REDB_TABLE: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("kv");
+
+struct RedbPeer {
+    db: redb::Database,
+    durability: redb::Durability,
+}
+
+impl RedbPeer {
+    fn open(dir: &Path, class: Class) -> Result<RedbPeer, AnyError> {
+        std::fs::create_dir_all(dir)?;
+        let db = redb::Database::create(dir.join("peers.redb"))?;
+        let durability = if class == Class::Sync { redb::Durability::Immediate } else { redb::Durability::None };
+        Ok(RedbPeer { db, durability })
+    }
+
+    fn write(&self, durability: redb::Durability, body: impl FnOnce(&mut redb::Table<u64, u64>) -> Result<(), AnyError>) -> Result<(), AnyError> {
+        let mut tx = self.db.begin_write()?;
+        tx.set_durability(durability)?;
+        {
+            let mut table = tx.open_table(REDB_TABLE)?;
+            body(&mut table)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+impl Peer for RedbPeer {
+    fn session(&self) -> Result<Box<dyn Session + '_>, AnyError> {
+        Ok(Box::new(RedbSession { peer: self }))
+    }
+
+    fn load(&self, n: u64) -> Result<(), AnyError> {
+        self.write(redb::Durability::Immediate, |table| {
+            for k in 0..n {
+                table.insert(k, 0)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+struct RedbSession<'p> {
+    peer: &'p RedbPeer,
+}
+
+impl Session for RedbSession<'_> {
+    fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        self.peer.write(self.peer.durability, |table| {
+            for &k in keys {
+                let v = table.get(k)?.map_or(0, |g| g.value());
+                table.insert(k, v + 1)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
+        let tx = self.peer.db.begin_read()?;
+        let table = tx.open_table(REDB_TABLE)?;
+        let mut sum = 0;
+        for &k in keys {
+            sum += table.get(k)?.map_or(0, |g| g.value());
+        }
+        Ok(sum)
+    }
+}
+
+// --------------------------------------------------------------------------- measuring
+
+fn open(store: StoreChoice, dir: &Path, class: Class, keys: u64) -> Result<Box<dyn Peer>, AnyError> {
+    Ok(match store {
+        StoreChoice::Tusk => Box::new(TuskPeer::open(dir, class, keys)?),
+        StoreChoice::Sqlite => Box::new(SqlitePeer::open(dir, class)?),
+        StoreChoice::Redb => Box::new(RedbPeer::open(dir, class)?),
+    })
+}
+
+/// One figure of one store.
+#[derive(Clone, Debug)]
+struct Figure {
+    store: &'static str,
+    durability: &'static str,
+    workload: String,
+    threads: usize,
+    ops_per_s: f64,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    /// Bytes per key on disk or seconds to reopen, where the workload is one of those.
+    value: Option<f64>,
+}
+
+impl Figure {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bench": "peers",
+            "store": self.store,
+            "durability": self.durability,
+            "workload": self.workload,
+            "threads": self.threads,
+            "ops_per_s": self.ops_per_s,
+            "p50_us": self.p50_us,
+            "p99_us": self.p99_us,
+            "value": self.value,
+        })
+    }
+}
+
+/// Runs `threads` threads of Hathi transactions for `duration`; ops/s and latency.
+fn hathi(peer: &dyn Peer, args: &PeersArgs, threads: usize) -> Result<(f64, Histogram<u64>), AnyError> {
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let results: Vec<Result<(u64, Histogram<u64>), AnyError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let stop = &stop;
+                s.spawn(move || -> Result<(u64, Histogram<u64>), AnyError> {
+                    let mut session = peer.session()?;
+                    let mut rng = SmallRng::seed_from_u64(args.seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+                    let mut keys = vec![0u64; args.words];
+                    let mut done = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        keys.iter_mut().for_each(|k| *k = rng.random_range(0..args.keys));
+                        let t0 = Instant::now();
+                        session.hathi(&keys)?;
+                        latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
+                        done += 1;
+                    }
+                    Ok((done, latency))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(args.duration));
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().expect("a bench thread panicked")).collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut total = 0;
+    for r in results {
+        let (done, latency) = r?;
+        total += done;
+        all.add(latency)?;
+    }
+    Ok((total as f64 / elapsed, all))
+}
+
+/// Random point lookups, 100 per read transaction; lookups/s and per-transaction latency.
+fn lookups(peer: &dyn Peer, args: &PeersArgs) -> Result<(f64, Histogram<u64>), AnyError> {
+    let mut session = peer.session()?;
+    let mut rng = SmallRng::seed_from_u64(args.seed);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut keys = vec![0u64; 100];
+    let batches = args.lookups.div_ceil(100).max(1);
+    let started = Instant::now();
+    let mut sum = 0;
+    for _ in 0..batches {
+        keys.iter_mut().for_each(|k| *k = rng.random_range(0..args.keys));
+        let t0 = Instant::now();
+        sum += session.lookups(&keys)?;
+        latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
+    }
+    std::hint::black_box(sum);
+    Ok(((batches * 100) as f64 / started.elapsed().as_secs_f64(), latency))
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            })
+            .sum()
+    })
+}
+
+/// Every figure of one store in one durability class, on a fresh directory.
+fn measure(store: StoreChoice, class: Class, args: &PeersArgs, out: &mut Vec<Figure>) -> Result<(), AnyError> {
+    let dir = BenchDir::new(args.dir.clone())?;
+    let path = dir.path().join(store.name());
+    let fig = |workload: &str, threads: usize, ops_per_s: f64, latency: Option<&Histogram<u64>>, value: Option<f64>| Figure {
+        store: store.name(),
+        durability: class.name(),
+        workload: workload.into(),
+        threads,
+        ops_per_s,
+        p50_us: latency.map(|h| h.value_at_quantile(0.5) as f64 / 1e3),
+        p99_us: latency.map(|h| h.value_at_quantile(0.99) as f64 / 1e3),
+        value,
+    };
+    let peer = open(store, &path, class, args.keys)?;
+    let t0 = Instant::now();
+    peer.load(args.keys)?;
+    out.push(fig("load", 1, args.keys as f64 / t0.elapsed().as_secs_f64(), None, None));
+    for &threads in &args.threads {
+        let (ops, latency) = hathi(peer.as_ref(), args, threads)?;
+        out.push(fig("hathi", threads, ops, Some(&latency), None));
+    }
+    let (ops, latency) = lookups(peer.as_ref(), args)?;
+    out.push(fig("lookup", 1, ops, Some(&latency), None));
+    drop(peer);
+    out.push(fig("bytes/key", 1, 0.0, None, Some(dir_bytes(&path) as f64 / args.keys as f64)));
+    let t0 = Instant::now();
+    let peer = open(store, &path, class, args.keys)?;
+    peer.session()?.lookups(&[0])?;
+    out.push(fig("reopen", 1, 0.0, None, Some(t0.elapsed().as_secs_f64())));
+    Ok(())
+}
+
+pub fn run(args: PeersArgs) -> CliResult {
+    if args.keys == 0 || args.words == 0 || args.threads.iter().any(|&t| t == 0) {
+        return Err("--keys, --words and --threads take counts of at least 1".into());
+    }
+    let mut figures = Vec::new();
+    for &class in &args.durability {
+        for &store in &args.stores {
+            if !args.json {
+                eprintln!("measuring {} ({}, {} keys)...", store.name(), class.name(), args.keys);
+            }
+            measure(store, class, &args, &mut figures).map_err(|e| format!("{} ({}): {e}", store.name(), class.name()))?;
+        }
+    }
+    if let Some(dir) = &args.plot {
+        plot(dir, &args, &figures)?;
+    }
+    if args.json {
+        for f in &figures {
+            println!("{}", f.json());
+        }
+        return Ok(());
+    }
+    println!("tusk bench peers: {} keys, {} words per Hathi transaction, {} s per run", args.keys, args.words, args.duration);
+    println!("{:<8} {:<8} {:<10} {:>7} {:>14} {:>10} {:>10} {:>10}", "store", "class", "workload", "threads", "ops/s", "p50 us", "p99 us", "value");
+    for f in &figures {
+        let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let ops = if f.value.is_some() { "-".to_string() } else { rate(f.ops_per_s) };
+        println!("{:<8} {:<8} {:<10} {:>7} {:>14} {:>10} {:>10} {:>10}", f.store, f.durability, f.workload, f.threads, ops, opt(f.p50_us), opt(f.p99_us), opt(f.value));
+    }
+    println!("load: keys/s of one write transaction; lookup: point reads/s, 100 per read transaction (latency per transaction); value: bytes on disk per key, seconds to reopen");
+    // tusk against each peer, same class and workload.
+    for f in figures.iter().filter(|f| f.store == "tusk" && f.value.is_none()) {
+        for p in figures.iter().filter(|p| p.store != "tusk" && p.durability == f.durability && p.workload == f.workload && p.threads == f.threads) {
+            println!("tusk/{:<7} {:<7} {:<8} @{}: {:.2}x", p.store, f.durability, f.workload, f.threads, f.ops_per_s / p.ops_per_s);
+        }
+    }
+    Ok(())
+}
+
+/// `DIR/peers.svg`: ops/s per workload (a bar per store), one panel per durability class.
+fn plot(dir: &Path, args: &PeersArgs, figures: &[Figure]) -> CliResult {
+    std::fs::create_dir_all(dir)?;
+    let mut workloads: Vec<(String, usize)> = vec![("load".into(), 1)];
+    workloads.extend(args.threads.iter().map(|&t| ("hathi".to_string(), t)));
+    workloads.push(("lookup".into(), 1));
+    let charts: Vec<Bars> = args
+        .durability
+        .iter()
+        .map(|class| Bars {
+            title: format!("{} keys, {} commits", args.keys, class.name()),
+            y_label: "operations/s (log)".into(),
+            log_y: true,
+            categories: workloads.iter().map(|(w, t)| if w == "hathi" { format!("hathi @{t}") } else { w.clone() }).collect(),
+            series: args
+                .stores
+                .iter()
+                .map(|s| {
+                    let values = workloads
+                        .iter()
+                        .map(|(w, t)| {
+                            figures
+                                .iter()
+                                .find(|f| f.store == s.name() && f.durability == class.name() && &f.workload == w && f.threads == *t)
+                                .map_or(f64::NAN, |f| f.ops_per_s)
+                        })
+                        .collect();
+                    (s.name().to_string(), values)
+                })
+                .collect(),
+        })
+        .collect();
+    write_bars_grid(&charts, 2, &dir.join("peers.svg"))?;
+    Ok(())
+}
