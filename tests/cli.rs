@@ -162,7 +162,7 @@ fn bench_peers_measures_every_store_and_class() {
     ]);
     assert!(ok, "{err}");
     let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
-    for store in ["tusk", "sqlite", "redb"] {
+    for store in ["tusk", "sqlite", "lmdb", "redb", "fjall"] {
         for class in ["sync", "nosync"] {
             for (workload, threads) in [("load", 1), ("hathi", 1), ("hathi", 2), ("lookup", 1)] {
                 let found = lines.iter().find(|v| v["store"] == store && v["durability"] == class && v["workload"] == workload && v["threads"] == threads);

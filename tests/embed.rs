@@ -1,14 +1,14 @@
 //! tusk embeds as a library without the command's crates: a tiny program that depends on it
 //! with `default-features = false` builds, runs a durable transaction, and pulls in none of
 //! clap, indicatif, hdrhistogram, serde_json, congee, delaunator, stats_alloc, plotters, the
-//! peers of `bench peers` (rusqlite, redb) or the other tools only the `tusk` command uses.
+//! peers of `bench peers` (rusqlite, heed, redb, fjall) or the other tools only the `tusk` command uses.
 
 use std::path::Path;
 use std::process::Command;
 
 /// Crates only the command and its benchmarks need.
 const COMMAND_ONLY: &[&str] =
-    &["clap", "indicatif", "hdrhistogram", "serde_json", "congee", "delaunator", "stats_alloc", "plotters", "rand", "rand_distr", "tempfile", "rusqlite", "libsqlite3-sys", "redb"];
+    &["clap", "indicatif", "hdrhistogram", "serde_json", "congee", "delaunator", "stats_alloc", "plotters", "rand", "rand_distr", "tempfile", "rusqlite", "libsqlite3-sys", "redb", "heed", "lmdb-master-sys", "fjall", "lsm-tree"];
 
 const MAIN: &str = r#"
 fn main() -> Result<(), tusk::Error> {

@@ -3,7 +3,9 @@
 //!
 //! Stores: tusk (its B-link tree under a root; `Commit::Sync` / `Commit::Async`), SQLite
 //! through `rusqlite` (bundled; WAL; `synchronous=FULL` / `OFF`; a table with an INTEGER
-//! PRIMARY KEY), and `redb` (a `u64 → u64` table; `Durability::Immediate` / `None`). The
+//! PRIMARY KEY), `redb` (a `u64 → u64` table; `Durability::Immediate` / `None`), LMDB
+//! through `heed` (default flags / `NO_SYNC`) and `fjall` (an LSM tree; transactions committed
+//! with `PersistMode::SyncData` / buffered in its journal). The
 //! durability classes: `sync`, every commit durable when it returns; `nosync`, commits
 //! durable later (or at a clean close).
 //!
@@ -41,7 +43,7 @@ type AnyError = Box<dyn Error + Send + Sync>;
 #[derive(Args, Debug)]
 pub struct PeersArgs {
     /// Stores to measure (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "tusk,sqlite,redb")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "tusk,sqlite,lmdb,redb,fjall")]
     stores: Vec<StoreChoice>,
     /// Durability classes (comma-separated): `sync` (durable when the commit returns) and
     /// `nosync` (durable later).
@@ -80,7 +82,9 @@ pub struct PeersArgs {
 pub enum StoreChoice {
     Tusk,
     Sqlite,
+    Lmdb,
     Redb,
+    Fjall,
 }
 
 impl StoreChoice {
@@ -88,7 +92,9 @@ impl StoreChoice {
         match self {
             StoreChoice::Tusk => "tusk",
             StoreChoice::Sqlite => "sqlite",
+            StoreChoice::Lmdb => "lmdb",
             StoreChoice::Redb => "redb",
+            StoreChoice::Fjall => "fjall",
         }
     }
 }
@@ -326,13 +332,147 @@ impl Session for RedbSession<'_> {
     }
 }
 
+// ------------------------------------------------------------------------ LMDB (heed)
+
+type LmdbTable = heed::Database<heed::types::U64<heed::byteorder::BigEndian>, heed::types::U64<heed::byteorder::NativeEndian>>;
+
+struct LmdbPeer {
+    env: heed::Env,
+    db: LmdbTable,
+}
+
+impl LmdbPeer {
+    fn open(dir: &Path, class: Class, keys: u64) -> Result<LmdbPeer, AnyError> {
+        std::fs::create_dir_all(dir)?;
+        let mut options = heed::EnvOpenOptions::new();
+        // The map is address space, not memory: room for the keys many times over.
+        options.map_size(((keys as usize) * 256 + (1 << 30)).next_multiple_of(1 << 21)).max_dbs(1);
+        if class == Class::Nosync {
+            // SAFETY: NO_SYNC only gives up durability of the last commits at a crash (the
+            // nosync class measures exactly that); this process opens the environment once.
+            unsafe { options.flags(heed::EnvFlags::NO_SYNC) };
+        }
+        // SAFETY: the environment's files are this run's own, opened once in this process
+        // (the reopen comes after the first handle is dropped) and changed by nothing else.
+        let env = unsafe { options.open(dir)? };
+        let mut w = env.write_txn()?;
+        let db: LmdbTable = env.create_database(&mut w, Some("kv"))?;
+        w.commit()?;
+        Ok(LmdbPeer { env, db })
+    }
+}
+
+impl Peer for LmdbPeer {
+    fn session(&self) -> Result<Box<dyn Session + '_>, AnyError> {
+        Ok(Box::new(LmdbSession { peer: self }))
+    }
+
+    fn load(&self, n: u64) -> Result<(), AnyError> {
+        let mut w = self.env.write_txn()?;
+        for k in 0..n {
+            self.db.put(&mut w, &k, &0)?;
+        }
+        w.commit()?;
+        self.env.force_sync()?;
+        Ok(())
+    }
+}
+
+struct LmdbSession<'p> {
+    peer: &'p LmdbPeer,
+}
+
+impl Session for LmdbSession<'_> {
+    fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        let mut w = self.peer.env.write_txn()?;
+        for &k in keys {
+            let v = self.peer.db.get(&w, &k)?.unwrap_or(0);
+            self.peer.db.put(&mut w, &k, &(v + 1))?;
+        }
+        w.commit()?;
+        Ok(())
+    }
+
+    fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
+        let r = self.peer.env.read_txn()?;
+        let mut sum = 0;
+        for &k in keys {
+            sum += self.peer.db.get(&r, &k)?.unwrap_or(0);
+        }
+        Ok(sum)
+    }
+}
+
+// ------------------------------------------------------------------------------- fjall
+
+struct FjallPeer {
+    keyspace: fjall::TxKeyspace,
+    kv: fjall::TxPartitionHandle,
+    durability: Option<fjall::PersistMode>,
+}
+
+impl FjallPeer {
+    fn open(dir: &Path, class: Class) -> Result<FjallPeer, AnyError> {
+        let keyspace = fjall::Config::new(dir).open_transactional()?;
+        let kv = keyspace.open_partition("kv", fjall::PartitionCreateOptions::default())?;
+        let durability = (class == Class::Sync).then_some(fjall::PersistMode::SyncData);
+        Ok(FjallPeer { keyspace, kv, durability })
+    }
+}
+
+fn fjall_value(v: Option<fjall::Slice>) -> u64 {
+    v.map_or(0, |v| u64::from_le_bytes(v[..8].try_into().expect("8-byte values")))
+}
+
+impl Peer for FjallPeer {
+    fn session(&self) -> Result<Box<dyn Session + '_>, AnyError> {
+        Ok(Box::new(FjallSession { peer: self }))
+    }
+
+    fn load(&self, n: u64) -> Result<(), AnyError> {
+        let mut w = self.keyspace.write_tx().durability(Some(fjall::PersistMode::SyncData));
+        for k in 0..n {
+            w.insert(&self.kv, k.to_be_bytes(), 0u64.to_le_bytes());
+        }
+        w.commit()?;
+        Ok(())
+    }
+}
+
+struct FjallSession<'p> {
+    peer: &'p FjallPeer,
+}
+
+impl Session for FjallSession<'_> {
+    fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        let mut w = self.peer.keyspace.write_tx().durability(self.peer.durability);
+        for &k in keys {
+            let v = fjall_value(w.get(&self.peer.kv, k.to_be_bytes())?);
+            w.insert(&self.peer.kv, k.to_be_bytes(), (v + 1).to_le_bytes());
+        }
+        w.commit()?;
+        Ok(())
+    }
+
+    fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
+        let r = self.peer.keyspace.read_tx();
+        let mut sum = 0;
+        for &k in keys {
+            sum += fjall_value(r.get(&self.peer.kv, k.to_be_bytes())?);
+        }
+        Ok(sum)
+    }
+}
+
 // --------------------------------------------------------------------------- measuring
 
 fn open(store: StoreChoice, dir: &Path, class: Class, keys: u64) -> Result<Box<dyn Peer>, AnyError> {
     Ok(match store {
         StoreChoice::Tusk => Box::new(TuskPeer::open(dir, class, keys)?),
         StoreChoice::Sqlite => Box::new(SqlitePeer::open(dir, class)?),
+        StoreChoice::Lmdb => Box::new(LmdbPeer::open(dir, class, keys)?),
         StoreChoice::Redb => Box::new(RedbPeer::open(dir, class)?),
+        StoreChoice::Fjall => Box::new(FjallPeer::open(dir, class)?),
     })
 }
 

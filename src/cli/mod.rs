@@ -67,7 +67,7 @@ enum Bench {
     Snapshot(bench_snapshot::SnapshotArgs),
     /// The GPU mirror: batch lookups, ranges and syncs against the CPU engine.
     Gpu(bench_gpu::GpuArgs),
-    /// tusk against SQLite and redb on the same work, durability matched.
+    /// tusk against SQLite, LMDB, redb and fjall on the same work, durability matched.
     Peers(bench_peers::PeersArgs),
 }
 
