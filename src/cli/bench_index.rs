@@ -21,7 +21,6 @@
 //! transaction (conflicts under concurrent inserts).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Instant;
@@ -33,7 +32,7 @@ use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate};
-use super::{BenchDir, CliResult, IoChoice};
+use super::{BenchDir, BenchOutput, CliResult, IoChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IndexChoice {
@@ -103,19 +102,10 @@ pub struct IndexArgs {
     agg_width: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
-    /// removed afterwards (default: the current directory).
-    #[arg(long)]
-    dir: Option<PathBuf>,
+    #[command(flatten)]
+    out: BenchOutput,
     #[arg(long, value_enum, default_value = "auto")]
     io: IoChoice,
-    /// Print one JSON object per index × order (one line each) instead of the table.
-    #[arg(long)]
-    json: bool,
-    /// Write the figures as SVG charts into this directory (`index.svg`: each index against
-    /// its peer, operation by operation, and bytes per key).
-    #[arg(long)]
-    plot: Option<PathBuf>,
 }
 
 /// The figures of one index × order.
@@ -486,7 +476,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize)
     };
 
     // tusk: a fresh store sized for the index (nodes of ≤ 512 bytes per ~14 keys, or ART leaves).
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let heap = ((pairs.len() as u64 * 160) + (256 << 20)).next_multiple_of(1 << 20);
     let options = Options { heap_capacity: heap, io: args.io.to_io(), ..Options::default() };
     let store = Store::open(dir.path(), options)?;
@@ -570,17 +560,17 @@ pub fn run(args: IndexArgs) -> CliResult {
     let mut measured: Vec<Vec<Row>> = cells.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds {
         for (i, &(kind, order, threads)) in cells.iter().enumerate() {
-            if !args.json {
+            if !args.out.json {
                 eprintln!("measuring {} / {} ({} keys, {threads} threads, round {} of {})...", kind.name(), order.name(), args.keys, round + 1, args.rounds);
             }
             measured[i].push(run_row(&args, kind, order, threads)?);
         }
     }
     let rows: Vec<Row> = measured.into_iter().map(median_row).collect();
-    if let Some(dir) = &args.plot {
+    if let Some(dir) = &args.out.plot {
         plot(dir, &rows)?;
     }
-    if args.json {
+    if args.out.json {
         for row in &rows {
             println!("{}", row_json(row, args.inserts_only));
         }

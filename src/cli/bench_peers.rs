@@ -36,7 +36,7 @@ use tusk::{Commit, Durability, Options, Store};
 
 use super::report::rate;
 use super::svg_plot::{write_bars_grid, Bars};
-use super::{BenchDir, CliResult};
+use super::{store_files, BenchDir, BenchOutput, CliResult};
 
 type AnyError = Box<dyn Error + Send + Sync>;
 
@@ -66,16 +66,8 @@ pub struct PeersArgs {
     lookups: u64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Where the stores go (the disk to measure): each store gets a fresh directory inside
-    /// it, removed afterwards (default: the current directory).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Print one JSON object per figure (one line each) instead of the table.
-    #[arg(long)]
-    json: bool,
-    /// Write the figures as SVG charts into this directory (`peers.svg`).
-    #[arg(long)]
-    plot: Option<PathBuf>,
+    #[command(flatten)]
+    out: BenchOutput,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -565,22 +557,14 @@ fn lookups(peer: &dyn Peer, args: &PeersArgs) -> Result<(f64, Histogram<u64>), A
     Ok(((batches * 100) as f64 / started.elapsed().as_secs_f64(), latency))
 }
 
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .filter_map(Result::ok)
-            .map(|e| match e.metadata() {
-                Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-                Ok(m) => m.len(),
-                Err(_) => 0,
-            })
-            .sum()
-    })
+/// Bytes of the files of a store directory.
+fn dir_bytes(dir: &Path) -> Result<u64, AnyError> {
+    store_files(dir)?.iter().map(|f| Ok(std::fs::metadata(f)?.len())).sum()
 }
 
 /// Every figure of one store in one durability class, on a fresh directory.
 fn measure(store: StoreChoice, class: Class, args: &PeersArgs, out: &mut Vec<Figure>) -> Result<(), AnyError> {
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let path = dir.path().join(store.name());
     let fig = |workload: &str, threads: usize, ops_per_s: f64, latency: Option<&Histogram<u64>>, value: Option<f64>| Figure {
         store: store.name(),
@@ -603,7 +587,7 @@ fn measure(store: StoreChoice, class: Class, args: &PeersArgs, out: &mut Vec<Fig
     let (ops, latency) = lookups(peer.as_ref(), args)?;
     out.push(fig("lookup", 1, ops, Some(&latency), None));
     drop(peer);
-    out.push(fig("bytes/key", 1, 0.0, None, Some(dir_bytes(&path) as f64 / args.keys as f64)));
+    out.push(fig("bytes/key", 1, 0.0, None, Some(dir_bytes(&path)? as f64 / args.keys as f64)));
     let t0 = Instant::now();
     let peer = open(store, &path, class, args.keys)?;
     peer.session()?.lookups(&[0])?;
@@ -618,16 +602,16 @@ pub fn run(args: PeersArgs) -> CliResult {
     let mut figures = Vec::new();
     for &class in &args.durability {
         for &store in &args.stores {
-            if !args.json {
+            if !args.out.json {
                 eprintln!("measuring {} ({}, {} keys)...", store.name(), class.name(), args.keys);
             }
             measure(store, class, &args, &mut figures).map_err(|e| format!("{} ({}): {e}", store.name(), class.name()))?;
         }
     }
-    if let Some(dir) = &args.plot {
+    if let Some(dir) = &args.out.plot {
         plot(dir, &args, &figures)?;
     }
-    if args.json {
+    if args.out.json {
         for f in &figures {
             println!("{}", f.json());
         }

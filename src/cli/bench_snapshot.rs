@@ -28,7 +28,6 @@
 //! Updates run with `Durability::Off` (no log I/O in the figures: the paper measures the
 //! snapshot mechanisms, and logging costs every mode the same).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -41,7 +40,7 @@ use tusk::{Commit, Durability, HeapPtr, Options, SnapshotMode, SnapshotOptions, 
 use super::page_dists::{PageDist, PageStream};
 use super::report::{median, rate, table};
 use super::svg_plot::{write_svg, write_svg_grid, Chart, Series};
-use super::{BenchDir, CliResult};
+use super::{BenchDir, BenchOutput, CliResult};
 
 const PAGE: u64 = 4096;
 
@@ -111,16 +110,8 @@ pub struct SnapshotArgs {
     ranges: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
-    /// removed afterwards (default: the current directory).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Print one JSON object per measurement (one line each) instead of the tables.
-    #[arg(long)]
-    json: bool,
-    /// Write the figures as SVG files into this directory.
-    #[arg(long)]
-    plot: Option<PathBuf>,
+    #[command(flatten)]
+    out: BenchOutput,
 }
 
 /// One measurement; the fields the issue names are always present (null where they do not
@@ -203,16 +194,16 @@ pub fn run(args: SnapshotArgs) -> CliResult {
     if args.parts.contains(&Part::Cycles) {
         cycles(&args, threads, &mut out)?;
     }
-    if args.json {
+    if args.out.json {
         for m in &out {
             println!("{}", m.json());
         }
     } else {
         print_tables(&out);
     }
-    if let Some(dir) = &args.plot {
+    if let Some(dir) = &args.out.plot {
         plot(dir, &out)?;
-        if !args.json {
+        if !args.out.json {
             println!("\nfigures written to {}", dir.display());
         }
     }
@@ -258,13 +249,13 @@ fn snapshot_options(mode: SnapshotMode, threads: usize) -> SnapshotOptions {
 }
 
 fn cycles(args: &SnapshotArgs, threads: usize, out: &mut Vec<Measurement>) -> CliResult {
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let bytes = args.heap_mib << 20;
     let (store, region) = region_store(&dir, bytes)?;
     let pages = bytes / PAGE;
     let dists = if args.dist.is_empty() { PageDist::ALL.to_vec() } else { args.dist.clone() };
     let bar = indicatif::ProgressBar::new((dists.len() * args.every.len() * args.mode.len()) as u64);
-    if args.json {
+    if args.out.json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     for (di, &dist) in dists.iter().enumerate() {
@@ -328,7 +319,7 @@ fn plain_memcpy(src: &[u8], dst: &mut [u8], threads: usize) {
 fn sizes(args: &SnapshotArgs, threads: usize, out: &mut Vec<Measurement>) -> CliResult {
     let largest = args.sizes_mib.iter().copied().max().unwrap_or(0);
     for &mib in &args.sizes_mib {
-        let dir = BenchDir::new(args.dir.clone())?;
+        let dir = BenchDir::new(args.out.dir.clone())?;
         let bytes = mib << 20;
         let (store, region) = region_store(&dir, bytes)?;
         let extent_of = |store: &Store| store.heap_used().next_multiple_of(PAGE);
@@ -451,7 +442,7 @@ fn cow_on_heap(store: &Store, region: HeapPtr, pages: u64, args: &SnapshotArgs) 
 }
 
 fn queries(args: &SnapshotArgs, out: &mut Vec<Measurement>) -> CliResult {
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let options = Options {
         heap_capacity: (args.query_keys * 64 + (256 << 20)).next_power_of_two(),
         durability: Durability::Off,

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::report::{median, table};
-use super::{BenchDir, CliResult};
+use super::{store_files, BenchDir, CliResult};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -244,24 +244,6 @@ fn fmt_rounds(xs: &[f64]) -> String {
 /// Bytes of one sequential read or write of the baselines.
 const SEQ_IO: usize = 8 << 20;
 
-/// The files recovery reads: checkpoint image segments, manifests and log segments.
-fn store_files(dir: &Path) -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                walk(&entry.path(), out)?;
-            } else if entry.file_name() != "LOCK" {
-                out.push(entry.path());
-            }
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    walk(dir, &mut out)?;
-    out.sort();
-    Ok(out)
-}
 
 /// Drops the page cache's clean pages of `files` (no root needed), so that the next read
 /// comes from the disk.

@@ -8,7 +8,7 @@
 //! size: the floor a commit that waits for its flush cannot go under. The ratio
 //! p50(commit) / p50(write + fdatasync) is how far the log is from that floor.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use tusk::{Commit, Durability, Options, Store};
 use tusk_storage::log_format::FLUSH_ALIGN;
 
 use super::report::{median, rate};
-use super::{BenchDir, CliResult, IoChoice};
+use super::{BenchDir, BenchOutput, CliResult, IoChoice};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Workload {
@@ -84,10 +84,8 @@ pub struct TxnArgs {
     /// Words read and written per transaction.
     #[arg(long, default_value_t = 6)]
     words: usize,
-    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
-    /// removed afterwards (default: the current directory).
-    #[arg(long)]
-    dir: Option<PathBuf>,
+    #[command(flatten)]
+    out: BenchOutput,
     #[arg(long, value_enum, default_value = "auto")]
     io: IoChoice,
     /// Log partitions (default: one per core).
@@ -96,16 +94,9 @@ pub struct TxnArgs {
     /// Group-commit interval in microseconds (default: the library's).
     #[arg(long)]
     group_commit_us: Option<u64>,
-    /// Write the figures as SVG charts into this directory (`txn.svg`: txn/s and commit
-    /// latency percentiles per mode and thread count).
-    #[arg(long)]
-    plot: Option<PathBuf>,
     /// Issue `Transaction::prefetch` for the words before touching them.
     #[arg(long)]
     prefetch: bool,
-    /// Print one JSON object instead of the table.
-    #[arg(long)]
-    json: bool,
 }
 
 struct ThreadResult {
@@ -173,7 +164,7 @@ fn probe_write_sync(dir: &Path, size: usize, overwrite: bool, latency: &mut Hist
 
 /// One run of one commit mode on a fresh store.
 fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<ModeResult, Box<dyn std::error::Error>> {
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let waits_for_disk = matches!(commit, CommitChoice::Partition | CommitChoice::Sync);
     // Before the run the flush size is not known yet: the half taken then is of one O_DIRECT
     // block (the size of a flush of a few records) and counts only if the run's mean flush
@@ -418,11 +409,11 @@ pub fn run(args: TxnArgs) -> CliResult {
             }
         }
     }
-    if let Some(dir) = &args.plot {
+    if let Some(dir) = &args.out.plot {
         let runs: Vec<&ModeResult> = results.iter().map(|(r, _, _)| r).collect();
         plot(dir, &args.commit, &threads, &runs)?;
     }
-    if args.json {
+    if args.out.json {
         if results.len() == 1 {
             println!("{}", results[0].0.json(&args));
         } else {

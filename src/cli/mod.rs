@@ -109,6 +109,41 @@ pub fn run(cli: Cli) -> CliResult {
     }
 }
 
+/// Where a benchmark's stores go and how it reports: the options every store bench shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchOutput {
+    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
+    /// removed afterwards (default: the current directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print JSON (one object a line) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the figures as SVG charts into this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// Every file of a store directory, recursively, in name order, but its `LOCK` (for tusk's
+/// stores: the checkpoint segments, manifests and log segments recovery reads).
+pub fn store_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                walk(&entry.path(), out)?;
+            } else if entry.file_name() != "LOCK" {
+                out.push(entry.path());
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
 /// A directory for one benchmark run: a fresh one inside the directory given with `--dir`
 /// (the disk to measure) or the current one, removed afterwards. Every run starts from an
 /// empty store, so a bench that runs several modes or rounds never reopens an earlier
