@@ -5,6 +5,7 @@
 //! - [`replay`]: orders the records by LSN, applies them up to the first gap, then the
 //!   Partition-flagged records beyond it (docs/ARCHITECTURE.md, Recovery).
 
+pub mod apply;
 pub mod checkpoint;
 pub mod error;
 pub mod replay;

@@ -136,6 +136,11 @@ fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
 /// than a u64.
 #[inline]
 fn take_varint(rest: &mut &[u8]) -> Option<u64> {
+    // Most varints of a record (gaps of nearby words, lengths, counts) fit in one byte.
+    if let Some(&b) = rest.first().filter(|&&b| b < 0x80) {
+        *rest = &rest[1..];
+        return Some(u64::from(b));
+    }
     let mut v = 0u64;
     for (i, &b) in rest.iter().enumerate().take(MAX_VARINT) {
         let bits = u64::from(b & 0x7F);
