@@ -10,10 +10,14 @@ pub struct Partition {
     state: Mutex<State>,
     /// Largest LSN of this partition known durable (its records are appended in LSN order).
     durable: AtomicU64,
-    /// Waiters for a flush of this partition sleep here (see [`super::progress`]): one
-    /// rendezvous per partition, so a flush wakes only those it may satisfy.
+    /// Waiters for a flush of this partition sleep here (see [`super::progress`]), on the
+    /// condvar of the flush generation that will satisfy them (`gen % 2`): the buffer in
+    /// flight is one generation, the active buffer the next, and no third exists while one
+    /// is in flight. So a finished flush wakes exactly the waiters it made durable, plus one
+    /// waiter of the next generation to lead the next flush, instead of every sleeper (with
+    /// many committers per partition the herd of wake-ups cost more than the flush).
     wake: Mutex<()>,
-    cond: Condvar,
+    cond: [Condvar; 2],
 }
 
 #[derive(Default)]
@@ -24,6 +28,8 @@ struct State {
     active_last: u64,
     /// First LSN of the buffer the writer has in flight (0 when none).
     inflight_first: u64,
+    /// Buffers taken so far: the generation of the one in flight, or of the last flushed.
+    takes: u64,
     /// The buffer the writer last returned, kept for reuse.
     spare: Vec<u8>,
 }
@@ -33,6 +39,8 @@ pub struct Taken {
     pub data: Vec<u8>,
     pub first: u64,
     pub last: u64,
+    /// The flush generation (see [`Partition::generation_for`]).
+    pub generation: u64,
 }
 
 impl Partition {
@@ -50,19 +58,53 @@ impl Partition {
         (lsn, s.active.len())
     }
 
-    /// Wakes every waiter of this partition (under the wake mutex, so none misses it: a
-    /// waiter checks its condition and goes to sleep without releasing that mutex between).
-    pub fn notify(&self) {
+    /// Wakes every waiter of this partition, for a change every waiter must see (failure,
+    /// stop). Under the wake mutex, so none misses it: a waiter checks its condition and goes
+    /// to sleep without releasing that mutex between.
+    pub fn notify_all(&self) {
         let _g = self.wake.lock();
-        self.cond.notify_all();
+        self.cond[0].notify_all();
+        self.cond[1].notify_all();
+    }
+
+    /// The flush of `generation` ended (or, with the last taken generation, a flush that took
+    /// nothing): wakes every waiter of that generation, all of whom it made durable, and one
+    /// waiter of the next, which leads the next flush if no one else has. A woken leader that
+    /// finds the slot taken sleeps again, and the flush that took the slot then ends by waking
+    /// its whole generation, so no waiter is left without a flush to wait for.
+    pub fn notify_flushed(&self, generation: u64) {
+        let _g = self.wake.lock();
+        self.cond[(generation % 2) as usize].notify_all();
+        self.cond[((generation + 1) % 2) as usize].notify_one();
     }
 
     pub(super) fn lock_wake(&self) -> MutexGuard<'_, ()> {
         self.wake.lock()
     }
 
-    pub(super) fn sleep(&self, guard: &mut MutexGuard<'_, ()>) {
-        self.cond.wait(guard);
+    /// Sleeps until the flush of `generation` ends (or a hand-off or failure wakes it).
+    pub(super) fn sleep(&self, guard: &mut MutexGuard<'_, ()>, generation: u64) {
+        self.cond[(generation % 2) as usize].wait(guard);
+    }
+
+    /// The generation of the flush after which every record of this partition with an LSN
+    /// ≤ `lsn` is durable: the next buffer's if the active one holds such a record, else the
+    /// in-flight one's; `None` when no such record is pending (then `durable()` covers them:
+    /// [`Partition::written`] updates both under the state mutex).
+    pub fn generation_for(&self, lsn: u64) -> Option<u64> {
+        let s = self.state.lock();
+        if s.active_first != 0 && s.active_first <= lsn {
+            Some(s.takes + 1)
+        } else if s.inflight_first != 0 && s.inflight_first <= lsn {
+            Some(s.takes)
+        } else {
+            None
+        }
+    }
+
+    /// The generation of the last buffer taken.
+    pub fn last_generation(&self) -> u64 {
+        self.state.lock().takes
     }
 
     pub fn durable(&self) -> u64 {
@@ -89,7 +131,8 @@ impl Partition {
         }
         let spare = std::mem::take(&mut s.spare);
         let data = std::mem::replace(&mut s.active, spare);
-        let taken = Taken { data, first: s.active_first, last: s.active_last };
+        s.takes += 1;
+        let taken = Taken { data, first: s.active_first, last: s.active_last, generation: s.takes };
         s.inflight_first = s.active_first;
         s.active_first = 0;
         s.active_last = 0;
@@ -121,12 +164,19 @@ mod tests {
         let (lsn, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
         assert_eq!(lsn, 11);
         assert_eq!(p.first_pending(), Some(11));
+        assert_eq!(p.generation_for(11), Some(1), "the active buffer goes with the next take");
+        assert_eq!(p.generation_for(10), None);
         let taken = p.take().unwrap();
+        assert_eq!(taken.generation, 1);
         assert!(p.take().is_none(), "one buffer in flight at a time");
         let (lsn2, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
         assert_eq!(p.first_pending(), Some(11), "in-flight buffer is older");
+        assert_eq!(p.generation_for(11), Some(1), "in flight");
+        assert_eq!(p.generation_for(lsn2), Some(2), "behind the buffer in flight");
         p.written(taken);
         assert_eq!(p.durable(), 11);
+        assert_eq!(p.generation_for(11), None);
         assert_eq!(p.first_pending(), Some(lsn2));
+        assert_eq!(p.last_generation(), 1);
     }
 }
