@@ -62,7 +62,7 @@ pub fn apply<'a, W>(
 where
     W: Iterator<Item = (u64, &'a [u8])>,
 {
-    assert!(chunk_size % 8 == 0 && chunk_size > 0, "chunks hold whole words");
+    assert!(chunk_size.is_multiple_of(8) && chunk_size > 0, "chunks hold whole words");
     let chunks = heap.capacity().div_ceil(chunk_size) as usize;
     assert_eq!(chunk_lsn.len(), chunks, "one image LSN per chunk");
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count.max(1));
@@ -133,7 +133,7 @@ where
         let (lsn, writes) = record(i);
         for (offset, bytes) in writes {
             let end = offset.checked_add(bytes.len() as u64);
-            if !end.is_some_and(|end| end <= capacity) {
+            if end.is_none_or(|end| end > capacity) {
                 out.too_far = Some(TooFar { record: i, needed: end.unwrap_or(u64::MAX) });
                 return out;
             }

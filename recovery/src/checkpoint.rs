@@ -201,7 +201,7 @@ fn load_images(dir: &Path, manifest: &Manifest, heap: Option<&Heap>) -> Result<(
                     let mut buf = AlignedBuf::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(run) = runs.get(i) else { return None };
+                        let run = runs.get(i)?;
                         let (path, file, file_len) = &files[run.segment];
                         if let Err(reason) = load_run(file, *file_len, run, manifest, heap, image, &mut buf) {
                             next.store(usize::MAX / 2, Ordering::Relaxed);

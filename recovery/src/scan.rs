@@ -58,7 +58,7 @@ pub struct RecordRef {
 
 /// Records start 8-aligned, which leaves three low bits of the offset for the flags.
 const FLAG_BITS: u32 = 7;
-const _: () = assert!((FLAG_PARTITION | FLAG_MARKER) <= FLAG_BITS);
+const _: () = assert!((FLAG_PARTITION | FLAG_MARKER) & !FLAG_BITS == 0);
 
 impl RecordRef {
     fn new(lsn: u64, segment: u32, offset: u32, flags: u32) -> RecordRef {
@@ -174,7 +174,7 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
             let map = MappedFile::open(&path)?;
             let data = map.as_slice();
             out.log_bytes += data.len() as u64;
-            let header = SegmentHeader::decode(&data);
+            let header = SegmentHeader::decode(data);
             let header = match header {
                 Ok(h) => h,
                 // A segment created just before a crash: its header never became durable, so
