@@ -5,7 +5,7 @@
 mod common;
 
 use tusk::{Commit, Store};
-use tusk_storage::checkpoint_format::{image_size, list_image_segments, list_manifests, Manifest};
+use tusk_storage::checkpoint_format::{image_size, list_image_segments, list_manifests, spare_segment_path, Manifest};
 use tusk_txn::checkpoint::COMPACT_BELOW;
 
 const CHUNK: u64 = 16 << 10;
@@ -51,6 +51,11 @@ fn one_segment_per_checkpoint_and_compaction_bounds_dead_images() {
         }
         let on_disk: u64 = segments.iter().map(|(_, path)| std::fs::metadata(path).unwrap().len()).sum();
         assert_eq!(on_disk, r.segment_bytes);
+        // At most one unused segment stays, as the spare the next checkpoint writes over: no
+        // larger than a full checkpoint of the covered heap.
+        let spare = std::fs::metadata(spare_segment_path(dir.path())).map_or(0, |m| m.len());
+        assert_eq!(spare, r.spare_bytes);
+        assert!(spare <= newest.chunks.len() as u64 * image, "round {round}: a spare of {spare} bytes");
         // The newest checkpoint's segments are at least half live, the previous one's too:
         // dead images never pin more than that.
         let bound = 2.0 / COMPACT_BELOW * 2.0 * (newest.chunks.len() as u64 * image) as f64;

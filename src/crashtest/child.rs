@@ -173,7 +173,7 @@ pub fn run(config: &ChildConfig) -> Result<(), CrashtestError> {
         group_commit_interval: Duration::from_micros(config.group_commit_us.max(100)),
         ..store_options()
     };
-    let store = Store::open(&config.dir, options)?;
+    let store = open_when_released(&config.dir, options)?;
     let ((p, seq0), _) = store.transact(crate::Commit::Async, |tx| {
         let p = tx.root(workload::ROOT)?.ok_or_else(|| Error::LogFailed("the crash-run store has no workload root".into()))?;
         Ok((p, tx.read_u64_at(p, 0)?))
@@ -266,6 +266,20 @@ fn worker(store: &Store, p: crate::HeapPtr, config: &ChildConfig, t: u32, last_s
                 reporter.send(&Event::Error(e.to_string()));
                 return;
             }
+        }
+    }
+}
+
+/// Opens the store the driver just closed. Its lock can outlive the driver's close for a
+/// moment: a process forked by another thread of the driver's program (parallel tests spawn
+/// children) holds a copy of the lock file's descriptor until it execs. So a `Locked` store is
+/// tried again for up to two seconds before the error stands.
+fn open_when_released(dir: &std::path::Path, options: Options) -> Result<Store, Error> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match Store::open(dir, options.clone()) {
+            Err(Error::Locked(_)) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            other => return other,
         }
     }
 }

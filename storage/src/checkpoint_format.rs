@@ -44,6 +44,13 @@ pub fn image_segment_path(store_dir: &Path, epoch: u64) -> PathBuf {
     checkpoint_dir(store_dir).join(format!("seg-{epoch:010}.ckpt"))
 }
 
+/// A segment no manifest names any more, kept to be written over by the next checkpoint
+/// instead of deleted: unlinking a 1 GiB file and allocating a new one cost the disk as much
+/// as writing a third of it. Its name matches no segment, so nothing ever reads it.
+pub fn spare_segment_path(store_dir: &Path) -> PathBuf {
+    checkpoint_dir(store_dir).join("spare.ckpt")
+}
+
 /// Epoch from a segment's file name.
 pub fn parse_image_segment_name(name: &str) -> Option<u64> {
     name.strip_prefix("seg-")?.strip_suffix(".ckpt")?.parse().ok()

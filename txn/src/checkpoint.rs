@@ -9,7 +9,9 @@
 //! the log it needs would exceed half of `max_log_bytes`, or its segment is mostly dead (see
 //! [`COMPACT_BELOW`]). Afterwards the previous checkpoint is kept (recovery falls back to it
 //! if an image of the new one is lost), everything older is deleted, segments no kept
-//! manifest names are deleted, and log segments whose records are all older than both
+//! manifest names are deleted (the newest of them is kept as the spare, which the next
+//! checkpoint renames and writes over: no unlink of a large file and no fresh allocation on
+//! the checkpoint's path), and log segments whose records are all older than both
 //! checkpoints' oldest chunk LSN are removed.
 
 use std::collections::{HashMap, HashSet};
@@ -19,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tusk_storage::checkpoint_format::{
-    checkpoint_dir, image_segment_path, image_size, list_image_segments, list_manifests, manifest_path, ChunkEntry,
-    ChunkHeader, Manifest, CHUNK_HEADER_SIZE,
+    checkpoint_dir, image_segment_path, image_size, list_image_segments, list_manifests, manifest_path,
+    spare_segment_path, ChunkEntry, ChunkHeader, Manifest, CHUNK_HEADER_SIZE,
 };
 use tusk_storage::io::{open_backend, open_direct, AlignedBuf, FaultPlan, Io, IoBackend, WriteSync};
 use tusk_storage::layout::BRK_OFF;
@@ -81,10 +83,13 @@ pub struct CheckpointReport {
     pub min_lsn: u64,
     /// Newest chunk LSN: the checkpoint became valid once it was durable.
     pub max_lsn: u64,
-    /// Image segments no kept checkpoint refers to any more, deleted.
+    /// Image segments no kept checkpoint refers to any more, deleted (or the newest of them
+    /// kept as the spare).
     pub deleted_segments: u64,
-    /// Bytes of image segments on disk afterwards.
+    /// Bytes of the image segments the kept checkpoints use, on disk afterwards.
     pub segment_bytes: u64,
+    /// Bytes of the spare segment the next checkpoint writes over (0 if none).
+    pub spare_bytes: u64,
     /// Log segments deleted, and their bytes.
     pub trimmed_segments: u64,
     pub trimmed_bytes: u64,
@@ -259,6 +264,7 @@ impl Checkpointer {
         pool.truncate(POOL_BUFFERS);
         self.pool = pool;
         let (images, bytes) = written?;
+        self.finish_segment(&segment, &seg_path, to_write.len() as u64 * image)?;
         self.backend.sync(fd).map_err(|e| io_err(&seg_path, e))?;
         drop(segment);
         self.slots.insert(epoch, to_write.len() as u64);
@@ -336,16 +342,35 @@ impl Checkpointer {
     }
 
     /// Creates this checkpoint's segment, its directory entry durable before any image is
-    /// written into it.
+    /// written into it: the spare renamed, or a new file. A recycled spare keeps its old
+    /// bytes past what this checkpoint writes until [`Checkpointer::finish_segment`] cuts
+    /// them; no manifest names it before then.
     fn create_segment(&self, path: &std::path::Path) -> Result<std::fs::File, TxnError> {
         self.step(path)?;
-        // A failed earlier attempt at this epoch may have left the file behind.
-        let _ = std::fs::remove_file(path);
-        let file = open_direct(path, true).map_err(|e| io_err(path, e))?;
+        let spare = spare_segment_path(&self.config.dir);
+        let file = if spare.exists() {
+            std::fs::rename(&spare, path).map_err(|e| io_err(path, e))?;
+            open_direct(path, false).map_err(|e| io_err(path, e))?
+        } else {
+            // A failed earlier attempt at this epoch may have left the file behind.
+            let _ = std::fs::remove_file(path);
+            open_direct(path, true).map_err(|e| io_err(path, e))?
+        };
         let dir = checkpoint_dir(&self.config.dir);
         self.step(&dir)?;
         sync_dir(&dir)?;
         Ok(file)
+    }
+
+    /// Cuts a recycled segment's old bytes beyond the `len` just written (before the segment's
+    /// fdatasync, which makes the length durable with the images).
+    fn finish_segment(&self, file: &std::fs::File, path: &std::path::Path, len: u64) -> Result<(), TxnError> {
+        let on_disk = file.metadata().map_err(|e| io_err(path, e))?.len();
+        if on_disk > len {
+            self.step(path)?;
+            file.set_len(len).map_err(|e| io_err(path, e))?;
+        }
+        Ok(())
     }
 
     fn write_manifest(&self, manifest: &Manifest) -> Result<(), TxnError> {
@@ -376,17 +401,28 @@ impl Checkpointer {
         }
         let referenced: HashSet<u64> = kept.iter().flat_map(|m| m.segments()).collect();
         let dir = checkpoint_dir(&self.config.dir);
+        let spare = spare_segment_path(&self.config.dir);
+        let mut keep_spare = !spare.exists();
         let mut left = 0;
-        for (epoch, path) in list_image_segments(&self.config.dir).map_err(|e| io_err(&dir, e))? {
+        // Newest first: the newest unreferenced segment becomes the spare (it is about the
+        // size the next checkpoint writes), older ones are deleted.
+        for (epoch, path) in list_image_segments(&self.config.dir).map_err(|e| io_err(&dir, e))?.into_iter().rev() {
             if referenced.contains(&epoch) {
                 left += std::fs::metadata(&path).map_or(0, |m| m.len());
+                continue;
+            }
+            if keep_spare {
+                self.step(&spare)?;
+                std::fs::rename(&path, &spare).map_err(|e| io_err(&path, e))?;
+                keep_spare = false;
             } else {
                 std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
-                self.slots.remove(&epoch);
-                report.deleted_segments += 1;
             }
+            self.slots.remove(&epoch);
+            report.deleted_segments += 1;
         }
         report.segment_bytes = left;
+        report.spare_bytes = std::fs::metadata(&spare).map_or(0, |m| m.len());
         if report.deleted_segments > 0 {
             sync_dir(&dir)?;
         }
