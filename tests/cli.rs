@@ -216,3 +216,27 @@ fn inspect_of_a_missing_directory_is_a_one_line_error() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent/tusk-store"), "{err}");
 }
+
+/// `bench gpu` on a machine without a GPU answers with the CPU engine (device figures null),
+/// prints JSON per index and writes its chart with `--plot`.
+#[test]
+fn bench_gpu_without_a_gpu_reports_the_cpu_engine_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots");
+    let (ok, out, err) = tusk(&[
+        "bench", "gpu", "--keys", "20000", "--batch", "20000", "--ranges", "100", "--heap-mib", "32", "--rounds", "1",
+        "--dir", dir.path().to_str().unwrap(), "--json", "--plot", plots.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows: Vec<serde_json::Value> = out.lines().map(json).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for row in &rows {
+        assert!(row["cpu_lookups_per_s"].as_f64().is_some_and(|x| x > 0.0), "{row}");
+        assert!(row["sync_ms_1pct"].as_f64().is_some_and(|x| x >= 0.0), "{row}");
+        if row["backend"].as_str().is_some_and(|b| b.starts_with("cpu")) {
+            assert!(row["lookups_per_s"].is_null(), "no device figure without a GPU: {row}");
+        }
+    }
+    let svg = std::fs::read_to_string(plots.join("gpu.svg")).expect("gpu.svg written");
+    assert!(svg.contains("<svg") && svg.contains("point lookups"), "{svg}");
+}

@@ -16,6 +16,7 @@
 //!   cores.
 //! Every GPU answer of the batch is checked against the CPU engine before anything is timed.
 //! Without a GPU the mirror's backend is the CPU engine and the device figures are null.
+//! `--plot DIR` writes `DIR/gpu.svg` (bars per index: GPU against the CPU engine, sync time).
 
 use std::time::Instant;
 
@@ -28,7 +29,8 @@ use tusk::{BTreeOp, Commit, Durability, GpuOptions, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate, table};
-use super::{BenchDir, CliResult};
+use super::svg_plot::{write_bars_grid, Bars};
+use super::{BenchDir, BenchOutput, CliResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GpuIndex {
@@ -62,19 +64,16 @@ pub struct GpuArgs {
     rounds: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Where the store goes (the disk to measure): a fresh directory inside it, removed
-    /// afterwards (default: the current directory).
-    #[arg(long)]
-    dir: Option<std::path::PathBuf>,
-    /// Print one JSON object per index (one line each).
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: BenchOutput,
 }
 
 pub fn run(args: GpuArgs) -> CliResult {
+    let mut rows = Vec::new();
     for &index in &args.index {
         let row = measure(&args, index)?;
-        if args.json {
+        rows.push(row.clone());
+        if args.out.json {
             println!("{row}");
         } else {
             let f = |k: &str| row[k].as_f64().map_or("-".to_string(), rate);
@@ -104,6 +103,49 @@ pub fn run(args: GpuArgs) -> CliResult {
             println!();
         }
     }
+    if let Some(dir) = &args.out.plot {
+        plot(dir, &rows)?;
+    }
+    Ok(())
+}
+
+/// `DIR/gpu.svg`: lookups and count+sum ranges per second on the device (resident and end to
+/// end) against the CPU engine, per index, and the sync time of 1% dirty pages. Figures a run
+/// has no value for (no GPU, or no range queries on the ART) get no bar.
+fn plot(dir: &std::path::Path, rows: &[serde_json::Value]) -> CliResult {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let categories: Vec<String> = rows.iter().map(|r| r["index"].as_str().unwrap_or("").to_string()).collect();
+    let series = |pairs: &[(&str, &str)]| -> Vec<(String, Vec<f64>)> {
+        pairs
+            .iter()
+            .map(|(label, key)| (label.to_string(), rows.iter().map(|r| r[*key].as_f64().unwrap_or(f64::NAN)).collect()))
+            .collect()
+    };
+    let charts = [
+        Bars {
+            title: "point lookups".into(),
+            y_label: "lookups/s".into(),
+            log_y: true,
+            categories: categories.clone(),
+            series: series(&[("GPU, device-resident", "lookups_per_s"), ("GPU, end to end", "lookups_per_s_end_to_end"), ("CPU engine", "cpu_lookups_per_s")]),
+        },
+        Bars {
+            title: "count+sum ranges".into(),
+            y_label: "ranges/s".into(),
+            log_y: true,
+            categories: categories.clone(),
+            series: series(&[("GPU", "count_sum_ranges_per_s"), ("CPU engine", "cpu_count_sum_ranges_per_s")]),
+        },
+        Bars {
+            title: "mirror sync, 1% of pages dirty".into(),
+            y_label: "ms".into(),
+            log_y: false,
+            categories,
+            series: series(&[("sync", "sync_ms_1pct")]),
+        },
+    ];
+    let path = dir.join("gpu.svg");
+    write_bars_grid(&charts, 3, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(())
 }
 
@@ -118,7 +160,7 @@ fn be(k: u64) -> [u8; 8] {
 
 fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let t0 = Instant::now();
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let sequence: Vec<u64> = args.order.generate(args.keys, args.seed).into_iter().map(|(k, _)| k).collect();
     let mut distinct = sequence.clone();
     distinct.sort_unstable();
