@@ -987,6 +987,7 @@ pub fn run(args: PeersArgs) -> CliResult {
     println!("load: keys/s of one write transaction; load1: keys/s, one per write transaction into a fresh store; lookup: point reads/s, 100 per read transaction");
     println!("scan100: scans/s of {SCAN_KEYS} keys from a random start; range1000: count+sum ranges/s of {RANGE_KEYS} keys; one per read transaction (latency per transaction)");
     println!("value: bytes on disk per key; seconds to open and answer a read after a clean close (reopen) or after killing a writer mid-work (reopen-kill)");
+    println!("tusk/peer: ratio of rates (above 1: tusk faster); \"of the value\": ratio of bytes or seconds (above 1: tusk larger or slower)");
     // tusk against each peer, same class and workload: rates (higher is better for tusk)
     // and values (bytes, seconds: lower is better for tusk).
     for f in figures.iter().filter(|f| f.store == "tusk") {
