@@ -150,21 +150,24 @@ fn bench_txn_reports_append_and_overwrite_probes() {
     }
 }
 
-/// `bench peers` runs every store in both durability classes on the same keys, and each
-/// JSON line carries the fields the comparison is read by.
+/// `bench peers` runs every store in both durability classes on the same keys, every
+/// workload (one-key loads, scans, count+sum ranges, reopening after a kill included), and
+/// each JSON line carries the fields the comparison is read by.
 #[test]
 fn bench_peers_measures_every_store_and_class() {
     let dir = tempfile::tempdir().unwrap();
     let plots = dir.path().join("plots");
     let (ok, out, err) = tusk(&[
         "bench", "peers", "--keys", "5000", "--duration", "0.2", "--lookups", "2000", "--threads", "1,2",
+        "--load1-keys", "40", "--load1-keys-nosync", "500", "--scans", "300", "--ranges", "50",
         "--dir", dir.path().to_str().unwrap(), "--json", "--plot", plots.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
     let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let workloads = [("load", 1), ("load1", 1), ("hathi", 1), ("hathi", 2), ("lookup", 1), ("scan100", 1), ("range1000", 1)];
     for store in ["tusk", "sqlite", "lmdb", "redb", "fjall"] {
         for class in ["sync", "nosync"] {
-            for (workload, threads) in [("load", 1), ("hathi", 1), ("hathi", 2), ("lookup", 1)] {
+            for (workload, threads) in workloads {
                 let found = lines.iter().find(|v| v["store"] == store && v["durability"] == class && v["workload"] == workload && v["threads"] == threads);
                 let v = found.unwrap_or_else(|| panic!("{store} {class} {workload} @{threads} missing: {out}"));
                 assert!(v["ops_per_s"].as_f64().unwrap() > 0.0, "{v}");
@@ -172,12 +175,18 @@ fn bench_peers_measures_every_store_and_class() {
                     assert!(v["p50_us"].as_f64().unwrap() > 0.0 && v["p99_us"].as_f64().unwrap() >= v["p50_us"].as_f64().unwrap(), "{v}");
                 }
             }
-            let bytes = lines.iter().find(|v| v["store"] == store && v["durability"] == class && v["workload"] == "bytes/key").unwrap();
-            assert!(bytes["value"].as_f64().unwrap() > 0.0, "{bytes}");
+            // Bytes per key, and seconds to reopen after a clean close and after a kill.
+            for workload in ["bytes/key", "reopen", "reopen-kill"] {
+                let found = lines.iter().find(|v| v["store"] == store && v["durability"] == class && v["workload"] == workload);
+                let v = found.unwrap_or_else(|| panic!("{store} {class} {workload} missing: {out}"));
+                assert!(v["value"].as_f64().unwrap() > 0.0, "{v}");
+            }
         }
     }
     let svg = std::fs::read_to_string(plots.join("peers.svg")).unwrap();
-    assert!(svg.lines().any(|l| l.trim() == "sqlite") && svg.lines().any(|l| l.trim() == "hathi @2"), "peers.svg");
+    for label in ["sqlite", "hathi @2", "load1", "scan100", "range1000", "reopen-kill"] {
+        assert!(svg.lines().any(|l| l.trim() == label), "peers.svg lacks {label}");
+    }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "the stores' directories are removed (plots stay)");
 }
 

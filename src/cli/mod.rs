@@ -50,6 +50,9 @@ enum Command {
     /// Child process of `tusk crashtest`.
     #[command(hide = true)]
     CrashtestChild(crashtest::CrashtestChildArgs),
+    /// Child process of `tusk bench peers` (reopen-kill): writes to a store until killed.
+    #[command(hide = true)]
+    PeersChild(bench_peers::ChildArgs),
 }
 
 #[derive(Subcommand)]
@@ -106,6 +109,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::CrashChild(args) => crash_child::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),
+        Command::PeersChild(args) => bench_peers::child(args),
     }
 }
 
