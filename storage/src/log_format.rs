@@ -229,15 +229,13 @@ impl RecordEncoder {
     pub fn push_write_word_slices<'w>(&mut self, buf: &mut Vec<u8>, offset: u64, words: usize, slices: impl Iterator<Item = &'w [u64]>) {
         buf.reserve(2 * MAX_VARINT + words * 8);
         self.push_header(buf, offset, words * 8);
-        let at = buf.len();
-        buf.resize(at + words * 8, 0);
-        let mut out = buf[at..].chunks_exact_mut(8);
+        let end = buf.len() + words * 8;
         for slice in slices {
             for w in slice {
-                out.next().expect("more words than announced").copy_from_slice(&w.to_le_bytes());
+                buf.extend_from_slice(&w.to_le_bytes());
             }
         }
-        assert!(out.next().is_none(), "fewer words than announced");
+        assert_eq!(buf.len(), end, "the slices do not hold the words announced");
     }
 
     /// Seals the record; returns its framed length.

@@ -45,13 +45,13 @@ impl LineWrite {
     /// Bitmaps of the words written whole and of those written at all (bit w = word w).
     #[inline]
     pub fn word_bits(&self) -> (u8, u8) {
-        let (mut full, mut any) = (0u8, 0u8);
-        for w in 0..LINE_WORDS {
-            let m = self.mask(w);
-            full |= u8::from(m == 0xFF) << w;
-            any |= u8::from(m != 0) << w;
-        }
-        (full, any)
+        // SWAR over the eight mask bytes: a byte's high bit in `nonzero(x)` says whether it
+        // is non-zero (exactly: no carries cross bytes), then the high bits are gathered.
+        const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let nonzero = |x: u64| ((x & LOW7).wrapping_add(LOW7) | x) & HIGH;
+        let gather = |hi: u64| (hi.wrapping_mul(0x0002_0408_1020_4081) >> 56) as u8;
+        (gather(!nonzero(!self.masks) & HIGH), gather(nonzero(self.masks)))
     }
 
     /// The written words: (heap offset, value, mask), ascending.
@@ -304,6 +304,17 @@ mod tests {
         assert_eq!(lines.get(2).masks, 0xFF);
         assert_eq!(ws.get(40), Some((1, 0xFF)));
         assert_eq!(ws.get(128), Some((12, 0xFF)));
+    }
+
+    proptest! {
+        #[test]
+        fn word_bits_match_the_masks(masks in any::<u64>(), full in any::<u8>()) {
+            // Some masks whole: random bytes rarely are 0xFF.
+            let masks = (0..8).fold(masks, |m, w| if full & (1 << w) != 0 { m | 0xFF << (8 * w) } else { m });
+            let e = LineWrite { line: 0, masks, words: [0; LINE_WORDS] };
+            let expect = (0..LINE_WORDS).fold((0u8, 0u8), |(f, a), w| (f | u8::from(e.mask(w) == 0xFF) << w, a | u8::from(e.mask(w) != 0) << w));
+            prop_assert_eq!(e.word_bits(), expect);
+        }
     }
 
     #[derive(Clone, Debug)]
