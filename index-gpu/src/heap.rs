@@ -42,6 +42,17 @@ pub trait HeapRead {
 /// Writes and allocation, on top of reads.
 pub trait HeapWrite: HeapRead {
     fn store(&mut self, off: u64, value: u64) -> Result<(), TxnError>;
+
+    /// Writes `values` to the consecutive words from `off` (a node's shifted keys): the same
+    /// as storing them one by one.
+    #[inline]
+    fn store_words(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
+        for (i, &v) in values.iter().enumerate() {
+            self.store(off + 8 * i as u64, v)?;
+        }
+        Ok(())
+    }
+
     /// Allocates `len` zeroed bytes; returns the heap offset of the first.
     fn alloc(&mut self, len: u64) -> Result<u64, TxnError>;
 }
@@ -74,6 +85,11 @@ impl HeapRead for Transaction<'_> {
 impl HeapWrite for Transaction<'_> {
     fn store(&mut self, off: u64, value: u64) -> Result<(), TxnError> {
         Transaction::store(self, off, value)
+    }
+
+    #[inline]
+    fn store_words(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
+        Transaction::store_words(self, off, values)
     }
 
     fn alloc(&mut self, len: u64) -> Result<u64, TxnError> {

@@ -257,6 +257,13 @@ impl Heap {
         let _ = (start, end, MADV_POPULATE_WRITE);
     }
 
+    /// Hints the CPU to fetch the dirty-epoch word of the page holding `off` (a commit stamps
+    /// it after its locks and validation).
+    #[inline]
+    pub fn prefetch_dirty_stamp(&self, off: u64) {
+        self.epochs.prefetch(off / PAGE_SIZE);
+    }
+
     /// Stamps every page overlapping `[off, off+len)` with `epoch` (commit write-back).
     #[inline]
     pub fn stamp_dirty(&self, off: u64, len: u64, epoch: u64) {

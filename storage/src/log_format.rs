@@ -156,13 +156,15 @@ fn take_varint(rest: &mut &[u8]) -> Option<u64> {
     None
 }
 
-/// Appends one record to a buffer: `begin`, any number of `push_write` (at ascending,
-/// non-overlapping offsets), then `finish`.
+/// Appends one record to a buffer: `begin` (or `begin_counted`), any number of `push_write`
+/// (at ascending, non-overlapping offsets), then `finish`.
 pub struct RecordEncoder {
     start: usize,
     /// Writes are counted into the header when the record is finished: the count's varint
     /// is reserved at full width here and the header is shifted left if it comes out shorter.
     count_at: usize,
+    /// The write count announced by `begin_counted` (already in the header), if any.
+    announced: Option<u32>,
     writes: u32,
     /// End of the previous write: the next write's offset is encoded as its gap from here.
     end: u64,
@@ -173,6 +175,17 @@ const COUNT_RESERVED: usize = 5;
 
 impl RecordEncoder {
     pub fn begin(buf: &mut Vec<u8>, header: RecordHeader) -> RecordEncoder {
+        RecordEncoder::begin_with(buf, header, None)
+    }
+
+    /// Begins a record whose number of writes the caller knows: the count goes into the
+    /// header at once, so `finish` need not move the record to fit it. `finish` panics if
+    /// the writes pushed are not exactly `writes`.
+    pub fn begin_counted(buf: &mut Vec<u8>, header: RecordHeader, writes: u32) -> RecordEncoder {
+        RecordEncoder::begin_with(buf, header, Some(writes))
+    }
+
+    fn begin_with(buf: &mut Vec<u8>, header: RecordHeader, announced: Option<u32>) -> RecordEncoder {
         debug_assert!(buf.len() % 8 == 0, "records start 8-aligned");
         let start = buf.len();
         buf.extend_from_slice(&[0u8; FRAME_HEADER_SIZE]);
@@ -182,12 +195,15 @@ impl RecordEncoder {
         buf.push(flags as u8);
         put_varint(buf, u64::from(header.partition));
         let count_at = buf.len();
-        buf.extend_from_slice(&[0u8; COUNT_RESERVED]);
+        match announced {
+            Some(n) => put_varint(buf, u64::from(n)),
+            None => buf.extend_from_slice(&[0u8; COUNT_RESERVED]),
+        }
         if let Some((from, to)) = header.void {
             buf.extend_from_slice(&from.to_le_bytes());
             buf.extend_from_slice(&to.to_le_bytes());
         }
-        RecordEncoder { start, count_at, writes: 0, end: 0 }
+        RecordEncoder { start, count_at, announced, writes: 0, end: 0 }
     }
 
     #[inline]
@@ -213,15 +229,34 @@ impl RecordEncoder {
         }
     }
 
+    /// Appends a write of `words` whole words given as consecutive slices (the little-endian
+    /// encodings of their words, in order); panics if they do not hold exactly `words`.
+    pub fn push_write_word_slices<'w>(&mut self, buf: &mut Vec<u8>, offset: u64, words: usize, slices: impl Iterator<Item = &'w [u64]>) {
+        buf.reserve(2 * MAX_VARINT + words * 8);
+        self.push_header(buf, offset, words * 8);
+        let end = buf.len() + words * 8;
+        for slice in slices {
+            for w in slice {
+                buf.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        assert_eq!(buf.len(), end, "the slices do not hold the words announced");
+    }
+
     /// Seals the record; returns its framed length.
     pub fn finish(self, buf: &mut Vec<u8>) -> usize {
-        let mut count = Vec::with_capacity(COUNT_RESERVED);
-        put_varint(&mut count, u64::from(self.writes));
-        // Close the reserved gap: move everything after it left.
-        let reserved_end = self.count_at + COUNT_RESERVED;
-        buf[self.count_at..self.count_at + count.len()].copy_from_slice(&count);
-        buf.copy_within(reserved_end.., self.count_at + count.len());
-        buf.truncate(buf.len() - (COUNT_RESERVED - count.len()));
+        match self.announced {
+            Some(n) => assert_eq!(n, self.writes, "a counted record got a different number of writes"),
+            None => {
+                let mut count = Vec::with_capacity(COUNT_RESERVED);
+                put_varint(&mut count, u64::from(self.writes));
+                // Close the reserved gap: move everything after it left.
+                let reserved_end = self.count_at + COUNT_RESERVED;
+                buf[self.count_at..self.count_at + count.len()].copy_from_slice(&count);
+                buf.copy_within(reserved_end.., self.count_at + count.len());
+                buf.truncate(buf.len() - (COUNT_RESERVED - count.len()));
+            }
+        }
         let payload_start = self.start + FRAME_HEADER_SIZE;
         let payload_len = buf.len() - payload_start;
         assert!(payload_len <= MAX_PAYLOAD, "record payload of {payload_len} bytes exceeds MAX_PAYLOAD");
@@ -484,6 +519,34 @@ mod tests {
         }
         enc.finish(&mut buf);
         buf
+    }
+
+    /// A counted record, with words pushed as slices, is byte for byte the record `begin`
+    /// and `push_write_words` make (for write counts of one and several varint bytes).
+    #[test]
+    fn counted_records_equal_uncounted_ones() {
+        for writes in [0u32, 1, 3, 127, 128, 300] {
+            let header = RecordHeader { lsn: 77, partition: 1, flags: 0, void: None };
+            let words: Vec<u64> = (0..5).map(|i| 0x0102_0304_0506_0708 * (i + 1)).collect();
+            let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
+            let mut plain = RecordEncoder::begin(&mut a, header);
+            let mut counted = RecordEncoder::begin_counted(&mut b, header, writes);
+            for w in 0..writes as u64 {
+                let off = w * 4096 + 8;
+                plain.push_write_words(&mut a, off, words.iter().copied());
+                counted.push_write_word_slices(&mut b, off, 5, [&words[..2], &words[2..]].into_iter());
+            }
+            assert_eq!(plain.finish(&mut a), counted.finish(&mut b));
+            assert_eq!(a, b, "{writes} writes");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "different number of writes")]
+    fn counted_records_check_their_count() {
+        let mut buf = Vec::new();
+        let enc = RecordEncoder::begin_counted(&mut buf, RecordHeader { lsn: 1, partition: 0, flags: 0, void: None }, 2);
+        enc.finish(&mut buf);
     }
 
     #[test]

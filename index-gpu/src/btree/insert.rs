@@ -54,16 +54,15 @@ fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Hea
 }
 
 /// Inserts (k, v) at slot `i` of `node`, which has room: the entries from `i` on are read
-/// as two runs of words and written back one slot up.
+/// as two runs of words and written back one slot up, behind the new entry, as two runs.
 fn shift_in<H: HeapWrite>(heap: &mut H, node: u64, h: Header, i: usize, k: u64, v: u64) -> Result<(), TxnError> {
     let n = h.count - i;
     let (mut keys, mut values) = ([0u64; CAPACITY], [0u64; CAPACITY]);
-    heap.load_words(layout::key_off(node, i), &mut keys[..n])?;
-    heap.load_words(layout::value_off(node, i), &mut values[..n])?;
-    layout::write_entry(heap, node, i, k, v)?;
-    for j in 0..n {
-        layout::write_entry(heap, node, i + 1 + j, keys[j], values[j])?;
-    }
+    (keys[0], values[0]) = (k, v);
+    heap.load_words(layout::key_off(node, i), &mut keys[1..=n])?;
+    heap.load_words(layout::value_off(node, i), &mut values[1..=n])?;
+    heap.store_words(layout::key_off(node, i), &keys[..=n])?;
+    heap.store_words(layout::value_off(node, i), &values[..=n])?;
     layout::write_level_count(heap, node, h.level, h.count + 1)
 }
 

@@ -143,8 +143,16 @@ pub fn write_entry<H: HeapWrite>(heap: &mut H, node: u64, i: usize, k: u64, v: u
 }
 
 /// Moves entries `from..from+len` of `src` to `to..to+len` of `dst` (overlap-safe within one
-/// node: copies backwards when shifting right).
+/// node): the keys and the values are each read as one run of words and written as one.
 pub fn move_entries<H: HeapWrite>(heap: &mut H, src: u64, from: usize, dst: u64, to: usize, len: usize) -> Result<(), TxnError> {
+    if len <= CAPACITY {
+        let (mut keys, mut values) = ([0u64; CAPACITY], [0u64; CAPACITY]);
+        heap.load_words(key_off(src, from), &mut keys[..len])?;
+        heap.load_words(value_off(src, from), &mut values[..len])?;
+        heap.store_words(key_off(dst, to), &keys[..len])?;
+        return heap.store_words(value_off(dst, to), &values[..len]);
+    }
+    // More entries than a node holds (a damaged count): word by word, as far as it goes.
     let copy = |heap: &mut H, j: usize| -> Result<(), TxnError> {
         let k = key(heap, src, from + j)?;
         let v = value(heap, src, from + j)?;
