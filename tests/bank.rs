@@ -119,7 +119,7 @@ fn run_bank(store: &Store, p: HeapPtr, transfers_per_thread: usize, seed: u64) -
                         let mut sum = 0u64;
                         for i in 0..ACCOUNTS {
                             sum += tx.read_u64_at(p, 8 * i)?;
-                            if i == ACCOUNTS / 2 && attempts % 4 == 0 {
+                            if i == ACCOUNTS / 2 && attempts.is_multiple_of(4) {
                                 // Let the writers commit between the two halves.
                                 std::thread::yield_now();
                             }

@@ -66,7 +66,7 @@ fn transfers_during_checkpoints(store: &Store, p: HeapPtr, checkpoints: usize, s
                             continue;
                         }
                         let amount = 1 + (x >> 16) % 100;
-                        let sync = (x >> 32) % 8 == 0;
+                        let sync = (x >> 32).is_multiple_of(8);
                         let mode = if sync { Commit::Sync } else { Commit::Async };
                         let (_, lsn) = store
                             .transact(mode, |tx| {

@@ -260,7 +260,9 @@ fn two_threads_update_the_same_keys() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), Options { log_partitions: 2, ..opts() }).unwrap();
     store.transact(Commit::Sync, |tx| tx.btree("t").map(drop).and_then(|_| tx.art("a").map(drop))).unwrap();
-    let logs: Vec<Vec<(u64, Vec<(u64, Option<u64>)>)>> = std::thread::scope(|s| {
+    // Per thread: (LSN, (key, value written or None for a removal)*) of each commit.
+    type CommitLog = Vec<(u64, Vec<(u64, Option<u64>)>)>;
+    let logs: Vec<CommitLog> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2u64)
             .map(|t| {
                 let store = &store;

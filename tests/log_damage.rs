@@ -107,7 +107,7 @@ fn torn_tail_is_cut_and_reported() {
         // Every flush is closed by a pad frame up to a 4 KiB boundary (O_DIRECT); zeros
         // written ahead of the flushes may follow.
         let pad = len - (last_rec.offset + last_rec.len);
-        assert!(pad > 0 && len % 4096 == 0, "the last flush ends with a pad: {pad} bytes, flush end {len}");
+        assert!(pad > 0 && len.is_multiple_of(4096), "the last flush ends with a pad: {pad} bytes, flush end {len}");
 
         // (where the damage starts, whether the last commit survives)
         let (torn_at, last_survives) = match tear {

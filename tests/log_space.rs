@@ -27,8 +27,8 @@ fn options() -> Options {
 }
 
 fn setup(store: &Store) -> HeapPtr {
-    let p = common::alloc_data_root(&store, WORDS * 8);
-    p
+    
+    common::alloc_data_root(store, WORDS * 8)
 }
 
 /// Two threads update the first 1% of the words (skewed: most chunks stay clean, so their

@@ -29,7 +29,7 @@ impl HeapRead for HeapImage<'_> {
     fn load(&mut self, off: u64) -> Result<u64, TxnError> {
         let at = usize::try_from(off).map_err(|_| TxnError::InvalidPointer(off))?;
         match self.bytes.get(at..at.wrapping_add(8)) {
-            Some(word) if off % 8 == 0 => Ok(u64::from_le_bytes(word.try_into().expect("8 bytes"))),
+            Some(word) if off.is_multiple_of(8) => Ok(u64::from_le_bytes(word.try_into().expect("8 bytes"))),
             _ => Err(TxnError::InvalidPointer(off)),
         }
     }
@@ -44,7 +44,7 @@ impl HeapRead for HeapImage<'_> {
 impl HeapRead for &Heap {
     #[inline]
     fn load(&mut self, off: u64) -> Result<u64, TxnError> {
-        if off % 8 == 0 && Heap::contains(self, off, 8) {
+        if off.is_multiple_of(8) && Heap::contains(self, off, 8) {
             Ok(self.load_word(off))
         } else {
             Err(TxnError::InvalidPointer(off))

@@ -14,6 +14,7 @@
 //!   keys, so each dirties a leaf), then `sync` (host copy plus upload);
 //! - `cpu_lookups_per_s`: the same batch on the CPU engine over the mirror's host image, all
 //!   cores.
+//!
 //! Every GPU answer of the batch is checked against the CPU engine before anything is timed.
 //! Without a GPU the mirror's backend is the CPU engine and the device figures are null.
 //! `--plot DIR` writes `DIR/gpu.svg` (bars per index: GPU against the CPU engine, sync time).

@@ -951,7 +951,7 @@ fn measure(store: StoreChoice, class: Class, args: &PeersArgs, out: &mut Vec<Fig
 }
 
 pub fn run(args: PeersArgs) -> CliResult {
-    if args.keys == 0 || args.words == 0 || args.threads.iter().any(|&t| t == 0) {
+    if args.keys == 0 || args.words == 0 || args.threads.contains(&0) {
         return Err("--keys, --words and --threads take counts of at least 1".into());
     }
     let mut figures = Vec::new();

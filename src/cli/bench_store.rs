@@ -82,7 +82,7 @@ fn make_array(store: &Store, heap_mib: u64) -> Result<HeapPtr, tusk::Error> {
         Ok(p)
     })?;
     store.prefault();
-    let block: Vec<u8> = (0..1u64 << 20).map(|i| (i * 2654435761 >> 7) as u8 | 1).collect();
+    let block: Vec<u8> = (0..1u64 << 20).map(|i| ((i * 2654435761) >> 7) as u8 | 1).collect();
     for mib in 0..heap_mib {
         store.transact(Commit::Async, |tx| tx.write_at(array, mib << 20, &block))?;
     }

@@ -355,7 +355,7 @@ pub fn run(args: TxnArgs) -> CliResult {
     let Workload::Hathi = args.workload;
     let mut threads = args.threads.clone();
     threads.dedup();
-    if threads.iter().any(|&t| t == 0) {
+    if threads.contains(&0) {
         return Err("--threads takes counts of at least 1".into());
     }
     // Every (threads, mode), run interleaved round by round.

@@ -61,7 +61,10 @@ pub fn write_svg_grid(charts: &[Chart], cols: usize, path: &Path) -> Result<(), 
 }
 
 /// Draws `items` into one SVG at `path`, `cols` panels a row, each panel by `draw`.
-fn write_panels<T>(items: &[T], cols: usize, path: &Path, draw: fn(&T, &Panel) -> Result<(), Box<dyn Error>>) -> Result<(), Box<dyn Error>> {
+/// Draws one item into its panel.
+type DrawPanel<T> = fn(&T, &Panel) -> Result<(), Box<dyn Error>>;
+
+fn write_panels<T>(items: &[T], cols: usize, path: &Path, draw: DrawPanel<T>) -> Result<(), Box<dyn Error>> {
     let cols = cols.clamp(1, items.len().max(1));
     let rows = items.len().div_ceil(cols).max(1);
     let root = SVGBackend::new(path, (PANEL_WIDTH * cols as u32, PANEL_HEIGHT * rows as u32)).into_drawing_area();

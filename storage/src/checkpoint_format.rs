@@ -241,7 +241,7 @@ impl Manifest {
             let entry = ChunkEntry { image_epoch: u64_at(at), offset: u64_at(at + 8), lsn: u64_at(at + 16), crc: u32_at(at + 24) };
             // Images lie at whole image slots: anything else cannot be one (and would make
             // unaligned direct reads).
-            if entry.offset % image != 0 {
+            if !entry.offset.is_multiple_of(image) {
                 return damaged(format!("chunk {i} at segment offset {}, not a multiple of the image size {image}", entry.offset));
             }
             chunks.push(entry);
@@ -259,7 +259,7 @@ pub fn list_manifests(store_dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> 
             out.push((epoch, entry.path()));
         }
     }
-    out.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    out.sort_unstable_by_key(|m| std::cmp::Reverse(m.0));
     Ok(out)
 }
 

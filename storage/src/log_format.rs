@@ -186,7 +186,7 @@ impl RecordEncoder {
     }
 
     fn begin_with(buf: &mut Vec<u8>, header: RecordHeader, announced: Option<u32>) -> RecordEncoder {
-        debug_assert!(buf.len() % 8 == 0, "records start 8-aligned");
+        debug_assert!(buf.len().is_multiple_of(8), "records start 8-aligned");
         let start = buf.len();
         buf.extend_from_slice(&[0u8; FRAME_HEADER_SIZE]);
         buf.extend_from_slice(&header.lsn.to_le_bytes());
@@ -342,7 +342,7 @@ impl<'a> Iterator for WriteIter<'a> {
 
 /// The pad that closes a flush ending at file position `end`: its bytes, to append.
 pub fn pad_frame(end: u64) -> Vec<u8> {
-    debug_assert!(end % 8 == 0);
+    debug_assert!(end.is_multiple_of(8));
     let gap = match FLUSH_ALIGN - end % FLUSH_ALIGN {
         0 => FLUSH_ALIGN,
         g => g,
@@ -384,7 +384,7 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
         let len = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap()) as usize;
         let end = at + len;
         let valid = (8..=FLUSH_ALIGN as usize).contains(&len)
-            && end as u64 % FLUSH_ALIGN == 0
+            && (end as u64).is_multiple_of(FLUSH_ALIGN)
             && end <= data.len()
             && data[at + 8..end].iter().all(|&b| b == 0);
         return if valid { Frame::Pad(end) } else { Frame::Invalid("damaged pad frame".into()) };
@@ -397,7 +397,7 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
         return Frame::Invalid("bad record magic".into());
     }
     let len = word(4) as usize;
-    if len > MAX_PAYLOAD || len < PAYLOAD_FIXED {
+    if !(PAYLOAD_FIXED..=MAX_PAYLOAD).contains(&len) {
         return Frame::Invalid(format!("implausible record length {len}"));
     }
     let payload_start = at + FRAME_HEADER_SIZE;
@@ -758,7 +758,7 @@ mod tests {
     #[test]
     fn damage_in_reserved_or_alignment_bytes_is_invalid() {
         let rec = record(5, 0, &[(64, &[1, 2, 3, 4])]);
-        assert!(rec.len() % 8 == 0 && rec.len() > FRAME_HEADER_SIZE);
+        assert!(rec.len().is_multiple_of(8) && rec.len() > FRAME_HEADER_SIZE);
         assert!(matches!(decode_frame(&rec, 0), Frame::Record(..)));
         let payload = u32::from_le_bytes(rec[4..8].try_into().unwrap()) as usize;
         let end = FRAME_HEADER_SIZE + payload;

@@ -73,7 +73,7 @@ impl Transaction<'_> {
             let cursor = self.load(small_cursor_off(c))?;
             let block = if cursor != 0 { cursor } else { self.take_from_brk(PAGE_SIZE, len)? };
             let next = block + size;
-            self.store(small_cursor_off(c), if next % PAGE_SIZE == 0 { 0 } else { next })?;
+            self.store(small_cursor_off(c), if next.is_multiple_of(PAGE_SIZE) { 0 } else { next })?;
             block
         };
         let header = BlockHeader { class: c as u8, state: STATE_ALLOCATED, len: len as u32 };
@@ -128,7 +128,7 @@ impl Transaction<'_> {
     /// Frees the allocation at `p`.
     pub fn free(&mut self, p: HeapPtr) -> Result<(), TxnError> {
         let ptr = p.offset();
-        if ptr % 8 != 0 || ptr < DATA_START + HEADER_SIZE || !self.engine().heap().contains(ptr, 0) {
+        if !ptr.is_multiple_of(8) || ptr < DATA_START + HEADER_SIZE || !self.engine().heap().contains(ptr, 0) {
             return Err(TxnError::InvalidPointer(ptr));
         }
         let header = BlockHeader::decode(self.load(ptr - HEADER_SIZE)?).ok_or(TxnError::InvalidPointer(ptr))?;

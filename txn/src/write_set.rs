@@ -202,7 +202,7 @@ impl WriteSet {
     /// The entry of the line at `line` (a multiple of [`LINE_BYTES`]), if it has one.
     #[inline]
     pub fn line(&self, line: u64) -> Option<&LineWrite> {
-        debug_assert!(line % LINE_BYTES == 0);
+        debug_assert!(line.is_multiple_of(LINE_BYTES));
         self.find(line).map(|i| &self.lines[i])
     }
 
@@ -210,14 +210,14 @@ impl WriteSet {
     /// `offset`. (The caller can tell a new line by [`WriteSet::len`].)
     #[inline]
     pub fn put(&mut self, offset: u64, value: u64, mask: u8) {
-        debug_assert!(offset % 8 == 0 && mask != 0);
+        debug_assert!(offset.is_multiple_of(8) && mask != 0);
         let w = ((offset % LINE_BYTES) / 8) as usize;
         self.entry(offset & !(LINE_BYTES - 1)).merge(w, value, mask);
     }
 
     /// Records writes of whole words: `values[i]` to the word at `offset + 8 i`.
     pub fn put_words(&mut self, offset: u64, values: &[u64]) {
-        debug_assert!(offset % 8 == 0);
+        debug_assert!(offset.is_multiple_of(8));
         let mut i = 0;
         while i < values.len() {
             let at = offset + 8 * i as u64;

@@ -204,7 +204,8 @@ impl Mirror {
                 done => done,
             };
         }
-        let (short, long): (Vec<(usize, &[u8])>, Vec<(usize, &[u8])>) = keys.iter().copied().enumerate().partition(|(_, k)| k.len() <= DEVICE_MAX_KEY);
+        type Indexed<'k> = Vec<(usize, &'k [u8])>;
+        let (short, long): (Indexed<'_>, Indexed<'_>) = keys.iter().copied().enumerate().partition(|(_, k)| k.len() <= DEVICE_MAX_KEY);
         let short_keys: Vec<&[u8]> = short.iter().map(|&(_, k)| k).collect();
         let long_keys: Vec<&[u8]> = long.iter().map(|&(_, k)| k).collect();
         let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();

@@ -139,7 +139,7 @@ pub(crate) mod backend_tests {
         let dir = tempfile::tempdir().unwrap();
         let files: Vec<std::fs::File> = (0..3)
             .map(|i| {
-                std::fs::OpenOptions::new().create(true).read(true).write(true).open(dir.path().join(format!("f{i}"))).unwrap()
+                std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(dir.path().join(format!("f{i}"))).unwrap()
             })
             .collect();
         let payloads: Vec<Vec<u8>> = (0..3).map(|i| vec![b'a' + i as u8; 100_000 + i * 7]).collect();

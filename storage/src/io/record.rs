@@ -320,7 +320,7 @@ mod tests {
     fn setup() -> (tempfile::TempDir, PathBuf, File) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
-        let file = OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+        let file = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).unwrap();
         (dir, path, file)
     }
 

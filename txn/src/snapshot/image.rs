@@ -129,7 +129,7 @@ mod tests {
             heap.store_word(i * 8, i ^ 0xDEAD_BEEF);
         }
         let mut image = ImageTarget::new(heap.capacity(), 3).unwrap();
-        image.copy_runs(&heap, &[0..(40 << 20)]).unwrap();
+        image.copy_runs(&heap, std::slice::from_ref(&(0..(40 << 20)))).unwrap();
         let mut expected = vec![0u8; 40 << 20];
         heap.read_bytes(0, &mut expected);
         assert!(image.bytes() == expected.as_slice(), "the image differs from the heap");
