@@ -2,7 +2,7 @@
 //! a line's eight words and one byte mask per word. An index insert writes a few runs of
 //! adjacent words (a leaf's shifted keys and values, its header, a counter), so it touches a
 //! handful of lines however many words it writes: the entries are found by a linear scan
-//! while there are at most [`INDEX_FROM`] of them (behind a one-word filter that answers most
+//! while there are at most `INDEX_FROM` of them (behind a one-word filter that answers most
 //! misses, and a hint at the line written last), through a hash index above. Commit locks one
 //! stripe per entry, writes back and stamps a page per line, and logs runs of whole words
 //! straight from the entries.

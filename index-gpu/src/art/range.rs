@@ -1,8 +1,8 @@
 //! Ordered reads: the range iterator, and count/sum over a range or a prefix.
 //!
 //! Bounds are normalized to `[lo, hi)` over byte strings: the successor of a string s is
-//! s ++ [0], so an included end s becomes the excluded end s ++ [0], an excluded start s the
-//! included start s ++ [0]; a prefix p is `[p, p')` where p' is p with its trailing 0xFF bytes
+//! s ++ \[0\], so an included end s becomes the excluded end s ++ \[0\], an excluded start s the
+//! included start s ++ \[0\]; a prefix p is `[p, p')` where p' is p with its trailing 0xFF bytes
 //! cut and the last byte incremented (unbounded when there is none).
 //!
 //! The walk is in order (terminal first, then children by byte) with an explicit stack. A

@@ -4,7 +4,7 @@
 //! the root. Every level gets its high keys and right links as it is written, so the result is
 //! exactly a tree that `insert` could have produced, and `check()` holds for it.
 //!
-//! The input is streamed: a level is written through a [`LevelWriter`] that holds at most two
+//! The input is streamed: a level is written through a `LevelWriter` that holds at most two
 //! nodes' worth of entries (it must, to keep the last node from underflowing: the last two
 //! nodes are evened out); only the (first key, node) pairs of one level are kept whole.
 //!

@@ -10,7 +10,7 @@
 //!   an internal root two children);
 //! - keys strictly ascend and lie in the node's range `[low, high)`, where `low` is the left
 //!   sibling's high key (0 for the leftmost) and the high key is the one its parent implies;
-//!   an internal node's keys[0] equals its `low`;
+//!   an internal node's keys\[0\] equals its `low`;
 //! - the rightmost node has no right link (and so no high key), every other one does;
 //! - the nodes reached equal the descriptor's node count, the leaf entries its key count
 //!   (both the sums of the per-thread stripes, see `meta.rs`).

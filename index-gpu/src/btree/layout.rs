@@ -17,11 +17,11 @@
 //!   28 keys (224 bytes, 3.5 lines) are contiguous and one GPU warp (or a narrowed thread
 //!   group) can load them in one coalesced read, then the one value it needs.
 //! - A rightmost node (right link 0) has no high key: its range is unbounded above, so the
-//!   high-key word is meaningless there and [`high_key`] reports `None`. That keeps the whole
+//!   high-key word is meaningless there and the high key reads as `None`. That keeps the whole
 //!   u64 key space usable (no key value is reserved as "infinity").
 //! - Internal nodes store, for each child, the *lowest* key the child may hold: child i
 //!   covers `[keys[i], keys[i+1])`, the last child `[keys[count-1], high key)`. The leftmost
-//!   internal node of each level has keys[0] = 0, the smallest u64, so a search never falls
+//!   internal node of each level has keys\[0\] = 0, the smallest u64, so a search never falls
 //!   off the left; a split of child i inserts (separator, new child) right after it. Leaves
 //!   and internal nodes thus share one layout and one in-node search.
 //! - Lehman–Yao: the high key and right link let a reader that arrives at a node after it
@@ -52,12 +52,12 @@ const _: () = assert!(NODE_SIZE.is_power_of_two());
 const _: () = assert!(VALUES_OFF + CAPACITY as u64 * 8 == NODE_SIZE);
 const _: () = assert!(KEYS_OFF.is_multiple_of(NODE_ALIGN));
 
-/// Heap offset of keys[i] of `node`.
+/// Heap offset of keys\[i\] of `node`.
 pub fn key_off(node: u64, i: usize) -> u64 {
     node + KEYS_OFF + i as u64 * 8
 }
 
-/// Heap offset of values[i] (or children[i]) of `node`.
+/// Heap offset of values\[i\] (or children\[i\]) of `node`.
 pub fn value_off(node: u64, i: usize) -> u64 {
     node + VALUES_OFF + i as u64 * 8
 }
@@ -129,7 +129,7 @@ pub fn search<H: HeapRead>(heap: &mut H, node: u64, count: usize, key: u64) -> R
     Ok((i, i < count && keys[i] == key))
 }
 
-/// The child slot of an internal node covering `key`: the last i with keys[i] ≤ key.
+/// The child slot of an internal node covering `key`: the last i with keys\[i\] ≤ key.
 pub fn child_slot<H: HeapRead>(heap: &mut H, node: u64, count: usize, key: u64) -> Result<usize, TxnError> {
     let (i, hit) = search(heap, node, count, key)?;
     // keys[0] is the node's low bound ≤ key, so i ≥ 1 when it is no hit.

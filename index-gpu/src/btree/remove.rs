@@ -8,10 +8,10 @@
 //!   which may underflow the parent in turn.
 //!
 //! Because the left node of a pair always survives, an internal node's slot 0 is never removed:
-//! keys[0] stays the node's low bound (0 for the leftmost node of a level, see `layout.rs`).
+//! keys\[0\] stays the node's low bound (0 for the leftmost node of a level, see `layout.rs`).
 //! Entries move between internal nodes whole, (low bound, child) pairs, so the moved keys stay
 //! their children's low bounds on either side, and the new separator is simply the right
-//! node's new keys[0]. An internal root left with one child is freed and the child becomes the
+//! node's new keys\[0\]. An internal root left with one child is freed and the child becomes the
 //! root (the tree shrinks a level); an empty tree keeps its leaf root.
 //!
 //! Like insert, the whole removal runs in one transaction; freed nodes go to the slab's free

@@ -565,7 +565,7 @@ impl CudaMirror {
     }
 
     /// Copies `runs` (ascending, disjoint, 8-byte aligned byte ranges of the heap; page-aligned
-    /// in practice) from `image` (image[i] is heap offset i) to the same device offsets, after
+    /// in practice) from `image` (image\[i\] is heap offset i) to the same device offsets, after
     /// growing the device buffer to `extent` bytes if needed. Staged through the pinned
     /// buffers, copies overlapped on their streams. Returns once every copy has completed.
     pub fn upload(&mut self, image: &[u8], runs: &[Range<u64>], extent: u64) -> Result<(), MirrorError> {

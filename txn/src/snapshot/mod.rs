@@ -4,7 +4,7 @@
 //! - [`copy`]: the consistent incremental page copy, shared by memcpy snapshots and the GPU
 //!   mirror (any [`copy::PageSink`]).
 //! - [`image`]: the in-memory image target of memcpy snapshots.
-//! - fork snapshots: [`Engine::fork_server`] forks under the closed gate.
+//! - fork snapshots: [`Engine::fork_server`](crate::engine::Engine::fork_server) forks under the closed gate.
 
 pub mod copy;
 pub mod gate;
