@@ -70,11 +70,7 @@ impl HeapRead for Transaction<'_> {
 
     #[inline]
     fn prefetch(&self, off: u64, len: u64) {
-        let mut line = off & !63;
-        while line < off + len {
-            Transaction::prefetch(self, HeapPtr(line), 0);
-            line += 64;
-        }
+        Transaction::prefetch_range(self, off, len)
     }
 
     fn contains(&self, off: u64, len: u64) -> bool {

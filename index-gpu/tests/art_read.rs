@@ -93,6 +93,8 @@ fn range_reads_skip_subtrees_outside_the_range() {
         assert!(heap.loads < 200, "a prefix count of {n} keys loaded {} words", heap.loads);
         heap.loads = 0;
         assert!(tree.get(&mut heap, &ks[123]).unwrap().is_some());
-        assert!(heap.loads <= 24, "a lookup loaded {} words", heap.loads);
+        // An N4 step reads its whole line (8 words: header to children) in one validated
+        // read, three words more than header, keys and child read one by one.
+        assert!(heap.loads <= 28, "a lookup loaded {} words", heap.loads);
     });
 }

@@ -98,6 +98,24 @@ impl Heap {
         self.word(off).load(Ordering::Relaxed)
     }
 
+    /// Loads the `out.len()` words from `off` (8-aligned), each word atomically (relaxed), with
+    /// one bounds check for the run instead of one per word (index nodes: a header and a key
+    /// array read together).
+    #[inline]
+    pub fn load_words(&self, off: u64, out: &mut [u64]) {
+        #[cfg(not(loom))]
+        {
+            let words = self.words(off, out.len());
+            for (w, a) in out.iter_mut().zip(words) {
+                *w = a.load(Ordering::Relaxed);
+            }
+        }
+        #[cfg(loom)]
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self.load_word(off + 8 * i as u64);
+        }
+    }
+
     /// Stores the 8-byte word at `off` (8-aligned).
     #[inline]
     pub fn store_word(&self, off: u64, value: u64) {

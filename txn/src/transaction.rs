@@ -169,6 +169,9 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        if self.bufs.writes.is_empty() {
+            return self.load_shared(off);
+        }
         match self.bufs.writes.get(off) {
             Some((value, 0xFF)) => Ok(value),
             Some((value, mask)) => {
@@ -236,6 +239,26 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        if self.clock_mode && self.bufs.writes.is_empty() && !out.is_empty() {
+            // Clock mode with nothing written: load the whole run (one bounds check), then
+            // one check of the clock covers every word of it, as it covers one line's words in
+            // `load_run_shared` (a commit draws its LSN before writing back, so a load that saw
+            // any of its stores finds the clock moved). The run's lines go to the read set, for
+            // extension and commit to validate like any other read.
+            let engine = self.engine;
+            engine.heap().load_words(off, out);
+            if engine.clock_still(self.rv) {
+                let last = off + 8 * (out.len() as u64 - 1);
+                let mut line = off & !(STRIPE_BYTES - 1);
+                while line <= last {
+                    self.note_read(engine.stripes.index_of(line));
+                    line += STRIPE_BYTES;
+                }
+                return Ok(());
+            }
+            // The clock moved: line by line below, where the first read extends or changes
+            // to stripe mode.
+        }
         let mut i = 0;
         while i < out.len() {
             let at = off + 8 * i as u64;
@@ -275,9 +298,7 @@ impl<'e> Transaction<'e> {
         debug_assert!(out.len() as u64 * 8 <= STRIPE_BYTES - off % STRIPE_BYTES);
         let mut clock_extensions = 0;
         while self.clock_mode {
-            for (i, w) in out.iter_mut().enumerate() {
-                *w = engine.heap().load_word(off + 8 * i as u64);
-            }
+            engine.heap().load_words(off, out);
             if engine.clock_still(self.rv) {
                 self.note_read(s);
                 return Ok(());
@@ -314,9 +335,7 @@ impl<'e> Transaction<'e> {
                 crate::sync::spin_loop();
                 continue;
             }
-            for (i, w) in out.iter_mut().enumerate() {
-                *w = engine.heap().load_word(off + 8 * i as u64);
-            }
+            engine.heap().load_words(off, out);
             let after = stripes.recheck(s);
             if before != after {
                 continue;
@@ -490,6 +509,23 @@ impl<'e> Transaction<'e> {
         self.engine.heap().prefetch(at);
         if !self.clock_mode {
             self.engine.stripes.prefetch(at);
+        }
+    }
+
+    /// [`Transaction::prefetch`] of every line of the `len` bytes at heap offset `off` (an
+    /// index node as soon as its offset is known). Unchecked and without effect on the
+    /// transaction's state.
+    #[inline]
+    pub fn prefetch_range(&self, off: u64, len: u64) {
+        let heap = self.engine.heap();
+        let end = off.saturating_add(len).min(heap.capacity());
+        let mut line = off & !(STRIPE_BYTES - 1);
+        while line < end {
+            heap.prefetch(line);
+            if !self.clock_mode {
+                self.engine.stripes.prefetch(line);
+            }
+            line += STRIPE_BYTES;
         }
     }
 
@@ -859,6 +895,81 @@ mod tests {
         }
     }
 
+    /// A clock-mode `load_words` over several lines checks the clock once for the whole run:
+    /// a commit before the read moves the clock, so the read extends (nothing read before)
+    /// and sees the commit whole; every line of the run is in the read set, so a later commit
+    /// of its last line makes the next read (which finds the clock moved) a conflict; a read
+    /// after a commit of lines read earlier is a conflict too.
+    #[test]
+    fn multi_line_clock_mode_reads_validate_every_line() {
+        let engine = engine();
+        let write = |offs: &[u64], v: u64| {
+            let mut w = engine.begin();
+            offs.iter().try_for_each(|&o| w.store(o, v)).unwrap();
+            w.commit(Commit::Async).unwrap().unwrap()
+        };
+        // Commit between begin and the read: extended, whole commit seen.
+        let mut tx = engine.begin();
+        assert!(tx.in_clock_mode());
+        write(&[8192, 8192 + 64, 8192 + 128 + 8], 5);
+        let mut out = [0u64; 18];
+        tx.load_words(8192, &mut out).unwrap();
+        assert_eq!((out[0], out[8], out[17]), (5, 5, 5));
+        assert!(tx.in_clock_mode());
+        // The run's last line is in the read set.
+        let mut tx = engine.begin();
+        tx.load_words(8192, &mut out).unwrap();
+        assert!(tx.in_clock_mode());
+        write(&[8192 + 128 + 8], 6);
+        assert!(matches!(tx.load(16384), Err(TxnError::Conflict)), "the run's third line was recorded");
+        // A multi-line read after a commit overwrote an earlier read conflicts.
+        let mut tx = engine.begin();
+        assert_eq!(tx.load(4096).unwrap(), 0);
+        write(&[4096, 8192 + 64], 7);
+        assert!(matches!(tx.load_words(8192, &mut out), Err(TxnError::Conflict)));
+        // Read-only transactions that read nothing stale commit.
+        let mut tx = engine.begin();
+        tx.load_words(8192, &mut out).unwrap();
+        assert_eq!((out[0], out[8], out[17]), (5, 7, 6));
+        assert_eq!(tx.commit(Commit::Async).unwrap(), None);
+    }
+
+    /// While a writer keeps committing two words on different lines, read-only transactions
+    /// that read both in one `load_words` (clock mode, one clock check) see them equal or fail
+    /// with a conflict, and a later single-word read of the first agrees with the run.
+    #[test]
+    fn multi_line_clock_mode_read_under_commits() {
+        let engine = engine();
+        let (a, b) = (4096u64, 4096 + 3 * 64 + 8);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for k in 1u64..20_000 {
+                    let mut tx = engine.begin();
+                    tx.store(a, k).unwrap();
+                    tx.store(b, k).unwrap();
+                    let _ = tx.commit(Commit::Async);
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            let mut seen = 0;
+            while !stop.load(Ordering::Relaxed) || seen == 0 {
+                let mut tx = engine.begin();
+                let mut out = [0u64; 26];
+                let run = tx.load_words(a, &mut out).and_then(|()| Ok((out[0], out[25], tx.load(a)?)));
+                match run {
+                    Ok((x, y, again)) => {
+                        assert_eq!(x, y, "torn multi-line read");
+                        assert_eq!(again, x, "a later read disagrees with the run");
+                        seen += 1;
+                    }
+                    Err(TxnError::Conflict) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+    }
+
     /// With buffered writes, `load_words` returns them (read-your-writes), like `load`.
     #[test]
     fn load_words_reads_own_writes() {
@@ -918,6 +1029,34 @@ mod loom_models {
     #[test]
     fn loom_clock_mode_reader_sees_whole_commits_within_a_stripe() {
         clock_mode_reader_sees_whole_commits(64, 72);
+    }
+
+    /// A clock-mode `load_words` spanning two lines (one load of the run, one clock check)
+    /// concurrent with a commit of a word on each line sees both old or both new values, or
+    /// fails with a conflict; a single-word read after it agrees with it.
+    #[test]
+    fn loom_clock_mode_multi_line_read_sees_whole_commits() {
+        loom::model(|| {
+            let engine = engine();
+            let mut t = engine.begin();
+            assert!(t.in_clock_mode());
+            let writer = {
+                let engine = engine.clone();
+                thread::spawn(move || transact(&engine, |t| {
+                    t.store(64, 1)?;
+                    t.store(128, 1)
+                }))
+            };
+            let mut out = [0u64; 9];
+            if t.load_words(64, &mut out).is_ok() {
+                assert_eq!(out[0], out[8], "a multi-line clock-mode read saw half of a commit");
+                if let Ok(again) = t.load(128) {
+                    assert_eq!(again, out[8], "a later read disagrees with the run");
+                }
+            }
+            drop(t);
+            writer.join().unwrap();
+        });
     }
 
     /// An update transaction that read in clock mode is validated at commit like any other:

@@ -132,6 +132,40 @@ pub fn child_slot<H: HeapRead>(heap: &mut H, kind: u8, off: u64, count: usize, b
     })
 }
 
+/// The child link for byte `b` of the node at `off`, whose first line (8 words) is `line`:
+/// an N4's keys and children and an N16's keys and first three children are taken from it,
+/// the rest read (of an N48's or N256's line only the first three words, the common header,
+/// need be filled: its children are read). `None` when the node has no such child (an N256
+/// gives its link, maybe 0).
+#[inline]
+pub fn child_in_line<H: HeapRead>(heap: &mut H, kind: u8, off: u64, line: &[u64; 8], count: usize, b: u8) -> Result<Option<u64>, IndexError> {
+    const _: () = assert!(N4_KEYS == 24 && N4_CHILDREN == 32 && N16_KEYS == 24 && N16_CHILDREN == 40);
+    Ok(match kind {
+        N4 => find_byte(line[3], b, count.min(4)).map(|i| line[4 + i]),
+        N16 => {
+            let i = match find_byte(line[3], b, count.min(8)) {
+                Some(i) => i,
+                None if count > 8 => match find_byte(line[4], b, (count - 8).min(8)) {
+                    Some(i) => 8 + i,
+                    None => return Ok(None),
+                },
+                None => return Ok(None),
+            };
+            Some(if i < 3 { line[5 + i] } else { heap.load(off + N16_CHILDREN + i as u64 * 8)? })
+        }
+        N48 => {
+            let w = heap.load(off + N48_INDEX + (b as u64 / 8) * 8)?;
+            let i = (w >> (8 * (b % 8))) & 0xFF;
+            if i == 0 {
+                None
+            } else {
+                Some(heap.load(off + N48_CHILDREN + ((i - 1) % 48) * 8)?)
+            }
+        }
+        _ => Some(heap.load(off + N256_CHILDREN + b as u64 * 8)?),
+    })
+}
+
 /// Key byte i of an N4/N16 (i < capacity).
 fn sorted_key<H: HeapRead>(heap: &mut H, off: u64, i: usize) -> Result<u8, IndexError> {
     let w = heap.load(off + N4_KEYS + (i as u64 / 8) * 8)?;

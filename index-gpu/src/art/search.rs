@@ -26,14 +26,28 @@ pub fn get<H: HeapRead>(heap: &mut H, meta: u64, key: &[u8]) -> Result<Option<u6
             return Ok(None);
         }
         let off = slab::offset(heap, meta, link)?;
+        let kind = link::kind(link);
+        // The node's first line is on its way; so is the line that most likely holds the
+        // child link for the next key byte (the node's prefix is usually empty where nodes
+        // are large), fetched in parallel rather than after the header arrives.
+        heap.prefetch(off, 64);
+        match kind {
+            link::N16 => heap.prefetch(off + 64, 128),
+            link::N48 => heap.prefetch(off + node::N48_INDEX + key.get(depth).map_or(0, |&b| b as u64), 8),
+            link::N256 => heap.prefetch(off + node::N256_CHILDREN + 8 * key.get(depth).map_or(0, |&b| b as u64), 8),
+            _ => {}
+        }
         if link::is_leaf(link) {
             return leaf_value(heap, off, key);
         }
-        // Header, prefix and terminal link share a line: one validated read.
+        // The node's first line (header, prefix, terminal link, and an N4's keys and children,
+        // an N16's keys and first three children; an N48's or N256's first line holds only
+        // the first three): one validated read.
         const _: () = assert!(node::HDR == 0 && PREFIX == 8 && TERMINAL == 16);
-        let mut words = [0u64; 3];
-        heap.load_words(off, &mut words)?;
-        let [hdr, prefix, terminal] = words;
+        let mut line = [0u64; 8];
+        let words = if kind <= link::N16 { 8 } else { 3 };
+        heap.load_words(off, &mut line[..words])?;
+        let [hdr, prefix, terminal] = [line[0], line[1], line[2]];
         let (count, plen) = node::decode_header(hdr);
         if plen > 0 {
             if key.len() < depth + plen || !stored_prefix_matches(prefix, plen, key, depth) {
@@ -45,8 +59,8 @@ pub fn get<H: HeapRead>(heap: &mut H, meta: u64, key: &[u8]) -> Result<Option<u6
             link = terminal;
             continue;
         };
-        match node::child_slot(heap, link::kind(link), off, count, b)? {
-            Some(at) => link = heap.load(at)?,
+        match node::child_in_line(heap, kind, off, &line, count, b)? {
+            Some(child) => link = child,
             None => return Ok(None),
         }
         depth += 1;

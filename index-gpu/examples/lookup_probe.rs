@@ -1,0 +1,105 @@
+//! Profiling aid for issue 13 (target 5): point lookups of a B-link tree and an ART in
+//! read-only transactions (16 per transaction, as `tusk bench index` does), beside the same
+//! lookups with plain loads of the heap (no STM) and `BTreeMap`.
+//!
+//! `cargo run --release -p tusk-index --example lookup_probe -- [btree|art] [keys] [lookups]`
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use tusk_index::{Art, BTree};
+use tusk_storage::Heap;
+use tusk_txn::{Commit, Engine, EngineConfig};
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let which = args.get(1).map_or("btree", String::as_str).to_string();
+    let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2_000_000);
+    let lookups: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4_000_000);
+    let cap = (n * 160 + (256 << 20)).next_multiple_of(1 << 21);
+    let config = EngineConfig { stripes_log2: 20, log: None, existing_segments: Vec::new() };
+    let engine = Engine::start(config, Heap::new(cap).unwrap(), 0).unwrap();
+    let mut tx = engine.begin();
+    tx.format_heap().unwrap();
+    tx.commit(Commit::Async).unwrap();
+    let keys: Vec<u64> = (0..n).map(|i| mix(i) | 1).collect();
+    let probes: Vec<u64> = (0..lookups).map(|i| keys[(mix(i ^ 0xABCD) % n) as usize]).collect();
+    let t0 = Instant::now();
+    let meta = {
+        let mut tx = engine.begin();
+        let m = if which == "art" { Art::create(&mut tx).unwrap().ptr() } else { BTree::create(&mut tx).unwrap().ptr() };
+        tx.commit(Commit::Async).unwrap();
+        m
+    };
+    for chunk in keys.chunks(256) {
+        let mut tx = engine.begin();
+        if which == "art" {
+            let a = Art::open(&mut tx, meta).unwrap();
+            for &k in chunk {
+                a.insert(&mut tx, &k.to_be_bytes(), k).unwrap();
+            }
+        } else {
+            let b = BTree::open(&mut tx, meta).unwrap();
+            for &k in chunk {
+                b.insert(&mut tx, k, k).unwrap();
+            }
+        }
+        tx.commit(Commit::Async).unwrap();
+    }
+    eprintln!("built {which} of {n} keys in {:.1} s", t0.elapsed().as_secs_f64());
+    let reps = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    for _ in 0..reps {
+        // Transactions, 16 lookups each.
+        let t = Instant::now();
+        let mut hits = 0u64;
+        for batch in probes.chunks(16) {
+            let mut tx = engine.begin();
+            if which == "art" {
+                let a = Art::open(&mut tx, meta).unwrap();
+                for &k in batch {
+                    hits += a.get(&mut tx, &k.to_be_bytes()).unwrap().is_some() as u64;
+                }
+            } else {
+                let b = BTree::open(&mut tx, meta).unwrap();
+                for &k in batch {
+                    hits += b.get(&mut tx, k).unwrap().is_some() as u64;
+                }
+            }
+            tx.commit(Commit::Async).unwrap();
+        }
+        let txn = lookups as f64 / t.elapsed().as_secs_f64();
+        assert_eq!(hits, lookups);
+        // Plain loads of the heap.
+        let t = Instant::now();
+        let mut h = engine.heap();
+        let mut hits = 0u64;
+        for &k in &probes {
+            if which == "art" {
+                let a = Art::open(&mut h, meta).unwrap();
+                hits += a.get(&mut h, &k.to_be_bytes()).unwrap().is_some() as u64;
+            } else {
+                let b = BTree::open(&mut h, meta).unwrap();
+                hits += b.get(&mut h, k).unwrap().is_some() as u64;
+            }
+        }
+        let plain = lookups as f64 / t.elapsed().as_secs_f64();
+        assert_eq!(hits, lookups);
+        println!("{which} {n} keys: txn {:.0}/s  plain {:.0}/s  txn/plain {:.2}", txn, plain, txn / plain);
+    }
+    if std::env::var("PEER").is_ok() {
+        let map: BTreeMap<u64, u64> = keys.iter().map(|&k| (k, k)).collect();
+        for _ in 0..reps {
+            let t = Instant::now();
+            let hits = probes.iter().filter(|k| map.contains_key(k)).count() as u64;
+            assert_eq!(hits, lookups);
+            println!("BTreeMap {:.0}/s", lookups as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+}
