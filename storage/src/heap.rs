@@ -71,7 +71,7 @@ impl Heap {
 
     #[inline]
     fn word(&self, off: u64) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.capacity, "heap word {off} out of range");
+        assert!(off.is_multiple_of(8) && off + 8 <= self.capacity, "heap word {off} out of range");
         #[cfg(loom)]
         return self.data.get(off / 8);
         #[cfg(not(loom))]
@@ -86,7 +86,7 @@ impl Heap {
     #[cfg(not(loom))]
     fn words(&self, off: u64, count: usize) -> &[AtomicU64] {
         let end = off.checked_add(8 * count as u64).expect("heap range overflow");
-        assert!(off % 8 == 0 && end <= self.capacity, "heap words {off}..{end} out of range");
+        assert!(off.is_multiple_of(8) && end <= self.capacity, "heap words {off}..{end} out of range");
         // SAFETY: in bounds and 8-aligned (checked above); the mapping lives as long as self;
         // AtomicU64 has the same layout as u64 and all access to heap words is atomic.
         unsafe { std::slice::from_raw_parts(self.data.base().add(off as usize) as *const AtomicU64, count) }
@@ -139,7 +139,7 @@ impl Heap {
     /// Copies `buf.len()` bytes at `off` into `buf` (no transactional guarantees).
     pub fn read_bytes(&self, off: u64, buf: &mut [u8]) {
         self.check_range(off, buf.len() as u64);
-        if off % 8 == 0 && buf.len() % 8 == 0 {
+        if off.is_multiple_of(8) && buf.len().is_multiple_of(8) {
             // The common case (chunk copies, whole words): one word load per 8 bytes.
             #[cfg(not(loom))]
             for (word, out) in self.words(off, buf.len() / 8).iter().zip(buf.chunks_exact_mut(8)) {

@@ -165,7 +165,7 @@ impl<'e> Transaction<'e> {
 
     /// Reads the word at `off` (8-aligned) as of this transaction.
     pub fn load(&mut self, off: u64) -> Result<u64, TxnError> {
-        debug_assert!(off % 8 == 0);
+        debug_assert!(off.is_multiple_of(8));
         if self.doomed {
             return Err(TxnError::Conflict);
         }
@@ -191,7 +191,7 @@ impl<'e> Transaction<'e> {
     /// Buffers writes of `values.len()` consecutive words from `off` (8-aligned): the same as
     /// storing them one by one, with one write-set lookup per line.
     pub fn store_words(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
-        debug_assert!(off % 8 == 0);
+        debug_assert!(off.is_multiple_of(8));
         if self.doomed {
             return Err(TxnError::Conflict);
         }
@@ -212,7 +212,7 @@ impl<'e> Transaction<'e> {
     }
 
     fn store_masked(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
-        debug_assert!(off % 8 == 0);
+        debug_assert!(off.is_multiple_of(8));
         if self.doomed {
             return Err(TxnError::Conflict);
         }
@@ -235,7 +235,7 @@ impl<'e> Transaction<'e> {
     /// index nodes: the words of one 64-byte line are validated together, with one stripe
     /// check instead of one per word, and overlaid with this transaction's writes to the line).
     pub fn load_words(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
-        debug_assert!(off % 8 == 0);
+        debug_assert!(off.is_multiple_of(8));
         if self.doomed {
             return Err(TxnError::Conflict);
         }
@@ -428,7 +428,7 @@ impl<'e> Transaction<'e> {
         if let Some(&(_, len)) = self.bounds.iter().find(|&&(start, _)| start == ptr && start != 0) {
             return Ok(len);
         }
-        if ptr % 8 != 0 || ptr < DATA_START + HEADER_SIZE || !self.engine.heap().contains(ptr, 0) {
+        if !ptr.is_multiple_of(8) || ptr < DATA_START + HEADER_SIZE || !self.engine.heap().contains(ptr, 0) {
             return Err(TxnError::InvalidPointer(ptr));
         }
         let header = BlockHeader::decode(self.load(ptr - HEADER_SIZE)?).ok_or(TxnError::InvalidPointer(ptr))?;
