@@ -8,6 +8,8 @@
 pub use parking_lot::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub use std::sync::atomic::{fence, AtomicBool, AtomicU64};
+#[cfg(not(loom))]
+pub use self::herd::{HerdCondvar, HerdGuard, HerdMutex};
 
 /// Backs off in a spin-wait loop. Under loom it yields, so the model checker schedules the
 /// thread being waited for instead of exploring the spin.
@@ -21,6 +23,8 @@ pub fn spin_loop() {
 pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
 #[cfg(loom)]
 pub use self::model::{Condvar, Mutex, MutexGuard};
+#[cfg(loom)]
+pub use self::model::{Condvar as HerdCondvar, Mutex as HerdMutex, MutexGuard as HerdGuard};
 
 #[cfg(loom)]
 pub fn spin_loop() {
@@ -91,6 +95,73 @@ mod model {
             let (inner, result) = self.0.wait_timeout(inner, timeout).unwrap();
             guard.0 = Some(inner);
             WaitTimeoutResult(result.timed_out())
+        }
+
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+
+        pub fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+}
+
+/// A mutex and condition variable for rendezvous where a whole herd of waiters returns at
+/// once (the committers a group-commit flush made durable): std's futex condvar, whose
+/// `notify_all` wakes every waiter at the same time. parking_lot's moves the waiters onto the
+/// mutex's queue instead and wakes them one after another, each only when the one before
+/// has taken and released the mutex: with 32 committers per partition on 2 cores that chain
+/// of wake-ups took longer than the flush itself. Same API as parking_lot's, so the protocol
+/// code (and its loom build, where these are loom's types) reads the same.
+#[cfg(not(loom))]
+mod herd {
+    use std::ops::{Deref, DerefMut};
+    use std::sync::PoisonError;
+
+    #[derive(Default, Debug)]
+    pub struct HerdMutex<T>(std::sync::Mutex<T>);
+
+    /// `Option` so that [`HerdCondvar::wait`] can hand the guard to std and back through
+    /// `&mut`.
+    pub struct HerdGuard<'a, T>(Option<std::sync::MutexGuard<'a, T>>);
+
+    impl<T> HerdMutex<T> {
+        pub fn new(value: T) -> HerdMutex<T> {
+            HerdMutex(std::sync::Mutex::new(value))
+        }
+
+        /// Poisoning is ignored: what these mutexes guard stays consistent whatever a
+        /// panicking holder did (a wake-up token, no data).
+        pub fn lock(&self) -> HerdGuard<'_, T> {
+            HerdGuard(Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)))
+        }
+    }
+
+    impl<T> Deref for HerdGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0.as_ref().expect("a guard is only empty inside wait")
+        }
+    }
+
+    impl<T> DerefMut for HerdGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0.as_mut().expect("a guard is only empty inside wait")
+        }
+    }
+
+    #[derive(Default, Debug)]
+    pub struct HerdCondvar(std::sync::Condvar);
+
+    impl HerdCondvar {
+        pub fn new() -> HerdCondvar {
+            HerdCondvar(std::sync::Condvar::new())
+        }
+
+        pub fn wait<T>(&self, guard: &mut HerdGuard<'_, T>) {
+            let inner = guard.0.take().expect("a guard is only empty inside wait");
+            guard.0 = Some(self.0.wait(inner).unwrap_or_else(PoisonError::into_inner));
         }
 
         pub fn notify_all(&self) {

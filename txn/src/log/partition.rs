@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::sync::{AtomicU64, Condvar, Mutex, MutexGuard};
+use crate::sync::{AtomicU64, HerdCondvar, HerdGuard, HerdMutex, Mutex};
 
 #[derive(Default)]
 pub struct Partition {
@@ -16,8 +16,10 @@ pub struct Partition {
     /// is in flight. So a finished flush wakes exactly the waiters it made durable, plus one
     /// waiter of the next generation to lead the next flush, instead of every sleeper (with
     /// many committers per partition the herd of wake-ups cost more than the flush).
-    wake: Mutex<()>,
-    cond: [Condvar; 2],
+    /// std's condvar (see [`crate::sync::HerdCondvar`]): a flush's whole generation wakes at
+    /// once, not one after another behind the mutex.
+    wake: HerdMutex<()>,
+    cond: [HerdCondvar; 2],
 }
 
 #[derive(Default)]
@@ -59,10 +61,11 @@ impl Partition {
     }
 
     /// Wakes every waiter of this partition, for a change every waiter must see (failure,
-    /// stop). Under the wake mutex, so none misses it: a waiter checks its condition and goes
-    /// to sleep without releasing that mutex between.
+    /// stop). None misses it: a waiter checks its condition and goes to sleep without
+    /// releasing the wake mutex between, so once [`Self::pass_wake_mutex`] returns, every
+    /// waiter that checked before the change is on a condvar.
     pub fn notify_all(&self) {
-        let _g = self.wake.lock();
+        self.pass_wake_mutex();
         self.cond[0].notify_all();
         self.cond[1].notify_all();
     }
@@ -73,17 +76,24 @@ impl Partition {
     /// finds the slot taken sleeps again, and the flush that took the slot then ends by waking
     /// its whole generation, so no waiter is left without a flush to wait for.
     pub fn notify_flushed(&self, generation: u64) {
-        let _g = self.wake.lock();
+        self.pass_wake_mutex();
         self.cond[(generation % 2) as usize].notify_all();
         self.cond[((generation + 1) % 2) as usize].notify_one();
     }
 
-    pub(super) fn lock_wake(&self) -> MutexGuard<'_, ()> {
+    /// Takes and releases the wake mutex, ordering the change just made after every waiter's
+    /// check-then-sleep. The notify follows outside the mutex: woken waiters re-take it to
+    /// return, and finding it still held by the notifier would make them queue behind it.
+    fn pass_wake_mutex(&self) {
+        drop(self.wake.lock());
+    }
+
+    pub(super) fn lock_wake(&self) -> HerdGuard<'_, ()> {
         self.wake.lock()
     }
 
     /// Sleeps until the flush of `generation` ends (or a hand-off or failure wakes it).
-    pub(super) fn sleep(&self, guard: &mut MutexGuard<'_, ()>, generation: u64) {
+    pub(super) fn sleep(&self, guard: &mut HerdGuard<'_, ()>, generation: u64) {
         self.cond[(generation % 2) as usize].wait(guard);
     }
 

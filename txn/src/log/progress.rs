@@ -13,8 +13,8 @@
 //!
 //! No waiter sleeps through the event it waits for: every change a waiter's check looks at
 //! (a partition's durable LSN, its pending records, its slot, failure, stop) is followed by a
-//! notify of that partition under its wake mutex, and a waiter checks and falls asleep
-//! holding that mutex. A flusher therefore releases the slot *before* it notifies.
+//! pass through that partition's wake mutex and then a notify, and a waiter checks and falls
+//! asleep holding that mutex. A flusher therefore releases the slot *before* it notifies.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
