@@ -62,7 +62,7 @@ impl Partition {
 
     /// Wakes every waiter of this partition, for a change every waiter must see (failure,
     /// stop). None misses it: a waiter checks its condition and goes to sleep without
-    /// releasing the wake mutex between, so once [`Self::pass_wake_mutex`] returns, every
+    /// releasing the wake mutex between, so once `pass_wake_mutex` returns, every
     /// waiter that checked before the change is on a condvar.
     pub fn notify_all(&self) {
         self.pass_wake_mutex();
