@@ -12,6 +12,9 @@ static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::I
 fn main() {
     let args = cli::Cli::parse();
     if let Err(e) = cli::run(args) {
+        if cli::is_broken_pipe(e.as_ref()) {
+            return;
+        }
         eprintln!("tusk: {e}");
         std::process::exit(1);
     }

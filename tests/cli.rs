@@ -64,11 +64,13 @@ fn inspect_and_recover_report_checkpoint_log_and_torn_tail() {
         last = store.transact(Commit::Sync, |tx| tx.write_u64_at(p, i * 8, i + 1000)).unwrap().1.unwrap();
     }
     store.close().unwrap();
-    // A torn tail: garbage after the last flush of partition 0's last segment.
-    let seg_dir = dir.path().join("log").join("p0000");
-    let mut segs: Vec<_> = std::fs::read_dir(&seg_dir).unwrap().map(|e| e.unwrap().path()).collect();
-    segs.sort();
-    let victim = segs.last().unwrap().clone();
+    // A torn tail: garbage after the last flush of the last segment of the partition that
+    // holds the last commit (which partition this thread writes depends on how many stores
+    // the other tests of this process opened before: it was hard-wired to p0000 and failed
+    // when the thread's slot fell on p0001).
+    let partitions = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let partition = common::partition_of_lsn(dir.path(), partitions, last).expect("the last commit is in some partition's log");
+    let victim = common::segments(dir.path(), partition).last().unwrap().clone();
     // (over the zeros the writer may have written ahead of its flushes)
     let end = common::flush_end(&victim);
     let f = std::fs::OpenOptions::new().write(true).open(&victim).unwrap();
@@ -248,4 +250,57 @@ fn bench_gpu_without_a_gpu_reports_the_cpu_engine_and_plots() {
     }
     let svg = std::fs::read_to_string(plots.join("gpu.svg")).expect("gpu.svg written");
     assert!(svg.contains("<svg") && svg.contains("point lookups"), "{svg}");
+}
+
+/// A closed stdout (`tusk inspect DIR | head -1`) ends the command quietly: no panic, no
+/// message, a successful exit, in every subcommand that prints.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options { heap_capacity: 16 << 20, ..Options::default() }).unwrap();
+    store
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(64)?;
+            tx.set_root("x", p)
+        })
+        .unwrap();
+    store.close().unwrap();
+    let store_dir = dir.path().to_str().unwrap();
+    let bench_dir = dir.path().join("bench");
+    let runs: [&[&str]; 3] = [
+        &["inspect", store_dir],
+        &["recover", store_dir],
+        &["bench", "txn", "--commit", "off", "--duration", "0.1", "--heap-mib", "16", "--dir", bench_dir.to_str().unwrap()],
+    ];
+    for args in runs {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tusk")).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // The reader goes away before the command prints anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}\n{err}", out.status);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+    }
+}
+
+/// Every subcommand that takes `--dir` creates it, and an I/O error names the path.
+#[test]
+fn bench_dirs_are_created_and_io_errors_name_their_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("not/yet/there");
+    let (ok, out, err) = tusk(&[
+        "bench", "checkpoint", "--heap-mib", "32", "--duration", "0.2", "--log-seconds", "0.2", "--rounds", "1", "--dir",
+        nested.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(nested.is_dir());
+    // A --dir that cannot be created: the message names it, on one line.
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let below = blocker.join("store");
+    let (ok, _, err) = tusk(&["bench", "txn", "--commit", "off", "--duration", "0.1", "--dir", below.to_str().unwrap()]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(blocker.to_str().unwrap()), "{err}");
 }

@@ -31,7 +31,7 @@ use tusk::{BTreeOp, Commit, Durability, GpuOptions, Options, Store};
 use super::key_orders::KeyOrder;
 use super::report::{median, rate, table};
 use super::svg_plot::{write_bars_grid, Bars};
-use super::{BenchDir, BenchOutput, CliResult};
+use super::{BenchDir, BenchOutput, CliResult, IoAt};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GpuIndex {
@@ -75,7 +75,7 @@ pub fn run(args: GpuArgs) -> CliResult {
         let row = measure(&args, index)?;
         rows.push(row.clone());
         if args.out.json {
-            println!("{row}");
+            outln!("{row}");
         } else {
             let f = |k: &str| row[k].as_f64().map_or("-".to_string(), rate);
             table(
@@ -101,7 +101,7 @@ pub fn run(args: GpuArgs) -> CliResult {
                     ("load", format!("{:.1} s", row["load_s"].as_f64().unwrap_or(f64::NAN))),
                 ],
             );
-            println!();
+            outln!();
         }
     }
     if let Some(dir) = &args.out.plot {
@@ -114,7 +114,7 @@ pub fn run(args: GpuArgs) -> CliResult {
 /// end) against the CPU engine, per index, and the sync time of 1% dirty pages. Figures a run
 /// has no value for (no GPU, or no range queries on the ART) get no bar.
 fn plot(dir: &std::path::Path, rows: &[serde_json::Value]) -> CliResult {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let categories: Vec<String> = rows.iter().map(|r| r["index"].as_str().unwrap_or("").to_string()).collect();
     let series = |pairs: &[(&str, &str)]| -> Vec<(String, Vec<f64>)> {
         pairs

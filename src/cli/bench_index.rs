@@ -32,7 +32,7 @@ use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate};
-use super::{BenchDir, BenchOutput, CliResult, IoChoice};
+use super::{BenchDir, BenchOutput, CliResult, IoAt, IoChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IndexChoice {
@@ -572,7 +572,7 @@ pub fn run(args: IndexArgs) -> CliResult {
     }
     if args.out.json {
         for row in &rows {
-            println!("{}", row_json(row, args.inserts_only));
+            outln!("{}", row_json(row, args.inserts_only));
         }
     } else if args.inserts_only {
         print_insert_table(&rows);
@@ -612,11 +612,11 @@ fn median_row(rounds: Vec<Row>) -> Row {
 }
 
 fn print_insert_table(rows: &[Row]) {
-    println!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14}", "index", "order", "keys", "threads", "rounds", "insert/s", "retries/txn");
+    outln!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14}", "index", "order", "keys", "threads", "rounds", "insert/s", "retries/txn");
     for r in rows {
-        println!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14.4}", r.index, r.order, r.keys, r.threads, r.rounds, rate(r.insert_per_s), r.insert_retries_per_txn);
+        outln!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14.4}", r.index, r.order, r.keys, r.threads, r.rounds, rate(r.insert_per_s), r.insert_retries_per_txn);
     }
-    println!("insert/s: durable inserts (Async commits, the clock stops at the last LSN durable), medians of the rounds");
+    outln!("insert/s: durable inserts (Async commits, the clock stops at the last LSN durable), medians of the rounds");
 }
 
 /// The row as JSON; with `inserts_only`, the phases not measured are null.
@@ -650,12 +650,12 @@ fn row_json(r: &Row, inserts_only: bool) -> serde_json::Value {
 }
 
 fn print_table(rows: &[Row]) {
-    println!(
+    outln!(
         "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
         "index", "order", "keys", "insert/s", "peer ins/s", "bulk/s", "lookup/s", "peer lkp/s", "ratio", "scan keys/s", "cnt+sum/s", "B/key"
     );
     for r in rows {
-        println!(
+        outln!(
             "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8.2} {:>12} {:>12} {:>8.1}",
             r.index,
             r.order,
@@ -671,14 +671,14 @@ fn print_table(rows: &[Row]) {
             r.bytes_per_key,
         );
     }
-    println!("peers: btree vs std::collections::BTreeMap, art vs congee; peer scan/count+sum/B-per-key in --json");
+    outln!("peers: btree vs std::collections::BTreeMap, art vs congee; peer scan/count+sum/B-per-key in --json");
 }
 
 /// `DIR/index.svg`: a panel per index with its peer, operation by operation (a bar per key
 /// order and contender), and a panel of bytes per key.
 fn plot(dir: &std::path::Path, rows: &[Row]) -> CliResult {
     use super::svg_plot::{write_bars_grid, Bars};
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let operations = ["insert", "bulk load", "lookup", "range keys", "count+sum"];
     let ours = |r: &Row| [r.insert_per_s, r.bulk_load_per_s.unwrap_or(f64::NAN), r.lookup_per_s, r.range_keys_per_s, r.count_sum_per_s];
     let theirs = |r: &Row| {

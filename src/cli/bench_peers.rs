@@ -57,7 +57,7 @@ use tusk::{Commit, Durability, Options, Store};
 
 use super::report::rate;
 use super::svg_plot::{write_bars_grid, Bars};
-use super::{store_files, BenchDir, BenchOutput, CliResult};
+use super::{store_files, BenchDir, BenchOutput, CliResult, IoAt};
 
 type AnyError = Box<dyn Error + Send + Sync>;
 
@@ -296,7 +296,7 @@ struct SqlitePeer {
 
 impl SqlitePeer {
     fn open(dir: &Path, class: Class) -> Result<SqlitePeer, AnyError> {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir).at(dir)?;
         let peer = SqlitePeer { path: dir.join("peers.sqlite"), class };
         peer.connect()?.execute_batch("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v INTEGER NOT NULL);")?;
         Ok(peer)
@@ -405,7 +405,7 @@ struct RedbPeer {
 
 impl RedbPeer {
     fn open(dir: &Path, class: Class) -> Result<RedbPeer, AnyError> {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir).at(dir)?;
         let db = redb::Database::create(dir.join("peers.redb"))?;
         let durability = if class == Class::Sync { redb::Durability::Immediate } else { redb::Durability::None };
         Ok(RedbPeer { db, durability })
@@ -503,7 +503,7 @@ struct LmdbPeer {
 
 impl LmdbPeer {
     fn open(dir: &Path, class: Class, keys: u64) -> Result<LmdbPeer, AnyError> {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir).at(dir)?;
         let mut options = heed::EnvOpenOptions::new();
         // The map is address space, not memory: room for the keys many times over.
         options.map_size(((keys as usize) * 256 + (1 << 30)).next_multiple_of(1 << 21)).max_dbs(1);
@@ -898,7 +898,7 @@ fn child_work(args: &ChildArgs) -> Result<(), AnyError> {
 
 /// Bytes of the files of a store directory.
 fn dir_bytes(dir: &Path) -> Result<u64, AnyError> {
-    store_files(dir)?.iter().map(|f| Ok(std::fs::metadata(f)?.len())).sum()
+    store_files(dir)?.iter().map(|f| Ok(std::fs::metadata(f).at(f)?.len())).sum()
 }
 
 /// Every figure of one store in one durability class, on a fresh directory.
@@ -968,26 +968,26 @@ pub fn run(args: PeersArgs) -> CliResult {
     }
     if args.out.json {
         for f in &figures {
-            println!("{}", f.json());
+            outln!("{}", f.json());
         }
         return Ok(());
     }
-    println!(
+    outln!(
         "tusk bench peers: {} keys, {} words per Hathi transaction, {} s per run, {} / {} keys loaded one per transaction (sync / nosync)",
         args.keys, args.words, args.duration, args.load1_keys, args.load1_keys_nosync
     );
-    println!("{:<8} {:<8} {:<11} {:>7} {:>14} {:>10} {:>10} {:>10}", "store", "class", "workload", "threads", "ops/s", "p50 us", "p99 us", "value");
+    outln!("{:<8} {:<8} {:<11} {:>7} {:>14} {:>10} {:>10} {:>10}", "store", "class", "workload", "threads", "ops/s", "p50 us", "p99 us", "value");
     for f in &figures {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         // Reopen times are often milliseconds: four decimals below one.
         let value = f.value.map_or("-".to_string(), |v| if v < 1.0 { format!("{v:.4}") } else { format!("{v:.2}") });
         let ops = if f.value.is_some() { "-".to_string() } else { rate(f.ops_per_s) };
-        println!("{:<8} {:<8} {:<11} {:>7} {:>14} {:>10} {:>10} {:>10}", f.store, f.durability, f.workload, f.threads, ops, opt(f.p50_us), opt(f.p99_us), value);
+        outln!("{:<8} {:<8} {:<11} {:>7} {:>14} {:>10} {:>10} {:>10}", f.store, f.durability, f.workload, f.threads, ops, opt(f.p50_us), opt(f.p99_us), value);
     }
-    println!("load: keys/s of one write transaction; load1: keys/s, one per write transaction into a fresh store; lookup: point reads/s, 100 per read transaction");
-    println!("scan100: scans/s of {SCAN_KEYS} keys from a random start; range1000: count+sum ranges/s of {RANGE_KEYS} keys; one per read transaction (latency per transaction)");
-    println!("value: bytes on disk per key; seconds to open and answer a read after a clean close (reopen) or after killing a writer mid-work (reopen-kill)");
-    println!("tusk/peer: ratio of rates (above 1: tusk faster); \"of the value\": ratio of bytes or seconds (above 1: tusk larger or slower)");
+    outln!("load: keys/s of one write transaction; load1: keys/s, one per write transaction into a fresh store; lookup: point reads/s, 100 per read transaction");
+    outln!("scan100: scans/s of {SCAN_KEYS} keys from a random start; range1000: count+sum ranges/s of {RANGE_KEYS} keys; one per read transaction (latency per transaction)");
+    outln!("value: bytes on disk per key; seconds to open and answer a read after a clean close (reopen) or after killing a writer mid-work (reopen-kill)");
+    outln!("tusk/peer: ratio of rates (above 1: tusk faster); \"of the value\": ratio of bytes or seconds (above 1: tusk larger or slower)");
     // tusk against each peer, same class and workload: rates (higher is better for tusk)
     // and values (bytes, seconds: lower is better for tusk).
     for f in figures.iter().filter(|f| f.store == "tusk") {
@@ -996,7 +996,7 @@ pub fn run(args: PeersArgs) -> CliResult {
                 (Some(t), Some(v)) => (t / v, " (of the value)"),
                 _ => (f.ops_per_s / p.ops_per_s, ""),
             };
-            println!("tusk/{:<7} {:<7} {:<11} @{}: {ratio:.2}x{what}", p.store, f.durability, f.workload, f.threads);
+            outln!("tusk/{:<7} {:<7} {:<11} @{}: {ratio:.2}x{what}", p.store, f.durability, f.workload, f.threads);
         }
     }
     Ok(())
@@ -1005,7 +1005,7 @@ pub fn run(args: PeersArgs) -> CliResult {
 /// `DIR/peers.svg`: ops/s per workload (a bar per store), one panel per durability class;
 /// below them, the seconds to reopen after a clean close and after a kill, likewise.
 fn plot(dir: &Path, args: &PeersArgs, figures: &[Figure]) -> CliResult {
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let mut workloads: Vec<(String, usize)> = vec![("load".into(), 1), ("load1".into(), 1)];
     workloads.extend(args.threads.iter().map(|&t| ("hathi".to_string(), t)));
     workloads.extend(["lookup", "scan100", "range1000"].map(|w| (w.to_string(), 1)));

@@ -40,7 +40,7 @@ use tusk::{Commit, Durability, HeapPtr, Options, SnapshotMode, SnapshotOptions, 
 use super::page_dists::{PageDist, PageStream};
 use super::report::{median, rate, table};
 use super::svg_plot::{write_svg, write_svg_grid, Chart, Series};
-use super::{BenchDir, BenchOutput, CliResult};
+use super::{BenchDir, BenchOutput, CliResult, IoAt};
 
 const PAGE: u64 = 4096;
 
@@ -196,7 +196,7 @@ pub fn run(args: SnapshotArgs) -> CliResult {
     }
     if args.out.json {
         for m in &out {
-            println!("{}", m.json());
+            outln!("{}", m.json());
         }
     } else {
         print_tables(&out);
@@ -204,7 +204,7 @@ pub fn run(args: SnapshotArgs) -> CliResult {
     if let Some(dir) = &args.out.plot {
         plot(dir, &out)?;
         if !args.out.json {
-            println!("\nfigures written to {}", dir.display());
+            outln!("\nfigures written to {}", dir.display());
         }
     }
     Ok(())
@@ -562,10 +562,10 @@ fn print_tables(out: &[Measurement]) {
     }
     let sizes: Vec<&Measurement> = out.iter().filter(|m| m.kind == "size").collect();
     if !sizes.is_empty() {
-        println!("\nsnapshot time against heap size (medians)");
-        println!("{:>8} {:>12} {:>8} {:>12} {:>10} {:>12} {:>7} {:>10}", "heap MiB", "mode", "threads", "snapshot ms", "GB/s", "memcpy GB/s", "ratio", "pause ms");
+        outln!("\nsnapshot time against heap size (medians)");
+        outln!("{:>8} {:>12} {:>8} {:>12} {:>10} {:>12} {:>7} {:>10}", "heap MiB", "mode", "threads", "snapshot ms", "GB/s", "memcpy GB/s", "ratio", "pause ms");
         for m in sizes {
-            println!(
+            outln!(
                 "{:>8} {:>12} {:>8} {:>12} {:>10} {:>12} {:>7} {:>10}",
                 m.heap_mib,
                 m.mode,
@@ -579,7 +579,7 @@ fn print_tables(out: &[Measurement]) {
         }
     }
     for m in out.iter().filter(|m| m.kind == "incremental_5pct") {
-        println!(
+        outln!(
             "incremental refresh, 5% of {} MiB dirty (random pages), {} thread(s): {:.2} ms vs full memcpy {:.2} ms = {:.1}x faster",
             m.heap_mib,
             m.threads.unwrap_or(1),
@@ -589,7 +589,7 @@ fn print_tables(out: &[Measurement]) {
         );
     }
     for m in out.iter().filter(|m| m.kind == "cow") {
-        println!(
+        outln!(
             "copy-on-write on the {} MiB heap: {:.2} µs per page ({:.2} µs a write with a fork child alive, {:.2} without)",
             m.heap_mib,
             m.extra["cow_us_per_page"].as_f64().unwrap_or(f64::NAN),
@@ -599,10 +599,10 @@ fn print_tables(out: &[Measurement]) {
     }
     let queries: Vec<&Measurement> = out.iter().filter(|m| m.kind == "queries").collect();
     if !queries.is_empty() {
-        println!("\nB-link queries ({} keys, medians)", queries[0].extra["keys"]);
-        println!("{:>8} {:>14} {:>8} {:>18}", "on", "lookups/s", "vs txn", "count+sum ranges/s");
+        outln!("\nB-link queries ({} keys, medians)", queries[0].extra["keys"]);
+        outln!("{:>8} {:>14} {:>8} {:>18}", "on", "lookups/s", "vs txn", "count+sum ranges/s");
         for m in queries {
-            println!(
+            outln!(
                 "{:>8} {:>14} {:>8} {:>18}",
                 m.mode,
                 rate(m.queries_per_s.unwrap_or(0.0)),
@@ -613,8 +613,8 @@ fn print_tables(out: &[Measurement]) {
     }
     let cycles: Vec<&Measurement> = out.iter().filter(|m| m.kind == "cycle").collect();
     if !cycles.is_empty() {
-        println!("\ncycle time: snapshot + F updates (medians, ms; auto/best = Auto against the best fixed mode)");
-        println!("{:>15} {:>9} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8}", "distribution", "F", "memcpy", "incremental", "fork", "auto", "auto/best", "fork/memcpy", "auto picked");
+        outln!("\ncycle time: snapshot + F updates (medians, ms; auto/best = Auto against the best fixed mode)");
+        outln!("{:>15} {:>9} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8}", "distribution", "F", "memcpy", "incremental", "fork", "auto", "auto/best", "fork/memcpy", "auto picked");
         let mut keys: Vec<(&str, u64)> = cycles.iter().map(|m| (m.distribution.unwrap_or(""), m.updates_per_snapshot.unwrap_or(0))).collect();
         keys.dedup();
         for (dist, every) in keys {
@@ -626,7 +626,7 @@ fn print_tables(out: &[Measurement]) {
                 p.dedup();
                 p.join("/")
             });
-            println!(
+            outln!(
                 "{:>15} {:>9} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8}",
                 dist,
                 every,
@@ -643,7 +643,7 @@ fn print_tables(out: &[Measurement]) {
 }
 
 fn plot(dir: &std::path::Path, out: &[Measurement]) -> CliResult {
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).at(dir)?;
     // Figure 1: cycle time against F, a panel per distribution, a line per mode.
     let mut panels = Vec::new();
     let mut dists: Vec<&str> = out.iter().filter(|m| m.kind == "cycle").filter_map(|m| m.distribution).collect();

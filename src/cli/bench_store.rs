@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::report::{median, table};
-use super::{store_files, BenchDir, CliResult};
+use super::{store_files, BenchDir, CliResult, IoAt};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -176,7 +176,7 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
 
     let log_mib = r.log_bytes as f64 / MIB;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "bench": "recovery",
@@ -250,7 +250,7 @@ const SEQ_IO: usize = 8 << 20;
 fn drop_cached(files: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     for path in files {
-        let f = std::fs::File::open(path)?;
+        let f = std::fs::File::open(path).at(path)?;
         // SAFETY: advice on a descriptor we own; it changes no memory of ours.
         let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         if rc != 0 {
@@ -293,7 +293,7 @@ fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
     use tusk_storage::io::{open_direct, AlignedBuf};
     let path = dir.join("disk-rate.tmp");
     let _ = std::fs::remove_file(&path);
-    let file = open_direct(&path, true)?;
+    let file = open_direct(&path, true).at(&path)?;
     let mut buf = AlignedBuf::new();
     buf.extend_zeros(SEQ_IO);
     for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
@@ -302,13 +302,13 @@ fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut off = 0u64;
     while off < mib << 20 {
-        pwrite_all(file.as_raw_fd(), off, buf.as_slice())?;
+        pwrite_all(file.as_raw_fd(), off, buf.as_slice()).at(&path)?;
         off += SEQ_IO as u64;
     }
-    fdatasync(file.as_raw_fd())?;
+    fdatasync(file.as_raw_fd()).at(&path)?;
     let rate = (off as f64 / MIB) / started.elapsed().as_secs_f64();
     drop(file);
-    std::fs::remove_file(&path)?;
+    std::fs::remove_file(&path).at(&path)?;
     Ok(rate)
 }
 
@@ -398,7 +398,7 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
     let max_log_bytes_seen = max_seen.load(Ordering::Relaxed);
 
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "bench": "checkpoint",

@@ -21,7 +21,7 @@ use tusk::{Commit, Durability, Options, Store};
 use tusk_storage::log_format::FLUSH_ALIGN;
 
 use super::report::{median, rate};
-use super::{BenchDir, BenchOutput, CliResult, IoChoice};
+use super::{BenchDir, BenchOutput, CliResult, IoAt, IoChoice};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Workload {
@@ -128,10 +128,10 @@ fn probe_write_sync(dir: &Path, size: usize, overwrite: bool, latency: &mut Hist
     use tusk_storage::io::{open_direct, AlignedBuf};
     // The previous run's files were just deleted and this run's store just closed: let the
     // file system finish that work first, or the probe measures our own clean-up.
-    sync_file_system(dir)?;
+    sync_file_system(dir).at(dir)?;
     let path = dir.join("write-sync-probe.tmp");
     let _ = std::fs::remove_file(&path);
-    let file = open_direct(&path, true)?;
+    let file = open_direct(&path, true).at(&path)?;
     let mut buf = AlignedBuf::new();
     buf.extend_zeros(size);
     for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
@@ -143,22 +143,22 @@ fn probe_write_sync(dir: &Path, size: usize, overwrite: bool, latency: &mut Hist
         let mut zeros = AlignedBuf::new();
         zeros.extend_zeros(size);
         for i in 0..span_writes {
-            pwrite_all(file.as_raw_fd(), i * size as u64, zeros.as_slice())?;
+            pwrite_all(file.as_raw_fd(), i * size as u64, zeros.as_slice()).at(&path)?;
         }
-        fdatasync(file.as_raw_fd())?;
+        fdatasync(file.as_raw_fd()).at(&path)?;
     }
     let started = Instant::now();
     let mut writes = 0u32;
     while writes < PROBE_MIN_WRITES || (writes < PROBE_MAX_WRITES && started.elapsed() < PROBE_TIME) {
         let offset = (writes as u64 % span_writes) * size as u64;
         let t = Instant::now();
-        pwrite_all(file.as_raw_fd(), offset, buf.as_slice())?;
-        fdatasync(file.as_raw_fd())?;
+        pwrite_all(file.as_raw_fd(), offset, buf.as_slice()).at(&path)?;
+        fdatasync(file.as_raw_fd()).at(&path)?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
         writes += 1;
     }
     drop(file);
-    std::fs::remove_file(&path)?;
+    std::fs::remove_file(&path).at(&path)?;
     Ok(())
 }
 
@@ -172,7 +172,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
     let mut probe = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut over_probe = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     if waits_for_disk {
-        std::fs::create_dir_all(dir.path())?;
+        std::fs::create_dir_all(dir.path()).at(dir.path())?;
         probe_write_sync(dir.path(), FLUSH_ALIGN as usize, false, &mut probe)?;
         probe_write_sync(dir.path(), FLUSH_ALIGN as usize, true, &mut over_probe)?;
     }
@@ -415,11 +415,11 @@ pub fn run(args: TxnArgs) -> CliResult {
     }
     if args.out.json {
         if results.len() == 1 {
-            println!("{}", results[0].0.json(&args));
+            outln!("{}", results[0].0.json(&args));
         } else {
             let ratios: serde_json::Map<String, serde_json::Value> =
                 ratios.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect();
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({
                     "bench": "txn",
@@ -432,16 +432,16 @@ pub fn run(args: TxnArgs) -> CliResult {
         return Ok(());
     }
     let thread_list: Vec<String> = threads.iter().map(|t| t.to_string()).collect();
-    println!(
+    outln!(
         "tusk bench txn: hathi, {} threads, {} MiB, {} words/txn, prefetch {}, median of {} round(s)",
         thread_list.join(","), args.heap_mib, args.words, args.prefetch, args.rounds.max(1)
     );
-    println!(
+    outln!(
         "{:<10} {:>7} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>11} {:>11}",
         "commit", "threads", "txn/s", "p50 us", "p99 us", "aborts", "log I/O", "flush B", "w+sync us", "ow+sync us"
     );
     for (r, _, _) in &results {
-        println!(
+        outln!(
             "{:<10} {:>7} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9} {:>8} {:>11} {:>11}",
             r.commit.name(),
             r.threads,
@@ -456,7 +456,7 @@ pub fn run(args: TxnArgs) -> CliResult {
         );
     }
     for (name, v) in ratios {
-        println!("{name:<38} {v:.3}");
+        outln!("{name:<38} {v:.3}");
     }
     Ok(())
 }
@@ -464,7 +464,7 @@ pub fn run(args: TxnArgs) -> CliResult {
 /// `DIR/txn.svg`: throughput per mode (a bar per thread count), and p50 / p99 commit latency.
 fn plot(dir: &Path, modes: &[CommitChoice], threads: &[usize], results: &[&ModeResult]) -> CliResult {
     use super::svg_plot::{write_bars_grid, Bars};
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let categories: Vec<String> = modes.iter().map(|m| m.name().to_string()).collect();
     let value = |t: usize, m: CommitChoice, f: fn(&ModeResult) -> f64| {
         results.iter().find(|r| r.threads == t && r.commit == m).map_or(f64::NAN, |r| f(r))

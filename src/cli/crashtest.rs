@@ -1,13 +1,13 @@
 //! `tusk crashtest`: crash-recovery runs under fault models, and the hidden child command.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tusk::crashtest::child::ChildConfig;
 use tusk::crashtest::{self, CommitChoice, Config, Fault, Workload};
 
-use super::CliResult;
+use super::{CliResult, IoAt};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum WorkloadArg {
@@ -98,7 +98,7 @@ pub fn run(args: CrashtestArgs) -> CliResult {
     let (dir, temp) = match &args.dir {
         Some(d) => (d.clone(), None),
         None => {
-            let t = tempfile::Builder::new().prefix("tusk-crashtest-").tempdir_in(".")?;
+            let t = tempfile::Builder::new().prefix("tusk-crashtest-").tempdir_in(".").at(Path::new("."))?;
             (t.path().to_path_buf(), Some(t))
         }
     };
@@ -118,24 +118,24 @@ pub fn run(args: CrashtestArgs) -> CliResult {
     bar.finish_and_clear();
 
     if args.json {
-        println!("{}", summary.to_json());
+        outln!("{}", summary.to_json());
     } else {
         let faults: Vec<String> = summary.per_fault.iter().map(|(f, n)| format!("{} {n}", f.name())).collect();
-        println!("crash run: workload {:?}, commit {}, seed {}", workload, commit.name(), args.seed);
-        println!("  cycles                  {}", summary.cycles);
-        println!("  faults                  {}", faults.join(", "));
-        println!("  recovered               {}", summary.recovered);
-        println!("  acknowledged commits    {}", summary.acknowledged);
-        println!("  lost acknowledged       {}", summary.lost_acknowledged);
-        println!("  invariant violations    {}", summary.invariant_violations);
-        println!("  torn tails cut          {}", summary.torn_tails_cut);
-        println!("  corruptions detected    {}", summary.corruptions_detected);
-        println!("  harmless bit flips      {}", summary.harmless_flips);
-        println!("  commits refused (eio)   {}", summary.commits_refused);
-        println!("  power-cut sectors lost  {}", summary.power_sectors_lost);
-        println!("  partition skews (bank)  {}", summary.partition_skews);
-        println!("  recovery p50 / max      {:.1} / {:.1} ms", summary.recovery_p50_ms(), summary.recovery_max_ms());
-        println!("  duration                {:.1} s", summary.duration.as_secs_f64());
+        outln!("crash run: workload {:?}, commit {}, seed {}", workload, commit.name(), args.seed);
+        outln!("  cycles                  {}", summary.cycles);
+        outln!("  faults                  {}", faults.join(", "));
+        outln!("  recovered               {}", summary.recovered);
+        outln!("  acknowledged commits    {}", summary.acknowledged);
+        outln!("  lost acknowledged       {}", summary.lost_acknowledged);
+        outln!("  invariant violations    {}", summary.invariant_violations);
+        outln!("  torn tails cut          {}", summary.torn_tails_cut);
+        outln!("  corruptions detected    {}", summary.corruptions_detected);
+        outln!("  harmless bit flips      {}", summary.harmless_flips);
+        outln!("  commits refused (eio)   {}", summary.commits_refused);
+        outln!("  power-cut sectors lost  {}", summary.power_sectors_lost);
+        outln!("  partition skews (bank)  {}", summary.partition_skews);
+        outln!("  recovery p50 / max      {:.1} / {:.1} ms", summary.recovery_p50_ms(), summary.recovery_max_ms());
+        outln!("  duration                {:.1} s", summary.duration.as_secs_f64());
     }
     if let Some((cycle, fault, why)) = &summary.failure {
         for w in why {

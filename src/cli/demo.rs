@@ -16,8 +16,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
-use super::report::{rate, table};
-use super::{demo_gpu, demo_index, demo_snapshot, CliResult};
+use super::report::{self, human_rate, table};
+use super::{demo_gpu, demo_index, demo_snapshot, CliResult, IoAt};
 
 pub const INITIAL_BALANCE: u64 = 1_000;
 /// The root of the accounts (one u64 balance each) and of the per-thread transfer counts.
@@ -63,11 +63,11 @@ fn prepare_dir(dir: &Path) -> CliResult {
         return Err(format!("{}: not a directory", dir.display()).into());
     }
     let is_store = dir.join("LOCK").exists() || dir.join("log").exists();
-    let is_empty = std::fs::read_dir(dir)?.next().is_none();
+    let is_empty = std::fs::read_dir(dir).at(dir)?.next().is_none();
     if !is_store && !is_empty {
         return Err(format!("{}: exists and is not a tusk store; choose another --dir", dir.display()).into());
     }
-    std::fs::remove_dir_all(dir)?;
+    std::fs::remove_dir_all(dir).at(dir)?;
     Ok(())
 }
 
@@ -84,7 +84,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let accounts = args.accounts.max(2);
     prepare_dir(&args.dir)?;
     let store = Store::open(&args.dir, options(accounts, args.index_keys))?;
-    println!(
+    outln!(
         "tusk demo: {} accounts, {threads} threads, store {} (log I/O: {})",
         accounts,
         args.dir.display(),
@@ -94,7 +94,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     // Load.
     let load_started = Instant::now();
     let bar = ProgressBar::new(accounts);
-    bar.set_style(ProgressStyle::with_template("load   [{bar:40}] {pos}/{len} accounts {per_sec}")?.progress_chars("=> "));
+    bar.set_style(ProgressStyle::with_template("load   [{bar:40}] {pos}/{len} accounts {rate}")?.with_key("rate", report::rate_key).progress_chars("=> "));
     let ((bank, stats), _) = store.transact(Commit::Sync, |tx| {
         let bank = tx.alloc(accounts * 8)?;
         let stats = tx.alloc(8 * threads as u64)?;
@@ -119,7 +119,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let load_s = load_started.elapsed().as_secs_f64();
     assert!(store.is_stable(lsn.unwrap_or(0), false), "a Sync commit returns once durable");
     let first = store.checkpoint()?;
-    println!(
+    outln!(
         "ckpt   epoch {}: {} chunks written ({:.1} MiB) in {:.3} s, log trimmed to {:.1} MiB",
         first.epoch,
         first.written,
@@ -151,7 +151,7 @@ pub fn run(args: DemoArgs) -> CliResult {
         let ckpt = last_ckpt.map_or(String::new(), |c| {
             format!(", checkpoint {} ({} written, {} clean chunks, log {:.1} MiB)", c.epoch, c.written, c.reused, c.log_bytes as f64 / (1 << 20) as f64)
         });
-        spinner.set_message(format!("{} txn/s, {} committed, durable LSN {}, {taken} checkpoints{ckpt}", rate(tps), now.1, store.durable_lsn()));
+        spinner.set_message(format!("{} txn/s, {} committed, durable LSN {}, {taken} checkpoints{ckpt}", human_rate(tps), now.1, store.durable_lsn()));
         spinner.tick();
         last = now;
     }
@@ -224,7 +224,7 @@ pub fn run(args: DemoArgs) -> CliResult {
         "tusk demo summary",
         &[
             ("accounts loaded", format!("{accounts} in {load_s:.2} s")),
-            ("transfers committed", format!("{transfers} in {run_s:.2} s ({} txn/s)", rate(transfers as f64 / run_s))),
+            ("transfers committed", format!("{transfers} in {run_s:.2} s ({} txn/s)", human_rate(transfers as f64 / run_s))),
             ("read-only audits", audits.load(Ordering::Relaxed).to_string()),
             ("last LSN", last_lsn.to_string()),
             ("checkpoints", format!("{} during the run, after the one after loading", checkpoints)),
@@ -251,7 +251,7 @@ pub fn run(args: DemoArgs) -> CliResult {
                     mixed.updates,
                     mixed.queries,
                     mixed.seconds,
-                    rate((mixed.updates + mixed.queries) as f64 / mixed.seconds)
+                    human_rate((mixed.updates + mixed.queries) as f64 / mixed.seconds)
                 ),
             ),
             (

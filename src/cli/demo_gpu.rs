@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{BTreeOp, Commit, GpuOptions, Store};
 
 use super::demo_index::{region_prefix, Model, CUSTOMERS, ORDERS, REGIONS};
-use super::report::{rate, table};
+use super::report::{human_rate, table};
 
 /// What the phase did, for the summary.
 pub struct GpuSummary {
@@ -27,7 +27,7 @@ pub fn run(store: &Store, mut model: Model) -> Result<(Model, GpuSummary), Box<d
     let mut mirror = store.gpu_mirror(GpuOptions::default())?;
     let open_s = started.elapsed().as_secs_f64();
     let backend = mirror.backend().to_string();
-    println!("\nGPU mirror: {backend}");
+    outln!("\nGPU mirror: {backend}");
     let mut rng = SmallRng::seed_from_u64(0x6B0);
     let mut rows: Vec<(&str, String)> = vec![("open + first sync", format!("{:.1} ms, at LSN {}", open_s * 1e3, mirror.lsn()))];
 
@@ -81,8 +81,8 @@ pub fn run(store: &Store, mut model: Model) -> Result<(Model, GpuSummary), Box<d
         if got.values.iter().zip(model.customers.values()).any(|(g, v)| *g != Some(*v)) {
             return Err(mismatch("ART lookups"));
         }
-        rows.push(("B-link lookups", format!("{} keys in {:.1} ms ({}/s), equal", keys.len(), lookup_s * 1e3, rate(keys.len() as f64 / lookup_s))));
-        rows.push(("range count+sum", format!("{} ranges in {:.1} ms ({}/s), equal", ranges.len(), range_s * 1e3, rate(ranges.len() as f64 / range_s))));
+        rows.push(("B-link lookups", format!("{} keys in {:.1} ms ({}/s), equal", keys.len(), lookup_s * 1e3, human_rate(keys.len() as f64 / lookup_s))));
+        rows.push(("range count+sum", format!("{} ranges in {:.1} ms ({}/s), equal", ranges.len(), range_s * 1e3, human_rate(ranges.len() as f64 / range_s))));
         rows.push(("ART lookups + prefixes", format!("{} keys, {} region prefixes, equal", names.len(), prefixes.len())));
         Ok(())
     };
@@ -113,7 +113,7 @@ pub fn run(store: &Store, mut model: Model) -> Result<(Model, GpuSummary), Box<d
     ));
     check(&mirror, &model, &mut rng, &mut rows)?;
     table("GPU mirror: batched queries checked against the trees", &rows);
-    println!();
+    outln!();
     let line = format!("{} — lookups, ranges and prefixes equal the trees, before and after a sync of {} pages", backend, report.pages);
     Ok((model, GpuSummary { line }))
 }

@@ -15,7 +15,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tusk::{BTreeOp, Commit, Store};
 
-use super::report::rate;
+use super::report::{self, human_rate};
 
 pub const ORDERS: &str = "demo.orders";
 pub const CUSTOMERS: &str = "demo.customers";
@@ -52,7 +52,7 @@ fn id_of(rng: &mut SmallRng, t: usize, threads: usize, span: u64) -> u64 {
 
 fn bar(len: u64, what: &str) -> Result<ProgressBar, Box<dyn std::error::Error>> {
     let bar = ProgressBar::new(len);
-    bar.set_style(ProgressStyle::with_template(&format!("{what} [{{bar:40}}] {{pos}}/{{len}} keys {{per_sec}}"))?.progress_chars("=> "));
+    bar.set_style(ProgressStyle::with_template(&format!("{what} [{{bar:40}}] {{pos}}/{{len}} keys {{rate}}"))?.with_key("rate", report::rate_key).progress_chars("=> "));
     Ok(bar)
 }
 
@@ -131,8 +131,8 @@ pub fn mixed(store: &Store, model: Model, threads: usize, seconds: f64) -> Resul
             let dt = (now.0 - last.0).as_secs_f64();
             spinner.set_message(format!(
                 "{} update txn/s, {} query txn/s ({} updates, {} queries)",
-                rate((now.1 - last.1) as f64 / dt),
-                rate((now.2 - last.2) as f64 / dt),
+                human_rate((now.1 - last.1) as f64 / dt),
+                human_rate((now.2 - last.2) as f64 / dt),
                 now.1,
                 now.2
             ));

@@ -21,7 +21,7 @@ use tusk::{HeapPtr, Snapshot, SnapshotInfo, SnapshotMode, Store};
 
 use super::demo::{self, ACCOUNTS_ROOT, INITIAL_BALANCE};
 use super::demo_index::{self, Model, CUSTOMERS, ORDERS, REGIONS};
-use super::report::rate;
+use super::report::human_rate;
 
 const MODES: [SnapshotMode; 4] = [SnapshotMode::Memcpy, SnapshotMode::Incremental, SnapshotMode::Fork, SnapshotMode::Auto];
 /// Refreshes after the first snapshot, for the modes that keep an image (incremental, auto).
@@ -378,15 +378,15 @@ fn print_table(runs: &[ModeRun], settings: &Settings, costs_s: f64) {
         "snapshot readers: {} reader thread(s) for {:.2} s per mode, while {} transfer + {} index update thread(s) commit",
         settings.readers, settings.seconds, settings.bank_writers, settings.index_writers
     );
-    println!("{title}");
-    println!("{}", "-".repeat(title.len()));
-    println!(
+    outln!("{title}");
+    outln!("{}", "-".repeat(title.len()));
+    outln!(
         "{:<12} {:<24} {:>8} {:>9} {:>9} {:>10} {:>11} {:>10} {:>12} {:>12}  checks",
         "mode", "made by", "snap ms", "pause ms", "MiB copy", "refresh ms", "refresh MiB", "queries/s", "transfers/s", "index upd/s"
     );
     for r in runs {
         let Some(first) = r.states.first() else {
-            println!("{:<12} unavailable here: {}", r.mode.name(), r.unavailable.as_deref().unwrap_or("no snapshot"));
+            outln!("{:<12} unavailable here: {}", r.mode.name(), r.unavailable.as_deref().unwrap_or("no snapshot"));
             continue;
         };
         let refreshes = &r.states[1..];
@@ -394,7 +394,7 @@ fn print_table(runs: &[ModeRun], settings: &Settings, costs_s: f64) {
         let refresh_mib = median(refreshes.iter().map(|s| s.bytes_copied).collect()).map_or("-".into(), mib);
         let pause = r.states.iter().map(|s| s.pause).max().unwrap_or_default();
         let checks = if r.failures.is_empty() { format!("pass ({} snapshot{})", r.states.len(), if r.states.len() > 1 { "s" } else { "" }) } else { format!("FAIL ({})", r.failures.len()) };
-        println!(
+        outln!(
             "{:<12} {:<24} {:>8} {:>9} {:>9} {:>10} {:>11} {:>10} {:>12} {:>12}  {checks}",
             r.mode.name(),
             made_by(&r.states),
@@ -403,29 +403,29 @@ fn print_table(runs: &[ModeRun], settings: &Settings, costs_s: f64) {
             mib(first.bytes_copied),
             refresh_ms,
             refresh_mib,
-            rate(r.queries as f64 / r.query_seconds.max(1e-9)),
-            rate(r.transfers as f64 / r.seconds.max(1e-9)),
-            rate(r.index_updates as f64 / r.seconds.max(1e-9)),
+            human_rate(r.queries as f64 / r.query_seconds.max(1e-9)),
+            human_rate(r.transfers as f64 / r.seconds.max(1e-9)),
+            human_rate(r.index_updates as f64 / r.seconds.max(1e-9)),
         );
         if let Some(e) = &r.unavailable {
-            println!("{:<12} stopped early: {e}", "");
+            outln!("{:<12} stopped early: {e}", "");
         }
     }
     let extent = runs.iter().flat_map(|r| r.states.last()).map(|s| s.extent).max().unwrap_or(0);
-    println!(
+    outln!(
         "snap ms: the first snapshot; pause: the longest hold of commits; refresh: the median of {REFRESHES}; MiB copied counts pages written during a copy again; heap extent {} MiB",
         mib(extent)
     );
-    println!(
+    outln!(
         "checks (money, validators, counts) of each snapshot took {:.2} s in all, writers running; auto's costs measured in {:.0} ms",
         runs.iter().map(|r| r.check_seconds).sum::<f64>(),
         costs_s * 1e3
     );
     if let Some(last) = runs.iter().find(|r| r.mode == SnapshotMode::Auto).and_then(|r| r.states.last()) {
-        println!("auto's last pick: {} ({})", last.mode.name(), last.reason);
+        outln!("auto's last pick: {} ({})", last.mode.name(), last.reason);
     }
     for f in runs.iter().flat_map(|r| &r.failures) {
-        println!("MISMATCH {f}");
+        outln!("MISMATCH {f}");
     }
-    println!();
+    outln!();
 }

@@ -119,7 +119,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         }).collect::<Vec<_>>()).unwrap_or_else(|e| vec![serde_json::json!({"error": e.to_string()})]),
     });
     if args.json {
-        println!("{value}");
+        outln!("{value}");
         return Ok(());
     }
     let ckpt_line = match &plan.checkpoint {
@@ -158,27 +158,27 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             ("torn tails (would be cut)", r.torn_tails.len().to_string()),
         ],
     );
-    println!();
-    println!("{:<5} {:>6} {:>12} {:>12} {:>12}  path", "part", "seq", "bytes", "min LSN", "max LSN");
+    outln!();
+    outln!("{:<5} {:>6} {:>12} {:>12} {:>12}  path", "part", "seq", "bytes", "min LSN", "max LSN");
     for s in &r.segment_files {
-        println!("{:<5} {:>6} {:>12} {:>12} {:>12}  {}", s.partition, s.seq, s.bytes, s.min_lsn, s.max_lsn, s.path.display());
+        outln!("{:<5} {:>6} {:>12} {:>12} {:>12}  {}", s.partition, s.seq, s.bytes, s.min_lsn, s.max_lsn, s.path.display());
     }
     for t in &r.torn_tails {
-        println!("torn tail: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
+        outln!("torn tail: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
     }
     match indexes {
         Ok(list) if list.is_empty() => {}
         Ok(list) => {
-            println!();
-            println!("{:<24} {:<6} {:>12} {:>10} {:>10} {:>12} {:>6}  check", "root", "kind", "keys", "nodes", "leaves", "bytes", "depth");
+            outln!();
+            outln!("{:<24} {:<6} {:>12} {:>10} {:>10} {:>12} {:>6}  check", "root", "kind", "keys", "nodes", "leaves", "bytes", "depth");
             for i in list {
                 match i.summary {
-                    Ok(s) => println!("{:<24} {:<6} {:>12} {:>10} {:>10} {:>12} {:>6}  ok", i.root, s.kind, s.keys, s.nodes, s.leaves, s.bytes, s.depth),
-                    Err(e) => println!("{:<24} {e}", i.root),
+                    Ok(s) => outln!("{:<24} {:<6} {:>12} {:>10} {:>10} {:>12} {:>6}  ok", i.root, s.kind, s.keys, s.nodes, s.leaves, s.bytes, s.depth),
+                    Err(e) => outln!("{:<24} {e}", i.root),
                 }
             }
         }
-        Err(e) => println!("indexes: not reported: {e}"),
+        Err(e) => outln!("indexes: not reported: {e}"),
     }
     Ok(())
 }
@@ -215,7 +215,7 @@ pub fn recover(args: RecoverArgs) -> CliResult {
     let r = store.recovery_report().clone();
     store.close()?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "dir": args.dir,
@@ -247,7 +247,7 @@ pub fn recover(args: RecoverArgs) -> CliResult {
         ],
     );
     for t in &r.torn_tails {
-        println!("torn tail cut: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
+        outln!("torn tail cut: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
     }
     Ok(())
 }

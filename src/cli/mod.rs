@@ -1,5 +1,16 @@
 //! Command-line interface. Everything the user sees is printed here, nowhere below.
 
+/// `println!` for the command's output. Rust's `println!` panics when stdout is closed
+/// (`tusk inspect DIR | head`); this ends the command quietly instead (see [`stdout_failed`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            $crate::cli::stdout_failed(e);
+        }
+    }};
+}
+
 mod bench_gpu;
 mod bench_index;
 mod bench_peers;
@@ -94,6 +105,29 @@ impl IoChoice {
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// A write to stdout failed. A reader that went away (a broken pipe: `| head`) ends the
+/// command quietly and successfully, as it does for `cat` or `rg`; anything else is an error.
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("tusk: writing to standard output: {e}");
+    std::process::exit(1);
+}
+
+/// Whether `e`, or an error it wraps, is a broken pipe: the reader of stdout went away
+/// (the crash child's and peers child's acknowledgements, written with `writeln!` and `?`).
+pub fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
 pub fn run(cli: Cli) -> CliResult {
     match cli.command {
         Command::Demo(args) => demo::run(args),
@@ -110,6 +144,18 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),
         Command::PeersChild(args) => bench_peers::child(args),
+    }
+}
+
+/// Adds the path an I/O error concerns to its message, keeping its kind: every I/O error the
+/// command prints names its file or directory.
+pub trait IoAt<T> {
+    fn at(self, path: &std::path::Path) -> std::io::Result<T>;
+}
+
+impl<T> IoAt<T> for std::io::Result<T> {
+    fn at(self, path: &std::path::Path) -> std::io::Result<T> {
+        self.map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
     }
 }
 
@@ -132,9 +178,9 @@ pub struct BenchOutput {
 /// stores: the checkpoint segments, manifests and log segments recovery reads).
 pub fn store_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
+        for entry in std::fs::read_dir(dir).at(dir)? {
+            let entry = entry.at(dir)?;
+            if entry.file_type().at(&entry.path())?.is_dir() {
                 walk(&entry.path(), out)?;
             } else if entry.file_name() != "LOCK" {
                 out.push(entry.path());
@@ -157,8 +203,8 @@ pub struct BenchDir(tempfile::TempDir);
 impl BenchDir {
     pub fn new(parent: Option<PathBuf>) -> std::io::Result<BenchDir> {
         let parent = parent.unwrap_or_else(|| PathBuf::from("."));
-        std::fs::create_dir_all(&parent)?;
-        Ok(BenchDir(tempfile::Builder::new().prefix("tusk-bench-").tempdir_in(parent)?))
+        std::fs::create_dir_all(&parent).at(&parent)?;
+        Ok(BenchDir(tempfile::Builder::new().prefix("tusk-bench-").tempdir_in(&parent).at(&parent)?))
     }
 
     pub fn path(&self) -> &std::path::Path {

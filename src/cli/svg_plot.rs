@@ -72,7 +72,7 @@ fn write_panels<T>(items: &[T], cols: usize, path: &Path, draw: DrawPanel<T>) ->
     for (item, panel) in items.iter().zip(root.split_evenly((rows, cols))) {
         draw(item, &panel)?;
     }
-    root.present()?;
+    root.present().map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(())
 }
 
