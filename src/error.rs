@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use tusk_recovery::RecoveryError;
+use tusk_recovery::{FileKind, RecoveryError};
 use tusk_storage::StorageError;
 use tusk_txn::TxnError;
 
@@ -64,13 +64,19 @@ pub enum Error {
     /// Another open store (in this or another process) holds the directory.
     #[error("{0}: locked by another open store")]
     Locked(PathBuf),
-    /// A file of the store is damaged beyond what recovery may repair.
-    #[error("{path}: corrupt at offset {offset}: {reason}")]
+    /// A file of the store is damaged beyond what recovery may repair: the store was not
+    /// opened. The message names the kind of file, its path once, the offset where one
+    /// applies, and what is wrong (`log segment log/p0000/…seg, offset 8192: LSN 9 after LSN
+    /// 12: a partition's LSNs ascend; refused to open the store`).
+    #[error("{kind} {path}{}: {reason}; refused to open the store", tusk_recovery::error::at_offset(offset))]
     Corrupt {
+        /// What kind of file it is.
+        kind: FileKind,
         /// The damaged file.
         path: PathBuf,
-        /// Where in the file the damage starts.
-        offset: u64,
+        /// Where in the file the damage starts, where it has a place (a manifest's checksum
+        /// covers the whole file; a log that ends too early has none).
+        offset: Option<u64>,
         /// What is wrong there.
         reason: String,
     },
@@ -190,7 +196,6 @@ impl From<StorageError> for Error {
     fn from(e: StorageError) -> Error {
         match e {
             StorageError::Io { path, source } => Error::Io { path, source },
-            StorageError::Corrupt { path, offset, reason } => Error::Corrupt { path, offset, reason },
             StorageError::Reserve { capacity, source } => {
                 Error::Io { path: PathBuf::from(format!("<heap of {capacity} bytes>")), source }
             }
@@ -219,7 +224,7 @@ impl From<TxnError> for Error {
 impl From<RecoveryError> for Error {
     fn from(e: RecoveryError) -> Error {
         match e {
-            RecoveryError::Corrupt { path, offset, reason } => Error::Corrupt { path, offset, reason },
+            RecoveryError::Corrupt { kind, path, offset, reason } => Error::Corrupt { kind, path, offset, reason },
             RecoveryError::DuplicateLsn { lsn, first, second } => Error::DuplicateLsn { lsn, first, second },
             RecoveryError::CapacityTooSmall { path, needed, capacity, .. } => Error::CapacityTooSmall { path, needed, capacity },
             RecoveryError::OldCheckpointFormat { path, version, supported } => Error::OldCheckpointFormat { path, version, supported },

@@ -51,7 +51,7 @@ pub use snapshot::{
 pub use store::Store;
 pub use transaction::Transaction;
 pub use tusk_index::btree::TreeStats as BTreeSnapshotStats;
-pub use tusk_recovery::{RecoveryReport, TornTail};
+pub use tusk_recovery::{FileKind, RecoveryReport, TornTail};
 pub use tusk_storage::io::{FaultPlan, Io, RecordConfig};
 pub use tusk_storage::HeapPtr;
 pub use tusk_txn::{CheckpointReport, Commit, Lsn};

@@ -1,7 +1,7 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use tusk_recovery::RecoveryReport;
+use tusk_recovery::{FileKind, RecoveryReport};
 use tusk_storage::layout::{BRK_OFF, MAGIC, MAGIC_OFF, VERSION_OFF, FORMAT_VERSION};
 use tusk_storage::Heap;
 use std::sync::Arc;
@@ -278,7 +278,7 @@ impl Drop for Store {
 }
 
 fn check_superblock(dir: &Path, heap: &Heap) -> Result<(), Error> {
-    let corrupt = |reason: String| Error::Corrupt { path: dir.join("log"), offset: 0, reason };
+    let corrupt = |reason: String| Error::Corrupt { kind: FileKind::Store, path: dir.to_path_buf(), offset: None, reason };
     if heap.load_word(MAGIC_OFF) != MAGIC {
         return Err(corrupt("the recovered heap has no tusk superblock".into()));
     }

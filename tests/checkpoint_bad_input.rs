@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use tusk::{Commit, Error, HeapPtr, Options, Store};
+use tusk::{Commit, Error, FileKind, HeapPtr, Options, Store};
 use tusk_storage::checkpoint_format::{
     image_segment_path, list_manifests, manifest_path, parse_image_segment_name, Manifest, CHECKPOINT_VERSION,
 };
@@ -75,6 +75,14 @@ fn assert_falls_back(dir: &Path, previous: u64, culprit: &Path) {
     assert_eq!(loaded.manifest.epoch, previous, "fell back to the previous checkpoint");
     let fallback = loaded.fallback.as_ref().expect("the fallback is reported");
     assert_eq!(fallback.path, culprit, "the report names the unusable file ({})", fallback.reason);
+    // What broke, once, and what recovery did about it.
+    let said = fallback.describe(loaded.manifest.epoch);
+    let kind = if culprit.extension().is_some_and(|e| e == "ckpt") { FileKind::CheckpointImage } else { FileKind::Manifest };
+    assert_eq!(fallback.kind, kind, "{said}");
+    assert!(said.starts_with(&format!("{kind} {}: ", culprit.display())), "{said}");
+    assert_eq!(said.matches(&culprit.display().to_string()).count(), 1, "the path once: {said}");
+    assert!(said.ends_with(&format!("; fell back to the previous checkpoint (epoch {previous})")), "{said}");
+    assert!(!said.contains("corrupt log"), "{said}");
     check_data(&store);
     store.close().unwrap();
 }
@@ -211,7 +219,16 @@ fn damaged_only_manifest_after_a_trim_is_an_error_naming_it() {
     bytes[55] ^= 0x80;
     std::fs::write(&victim, bytes).unwrap();
     match Store::open(dir.path(), options()) {
-        Err(e) => assert!(e.to_string().contains(&victim.display().to_string()), "the error names the manifest: {e}"),
+        Err(e) => {
+            // Found when tried as a new user would: this read `s2/MANIFEST-… s2/MANIFEST-…:
+            // corrupt log at offset 0: manifest checksum mismatch` (the path twice, and "log"
+            // for a manifest).
+            let message = e.to_string();
+            assert!(message.starts_with(&format!("checkpoint manifest {}: ", victim.display())), "{message}");
+            assert_eq!(message.matches(&victim.display().to_string()).count(), 1, "the path once: {message}");
+            assert!(message.contains("checksum") && message.contains("the log that must stand in for it ends at LSN"), "{message}");
+            assert!(message.ends_with("; refused to open the store"), "{message}");
+        }
         Ok(store) => panic!("recovered without the damaged checkpoint: {:?}", store.recovery_report()),
     }
 }
@@ -337,4 +354,34 @@ fn manifest_with_more_chunks_than_it_covers_is_refused() {
     assert!(matches!(opened, Ok(Err(_))), "{opened:?}");
     assert!(Manifest::decode(&std::fs::read(&victim).unwrap()).is_err(), "decode accepts {chunks} chunks for 4 chunks of bytes");
     assert_falls_back(dir.path(), first, &victim);
+}
+
+/// A log that ends below what the checkpoint needs (its chunks were copied at different LSNs,
+/// and the records between are gone) is refused with a message naming the log, the LSN it
+/// ends at and the one it must reach. Found when tried as a new user would: it read `corrupt
+/// at offset 0`, which named neither.
+#[test]
+fn log_ending_below_the_checkpoint_is_refused_naming_both_lsns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, second) = two_checkpoints(dir.path());
+    let manifest = Manifest::decode(&std::fs::read(manifest_path(dir.path(), second)).unwrap()).unwrap();
+    let (min, max) = (manifest.min_lsn(), manifest.max_lsn());
+    assert!(min < max, "the incremental checkpoint's chunks are of different LSNs: {min}..={max}");
+    let log = dir.path().join("log");
+    for partition in std::fs::read_dir(&log).unwrap() {
+        for segment in std::fs::read_dir(partition.unwrap().path()).unwrap() {
+            std::fs::remove_file(segment.unwrap().path()).unwrap();
+        }
+    }
+    match Store::open(dir.path(), options()) {
+        Err(e @ Error::Corrupt { kind: FileKind::Log, offset: None, .. }) => {
+            let message = e.to_string();
+            assert_eq!(
+                message,
+                format!("log {}: ends at LSN {min}, short of LSN {max} that the checkpoint needs; refused to open the store", log.display())
+            );
+        }
+        Err(e) => panic!("unexpected error: {e:?}"),
+        Ok(store) => panic!("recovered without the log the checkpoint needs: {:?}", store.recovery_report()),
+    }
 }

@@ -304,3 +304,29 @@ fn bench_dirs_are_created_and_io_errors_name_their_path() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains(blocker.to_str().unwrap()), "{err}");
 }
+
+/// `crashtest --fs all`: a summary for every file system this machine can mount (with no
+/// image or mount point left behind), and a one-line reason for every one it cannot.
+#[test]
+fn crashtest_on_every_file_system_runs_or_says_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&[
+        "crashtest", "--fs", "all", "--cycles", "2", "--faults", "all", "--seed", "11", "--max-run-ms", "60", "--json", "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    assert_eq!(lines.len(), 3, "one object a file system: {out}");
+    for (line, fs) in lines.iter().zip(["ext4", "xfs", "btrfs"]) {
+        assert_eq!(line["fs"], fs, "{line}");
+        match line["skipped"].as_str() {
+            Some(why) => assert!(!why.is_empty(), "{line}"),
+            None => {
+                assert_eq!(line["cycles"], 2, "{line}");
+                assert_eq!(line["lost_acknowledged"], 0, "{line}");
+                assert_eq!(line["invariant_violations"], 0, "{line}");
+            }
+        }
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "images and mount points are removed");
+}

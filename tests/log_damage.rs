@@ -12,7 +12,7 @@ use std::thread::Scope;
 use std::time::Duration;
 
 use common::{flush_end, partition_of_lsn, records, segments, small_opts, Rec};
-use tusk::{Commit, Error, FaultPlan, HeapPtr, Io, Lsn, Options, Store};
+use tusk::{Commit, Error, FaultPlan, FileKind, HeapPtr, Io, Lsn, Options, Store};
 
 const SLOTS: u64 = 32;
 
@@ -240,10 +240,18 @@ fn expect_corrupt(dir: &Path, opts: &Options, path: &Path, offset: u64, what: &s
     for attempt in 0..2 {
         let err = Store::open(dir, opts.clone()).err().unwrap_or_else(|| panic!("{what}: opening a damaged log must fail"));
         match &err {
-            Error::Corrupt { path: p, offset: o, reason } => {
+            Error::Corrupt { kind, path: p, offset: o, reason } => {
+                assert_eq!(*kind, FileKind::LogSegment, "{what}: {err}");
                 assert_eq!(p, path, "{what}: {err}");
-                assert_eq!(*o, offset, "{what}: {err}");
+                assert_eq!(*o, Some(offset), "{what}: {err}");
                 assert!(!reason.is_empty());
+                // The message: the file kind, the path once, the offset, what is wrong, and
+                // what tusk did.
+                let message = err.to_string();
+                let head = format!("log segment {}, offset {offset}: ", path.display());
+                assert!(message.starts_with(&head), "{what}: {message}");
+                assert_eq!(message.matches(&path.display().to_string()).count(), 1, "{what}: the path once: {message}");
+                assert!(message.ends_with("; refused to open the store"), "{what}: {message}");
             }
             other => panic!("{what} (attempt {attempt}): expected Corrupt, got {other:?}"),
         }

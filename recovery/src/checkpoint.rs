@@ -17,7 +17,7 @@ use tusk_storage::io::sync::pread_full;
 use tusk_storage::io::{open_direct_read, AlignedBuf};
 use tusk_storage::{Heap, StorageError};
 
-use crate::RecoveryError;
+use crate::{FileKind, RecoveryError};
 
 /// The checkpoint recovery starts from.
 #[derive(Clone, Debug)]
@@ -33,9 +33,25 @@ pub struct LoadedCheckpoint {
 
 #[derive(Clone, Debug)]
 pub struct Fallback {
+    /// What broke: a manifest, or an image segment of the checkpoint it describes.
+    pub kind: FileKind,
     pub path: PathBuf,
+    /// What is wrong with it (without the path).
     pub reason: String,
     pub required_lsn: u64,
+}
+
+impl Fallback {
+    /// What broke and what recovery did instead, naming the file once: `checkpoint manifest
+    /// ckpt/MANIFEST-5: checksum mismatch; fell back to checkpoint 4` (`stood_in` is the
+    /// epoch of the checkpoint loaded instead, 0 for none: the whole log stands in).
+    pub fn describe(&self, stood_in: u64) -> String {
+        let instead = match stood_in {
+            0 => "no older checkpoint is usable: recovering from the whole log".to_string(),
+            epoch => format!("fell back to the previous checkpoint (epoch {epoch})"),
+        };
+        format!("{} {}: {}; {instead}", self.kind, self.path.display(), self.reason)
+    }
 }
 
 impl LoadedCheckpoint {
@@ -48,7 +64,7 @@ impl LoadedCheckpoint {
 }
 
 fn corrupt(path: &Path, reason: impl Into<String>) -> RecoveryError {
-    RecoveryError::Corrupt { path: path.to_path_buf(), offset: 0, reason: reason.into() }
+    RecoveryError::Corrupt { kind: FileKind::Manifest, path: path.to_path_buf(), offset: None, reason: reason.into() }
 }
 
 /// Reads and checks one manifest.
@@ -81,7 +97,11 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedC
                 // or the whole log) must reach at least LSN 1 — a log that starts later
                 // cannot replace it (found by `crashtest --workload index --seed 5`: a flipped
                 // bit in the only manifest recovered an empty heap plus the log's tail).
-                fallback.get_or_insert(Fallback { path: path.clone(), reason: e.to_string(), required_lsn: 1 });
+                let reason = match e {
+                    RecoveryError::Corrupt { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                fallback.get_or_insert(Fallback { kind: FileKind::Manifest, path: path.clone(), reason, required_lsn: 1 });
                 continue;
             }
         };
@@ -101,7 +121,7 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedC
                 // fail only because an earlier fallback left them behind); the log must
                 // still reach as far as every skipped checkpoint did.
                 let required_lsn = manifest.max_lsn().max(fallback.as_ref().map_or(0, |f| f.required_lsn));
-                let first = fallback.get_or_insert(Fallback { path: image, reason, required_lsn });
+                let first = fallback.get_or_insert(Fallback { kind: FileKind::CheckpointImage, path: image, reason, required_lsn });
                 first.required_lsn = required_lsn;
             }
         }

@@ -2,12 +2,46 @@ use std::path::PathBuf;
 
 use tusk_storage::StorageError;
 
+/// The kind of file a recovery message is about: every message names it before the path, so
+/// a reader knows whether a log, a manifest or an image broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// One log segment file (`log/pNNNN/*.seg`).
+    LogSegment,
+    /// The log as a whole (`log/`): what the segments together must reach.
+    Log,
+    /// A checkpoint manifest (`ckpt/MANIFEST-*`).
+    Manifest,
+    /// A checkpoint image segment (`ckpt/*.ckpt`).
+    CheckpointImage,
+    /// The store as recovered (its superblock).
+    Store,
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileKind::LogSegment => "log segment",
+            FileKind::Log => "log",
+            FileKind::Manifest => "checkpoint manifest",
+            FileKind::CheckpointImage => "checkpoint image",
+            FileKind::Store => "store",
+        })
+    }
+}
+
+/// `", offset N"` where the damage has a place in the file, else nothing.
+pub fn at_offset(offset: &Option<u64>) -> String {
+    offset.map_or(String::new(), |o| format!(", offset {o}"))
+}
+
 /// Errors of recovery: the directory cannot be recovered as it is.
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
-    /// A log file is damaged somewhere other than its tail.
-    #[error("{path}: corrupt log at offset {offset}: {reason}")]
-    Corrupt { path: PathBuf, offset: u64, reason: String },
+    /// A file is damaged in a way recovery may not repair (anything but a torn tail, or a
+    /// checkpoint with nothing left to stand in for it): the store is not opened.
+    #[error("{kind} {path}{}: {reason}; refused to open the store", at_offset(offset))]
+    Corrupt { kind: FileKind, path: PathBuf, offset: Option<u64>, reason: String },
     /// Two records claim the same LSN.
     #[error("LSN {lsn} appears twice: {first} and {second}")]
     DuplicateLsn { lsn: u64, first: PathBuf, second: PathBuf },

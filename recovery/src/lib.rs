@@ -12,6 +12,6 @@ pub mod replay;
 pub mod scan;
 
 pub use checkpoint::{Fallback, LoadedCheckpoint};
-pub use error::RecoveryError;
+pub use error::{FileKind, RecoveryError};
 pub use replay::{plan, recover, Plan, RecoveryReport};
 pub use scan::TornTail;

@@ -13,7 +13,7 @@ use crate::apply::apply;
 use crate::checkpoint::{load_checkpoint, LoadedCheckpoint};
 use crate::scan::{scan, RecordRef, Scan, TornTail};
 use tusk_storage::log_files::log_dir;
-use crate::RecoveryError;
+use crate::{FileKind, RecoveryError};
 
 /// What recovery did.
 #[derive(Clone, Debug, Default)]
@@ -134,11 +134,23 @@ pub fn plan(dir: &Path, heap: Option<&Heap>, repair: bool) -> Result<Plan, Recov
     // became valid; a log that stops short of it has lost records.
     let required = checkpoint.as_ref().map_or(0, |c| checkpoint_max.max(c.fallback.as_ref().map_or(0, |f| f.required_lsn)));
     if report.recovered_lsn < required {
-        let (path, why) = match checkpoint.as_ref().and_then(|c| c.fallback.as_ref()) {
-            Some(f) => (f.path.clone(), format!("{}; the log needed to recover without it ends at LSN {}", f.reason, report.recovered_lsn)),
-            None => (log_dir(dir), format!("the log ends at LSN {} but the checkpoint needs it through LSN {required}", report.recovered_lsn)),
-        };
-        return Err(RecoveryError::Corrupt { path, offset: 0, reason: why });
+        return Err(match checkpoint.as_ref().and_then(|c| c.fallback.as_ref()) {
+            Some(f) => RecoveryError::Corrupt {
+                kind: f.kind,
+                path: f.path.clone(),
+                offset: None,
+                reason: format!(
+                    "{}; the log that must stand in for it ends at LSN {}, short of LSN {required}",
+                    f.reason, report.recovered_lsn
+                ),
+            },
+            None => RecoveryError::Corrupt {
+                kind: FileKind::Log,
+                path: log_dir(dir),
+                offset: None,
+                reason: format!("ends at LSN {}, short of LSN {required} that the checkpoint needs", report.recovered_lsn),
+            },
+        });
     }
     report.records_replayed = to_apply.len() as u64;
     if report.max_lsn > report.recovered_lsn {

@@ -15,7 +15,7 @@ use tusk_storage::log_format::{decode_frame, later_flush_after, Frame, SegmentHe
 use tusk_storage::mapped::MappedFile;
 use tusk_storage::StorageError;
 
-use crate::RecoveryError;
+use crate::{FileKind, RecoveryError};
 
 /// A torn tail found (and, when repairing, cut off) during the scan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,23 @@ pub struct TornTail {
     pub bytes: u64,
     /// What made the tail invalid.
     pub reason: String,
+}
+
+impl TornTail {
+    /// The tail, what was wrong with it, and what recovery does (`cut`: it was cut off;
+    /// else it would be, as `inspect` reports): `log segment log/p0000/…seg, offset 8192:
+    /// torn tail of 100 bytes (bad frame magic); cut`.
+    pub fn describe(&self, cut: bool) -> String {
+        let action = if cut { "cut" } else { "would be cut" };
+        format!(
+            "{} {}, offset {}: torn tail of {} bytes ({}); {action}",
+            FileKind::LogSegment,
+            self.path.display(),
+            self.offset,
+            self.bytes,
+            self.reason
+        )
+    }
 }
 
 /// A segment's bytes in memory.
@@ -117,7 +134,7 @@ impl Scan {
 }
 
 fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> RecoveryError {
-    RecoveryError::Corrupt { path: path.to_path_buf(), offset, reason: reason.into() }
+    RecoveryError::Corrupt { kind: FileKind::LogSegment, path: path.to_path_buf(), offset: Some(offset), reason: reason.into() }
 }
 
 /// Reads all segments under `dir/log`, one thread per partition. With `repair`, torn tails

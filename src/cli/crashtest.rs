@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tusk::crashtest::child::ChildConfig;
+use tusk::crashtest::scratch_fs::{self, FileSystem, ScratchFs};
 use tusk::crashtest::{self, CommitChoice, Config, Fault, Workload};
 
 use super::{CliResult, IoAt};
@@ -56,9 +57,17 @@ pub struct CrashtestArgs {
     /// Longest time a child runs before it is crashed, in milliseconds.
     #[arg(long, default_value_t = 250)]
     max_run_ms: u64,
-    /// Print one JSON object instead of the table.
+    /// Print one JSON object instead of the table (with --fs: one a file system).
     #[arg(long)]
     json: bool,
+    /// Run on a fresh file system of this kind: an image file in --dir (or a temporary folder
+    /// of the current one), formatted, mounted through a loop device, unmounted and removed
+    /// after the run (needs root; where the machine cannot mount, the run says why and skips).
+    #[arg(long, value_enum)]
+    fs: Option<FsArg>,
+    /// Size of the --fs image in MiB (sparse; at least 512).
+    #[arg(long, default_value_t = 1024)]
+    fs_image_mib: u64,
 }
 
 #[derive(Args, Debug)]
@@ -74,7 +83,108 @@ pub fn child(args: CrashtestChildArgs) -> CliResult {
     Ok(())
 }
 
+/// A file system choice of `--fs`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum FsArg {
+    Ext4,
+    Xfs,
+    Btrfs,
+    All,
+}
+
+impl FsArg {
+    fn file_systems(self) -> Vec<FileSystem> {
+        match self {
+            FsArg::Ext4 => vec![FileSystem::Ext4],
+            FsArg::Xfs => vec![FileSystem::Xfs],
+            FsArg::Btrfs => vec![FileSystem::Btrfs],
+            FsArg::All => FileSystem::ALL.to_vec(),
+        }
+    }
+}
+
+/// A run that found a lost commit or a broken invariant: what to print after clean-up.
+struct Failed {
+    cycle: u64,
+    fault: Fault,
+    why: Vec<String>,
+    /// Where the store was left for inspection.
+    kept: PathBuf,
+}
+
 pub fn run(args: CrashtestArgs) -> CliResult {
+    let (dir, temp) = match &args.dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let t = tempfile::Builder::new().prefix("tusk-crashtest-").tempdir_in(".").at(Path::new("."))?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let Some(fs) = args.fs else {
+        let failed = run_in(&args, &dir, None, |store| Ok(store.to_path_buf()))?;
+        // Keep the temporary directory of a failed run for inspection.
+        if let Some(t) = temp.filter(|_| failed.is_some()) {
+            let _kept = t.keep();
+        }
+        return report_failure(&args, None, failed);
+    };
+    let mut any_failed = false;
+    for file_system in fs.file_systems() {
+        if let Some(why) = scratch_fs::unavailable(file_system) {
+            if args.json {
+                outln!("{}", serde_json::json!({ "fs": file_system.name(), "skipped": why }));
+            } else {
+                outln!("crash run on {file_system}: skipped: {why}");
+            }
+            continue;
+        }
+        let scratch = ScratchFs::mount(file_system, &dir, args.fs_image_mib).map_err(|e| format!("crash run on {file_system}: {e}"))?;
+        // A failed run's store goes back to the disk the images are on before the image goes.
+        let keep = |store: &Path| -> Result<PathBuf, Box<dyn std::error::Error>> {
+            let kept = dir.join(format!("{file_system}-failed-store"));
+            copy_dir(store, &kept)?;
+            Ok(kept)
+        };
+        let failed = run_in(&args, &scratch.path().join("run"), Some(file_system), keep);
+        scratch.remove().map_err(|e| format!("crash run on {file_system}: cleaning up: {e}"))?;
+        let failed = failed?;
+        any_failed |= failed.is_some();
+        if failed.is_some() {
+            report_failure(&args, Some(file_system), failed).ok();
+        }
+    }
+    if any_failed {
+        if let Some(t) = temp {
+            let _kept = t.keep();
+        }
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// Copies the files of `from` (a store directory: files and folders only) to `to`.
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to).at(to)?;
+    for entry in std::fs::read_dir(from).at(from)? {
+        let entry = entry.at(from)?;
+        let target = to.join(entry.file_name());
+        if entry.file_type().at(&entry.path())?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).at(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// One crash run in `dir`, its summary printed; the failure, if any, with the store kept by
+/// `keep` (given the store directory, it returns where the store can be inspected).
+fn run_in(
+    args: &CrashtestArgs,
+    dir: &Path,
+    fs: Option<FileSystem>,
+    keep: impl Fn(&Path) -> Result<PathBuf, Box<dyn std::error::Error>>,
+) -> Result<Option<Failed>, Box<dyn std::error::Error>> {
     let workload = match args.workload {
         WorkloadArg::Bank => Workload::Bank,
         WorkloadArg::Hathi => Workload::Hathi,
@@ -95,19 +205,14 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         FaultArg::Eio => vec![Fault::Eio],
         FaultArg::All => Fault::ALL.to_vec(),
     };
-    let (dir, temp) = match &args.dir {
-        Some(d) => (d.clone(), None),
-        None => {
-            let t = tempfile::Builder::new().prefix("tusk-crashtest-").tempdir_in(".").at(Path::new("."))?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
     let exe = std::env::current_exe()?;
-    let config = Config { cycles: args.cycles, seed: args.seed, workload, commit, faults, max_run_ms: args.max_run_ms, ..Config::new(exe, dir.clone()) };
+    let config =
+        Config { cycles: args.cycles, seed: args.seed, workload, commit, faults, max_run_ms: args.max_run_ms, ..Config::new(exe, dir.to_path_buf()) };
 
     let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(args.cycles) };
+    let on = fs.map_or(String::new(), |fs| format!("{fs} "));
     bar.set_style(
-        ProgressStyle::with_template("{spinner} cycle {pos}/{len} [{bar:30}] {elapsed} {msg}")
+        ProgressStyle::with_template(&format!("{{spinner}} {on}cycle {{pos}}/{{len}} [{{bar:30}}] {{elapsed}} {{msg}}"))
             .map_err(|e| e.to_string())?
             .progress_chars("=> "),
     );
@@ -118,10 +223,15 @@ pub fn run(args: CrashtestArgs) -> CliResult {
     bar.finish_and_clear();
 
     if args.json {
-        outln!("{}", summary.to_json());
+        let mut json = summary.to_json();
+        json["fs"] = fs.map_or(serde_json::Value::Null, |fs| fs.name().into());
+        outln!("{json}");
     } else {
         let faults: Vec<String> = summary.per_fault.iter().map(|(f, n)| format!("{} {n}", f.name())).collect();
         outln!("crash run: workload {:?}, commit {}, seed {}", workload, commit.name(), args.seed);
+        if let Some(fs) = fs {
+            outln!("  file system             {fs} ({} MiB image on a loop device)", args.fs_image_mib.max(scratch_fs::MIN_IMAGE_MIB));
+        }
         outln!("  cycles                  {}", summary.cycles);
         outln!("  faults                  {}", faults.join(", "));
         outln!("  recovered               {}", summary.recovered);
@@ -137,22 +247,30 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         outln!("  recovery p50 / max      {:.1} / {:.1} ms", summary.recovery_p50_ms(), summary.recovery_max_ms());
         outln!("  duration                {:.1} s", summary.duration.as_secs_f64());
     }
-    if let Some((cycle, fault, why)) = &summary.failure {
-        for w in why {
-            eprintln!("tusk crashtest: cycle {cycle} ({}): {w}", fault.name());
-        }
-        // Keep the directory for inspection.
-        let kept = temp.map(|t| t.keep()).unwrap_or(dir);
-        eprintln!(
-            "tusk crashtest: FAILED at seed {} cycle {cycle}; replay with `tusk crashtest --seed {} --cycles {} --workload {} --commit {} --faults {}`; the store is left in {}",
-            args.seed,
-            args.seed,
-            cycle + 1,
-            format!("{:?}", args.workload).to_lowercase(),
-            commit.name(),
-            format!("{:?}", args.faults).to_lowercase(),
-            kept.join("store").display()
-        );
+    match summary.failure {
+        Some((cycle, fault, why)) => Ok(Some(Failed { cycle, fault, why, kept: keep(&dir.join("store"))? })),
+        None => Ok(None),
+    }
+}
+
+/// Prints how a failed run ends and how to replay it, and exits with status 2.
+fn report_failure(args: &CrashtestArgs, fs: Option<FileSystem>, failed: Option<Failed>) -> CliResult {
+    let Some(Failed { cycle, fault, why, kept }) = failed else { return Ok(()) };
+    for w in &why {
+        eprintln!("tusk crashtest: cycle {cycle} ({}): {w}", fault.name());
+    }
+    let on = fs.map_or(String::new(), |fs| format!(" --fs {fs}"));
+    eprintln!(
+        "tusk crashtest: FAILED at seed {} cycle {cycle}; replay with `tusk crashtest{on} --seed {} --cycles {} --workload {} --commit {} --faults {}`; the store is left in {}",
+        args.seed,
+        args.seed,
+        cycle + 1,
+        format!("{:?}", args.workload).to_lowercase(),
+        format!("{:?}", args.commit).to_lowercase(),
+        format!("{:?}", args.faults).to_lowercase(),
+        kept.display()
+    );
+    if fs.is_none() {
         std::process::exit(2);
     }
     Ok(())

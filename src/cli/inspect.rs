@@ -88,7 +88,9 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             "chunks": c.manifest.chunks.len(),
             "min_chunk_lsn": c.manifest.min_lsn(),
             "max_chunk_lsn": c.manifest.max_lsn(),
-            "fallback_from": c.fallback.as_ref().map(|f| serde_json::json!({"path": f.path, "reason": f.reason})),
+            "fallback_from": c.fallback.as_ref().map(|f| {
+                serde_json::json!({"kind": f.kind.to_string(), "path": f.path, "reason": f.reason, "message": f.describe(c.manifest.epoch)})
+            }),
         })
     });
     let base = plan.checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
@@ -130,9 +132,9 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             c.manifest.chunk_size / 1024,
             c.manifest.min_lsn(),
             c.manifest.max_lsn(),
-            c.fallback.as_ref().map_or(String::new(), |f| format!(" (fallback: {} {})", f.path.display(), f.reason))
+            c.fallback.as_ref().map_or(String::new(), |f| format!(" ({})", f.describe(c.manifest.epoch)))
         ),
-        Some(c) => format!("none usable: {}", c.fallback.as_ref().map_or(String::new(), |f| f.reason.clone())),
+        Some(c) => format!("none usable: {}", c.fallback.as_ref().map_or(String::new(), |f| f.describe(0))),
         None => "none".into(),
     };
     table(
@@ -164,7 +166,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         outln!("{:<5} {:>6} {:>12} {:>12} {:>12}  {}", s.partition, s.seq, s.bytes, s.min_lsn, s.max_lsn, s.path.display());
     }
     for t in &r.torn_tails {
-        outln!("torn tail: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
+        outln!("{}", t.describe(false));
     }
     match indexes {
         Ok(list) if list.is_empty() => {}
@@ -247,7 +249,7 @@ pub fn recover(args: RecoverArgs) -> CliResult {
         ],
     );
     for t in &r.torn_tails {
-        outln!("torn tail cut: {} at offset {} ({} bytes): {}", t.path.display(), t.offset, t.bytes, t.reason);
+        outln!("{}", t.describe(true));
     }
     Ok(())
 }

@@ -61,7 +61,7 @@ mod tests {
 
     #[test]
     fn human_rates_keep_three_significant_digits() {
-        assert_eq!(human_rate(16_384_595.2101), "16.4 M");
+        assert_eq!(human_rate(16_384_595.210_1), "16.4 M");
         assert_eq!(human_rate(950.4), "950");
         assert_eq!(human_rate(2_049.0), "2.05 k");
         assert_eq!(human_rate(999_960.0), "1.00 M");

@@ -8,7 +8,9 @@
 //! - [`child`]: the child process;
 //! - [`faults`]: the fault models applied after the crash (power cut, torn tail, bit flip);
 //! - [`verify`]: the model of what recovery must produce, and the checks;
-//! - [`driver`]: the cycle loop.
+//! - [`driver`]: the cycle loop;
+//! - [`scratch_fs`]: ext4, XFS and btrfs images mounted through a loop device, for runs on
+//!   each file system.
 //!
 //! Every choice of a run (faults, when to crash, the child's workload seeds, which sectors a
 //! power cut keeps, where a bit flips) comes from the seed, so a run can be replayed; what
@@ -28,6 +30,7 @@ pub mod protocol;
 pub mod verify;
 #[allow(missing_docs)]
 pub mod workload;
+pub mod scratch_fs;
 
 use std::path::PathBuf;
 

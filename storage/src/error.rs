@@ -9,9 +9,6 @@ pub enum StorageError {
     /// An I/O operation on a file failed.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    /// A file's content is damaged or of an unknown format.
-    #[error("{path}: corrupt at offset {offset}: {reason}")]
-    Corrupt { path: PathBuf, offset: u64, reason: String },
 }
 
 impl StorageError {
