@@ -42,17 +42,26 @@ pub fn store_options() -> Options {
 /// What one child does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChildConfig {
+    /// The store directory (the parent has created the workload in it).
     pub dir: PathBuf,
+    /// The workload to commit.
     pub workload: Workload,
+    /// How to commit (`Mixed`: each transaction draws its mode).
     pub commit: CommitChoice,
+    /// Seed of the workers' random streams (each thread mixes in its number).
     pub seed: u64,
+    /// Committing threads.
     pub threads: u32,
+    /// The store's checkpoint interval, in milliseconds (at least 1).
     pub checkpoint_ms: u64,
+    /// The store's group-commit interval, in microseconds (at least 100).
     pub group_commit_us: u64,
     /// Eio: I/O requests that succeed before every later one fails with EIO.
     pub eio_after: Option<u64>,
     /// Power: the journal of the recording backend, and its write-to-sync window.
     pub journal: Option<PathBuf>,
+    /// Power: the recording backend's pause between writing a batch and syncing it, in
+    /// microseconds (it widens the window in which the kill finds writes not yet durable).
     pub window_us: u64,
 }
 
@@ -74,6 +83,7 @@ fn commit_name(c: CommitChoice) -> &'static str {
 }
 
 impl ChildConfig {
+    /// The configuration as JSON, the form `tusk crashtest-child --config` takes.
     pub fn to_json(&self) -> String {
         json!({
             "dir": self.dir.to_string_lossy(),
@@ -90,6 +100,8 @@ impl ChildConfig {
         .to_string()
     }
 
+    /// Reads a configuration `to_json` wrote; a field missing or unreadable is a
+    /// `CrashtestError::Config`.
     pub fn from_json(text: &str) -> Result<ChildConfig, CrashtestError> {
         let bad = |what: &str| CrashtestError::Config(format!("{what} in {text}"));
         let v: Value = serde_json::from_str(text).map_err(|e| CrashtestError::Config(e.to_string()))?;

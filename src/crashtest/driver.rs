@@ -33,14 +33,21 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
 /// What one cycle did.
 #[derive(Clone, Debug)]
 pub struct CycleOutcome {
+    /// The cycle's number, from 0.
     pub cycle: u64,
+    /// The fault model drawn for the cycle.
     pub fault: Fault,
     /// Commits the child acknowledged.
     pub acknowledged: u64,
     /// Commits refused after an injected I/O error.
     pub refused: u64,
+    /// The LSN recovery reached: every LSN up to it is in the recovered state (0 when
+    /// recovery failed).
     pub recovered_lsn: u64,
+    /// Time the crashed store took to open (recover), in milliseconds (0 when recovery
+    /// failed; for a bit flip, the undamaged original's).
     pub recovery_ms: f64,
+    /// Torn log tails recovery reports having cut.
     pub torn_tails_cut: u64,
     /// The fault's damage was found by recovery (reported as an error naming the file, or
     /// repaired by the rules).
@@ -53,6 +60,8 @@ pub struct CycleOutcome {
     /// Bank: Partition records applied beyond an LSN gap changed the total (allowed by the
     /// rules: their after-images may rest on transfers the gap dropped).
     pub partition_skew: bool,
+    /// Acknowledged commits lost and rules broken in the cycle (the child's misbehaviour
+    /// and a failed recovery included); the run stops after a cycle whose verdict is not ok.
     pub verdict: Verdict,
     /// What the fault did, in words.
     pub detail: String,
@@ -61,27 +70,44 @@ pub struct CycleOutcome {
 /// The result of a run.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
+    /// The run's seed: the same seed replays the same choices.
     pub seed: u64,
+    /// Cycles run (fewer than asked for when one failed).
     pub cycles: u64,
+    /// Cycles whose recovery opened the store (the run went on from the recovered state).
     pub recovered: u64,
+    /// Commits the children acknowledged, over all cycles.
     pub acknowledged: u64,
+    /// Acknowledged commits that recovery lost, over all cycles (0 in a passed run).
     pub lost_acknowledged: u64,
+    /// Broken rules found, over all cycles: the gap rule, the model, the bank total, a
+    /// failed recovery, the child's misbehaviour (0 in a passed run).
     pub invariant_violations: u64,
+    /// Torn log tails recovery cut, over all cycles.
     pub torn_tails_cut: u64,
+    /// Cycles whose torn tail or bit flip recovery detected: cut, fell back from, or
+    /// refused with an error naming the file.
     pub corruptions_detected: u64,
+    /// Bit flips recovery had no need to notice, with the state still right.
     pub harmless_flips: u64,
+    /// Commits refused after an injected I/O error, over all cycles.
     pub commits_refused: u64,
+    /// Sectors of unsynced writes the power cuts lost, over all cycles.
     pub power_sectors_lost: u64,
     /// Cycles in which Partition records beyond a gap changed the bank total.
     pub partition_skews: u64,
+    /// Cycles run under each fault model.
     pub per_fault: BTreeMap<Fault, u64>,
+    /// Recovery time of every recovered cycle, in milliseconds, in cycle order.
     pub recovery_ms: Vec<f64>,
+    /// Wall time of the whole run.
     pub duration: Duration,
     /// The first failing cycle, its fault, and what went wrong.
     pub failure: Option<(u64, Fault, Vec<String>)>,
 }
 
 impl Summary {
+    /// Whether the run lost no acknowledged commit and broke no rule.
     pub fn passed(&self) -> bool {
         self.lost_acknowledged == 0 && self.invariant_violations == 0
     }
@@ -95,14 +121,18 @@ impl Summary {
         }
     }
 
+    /// Median recovery time, in milliseconds (0 with no recovered cycle).
     pub fn recovery_p50_ms(&self) -> f64 {
         self.percentile(0.5)
     }
 
+    /// Longest recovery time, in milliseconds (0 with no recovered cycle).
     pub fn recovery_max_ms(&self) -> f64 {
         self.recovery_ms.iter().copied().fold(0.0, f64::max)
     }
 
+    /// The summary as one JSON object (what `tusk crashtest --json` prints), with the
+    /// recovery times' median and maximum, whether it passed, and the failure if any.
     pub fn to_json(&self) -> serde_json::Value {
         let per_fault: serde_json::Map<String, serde_json::Value> = self.per_fault.iter().map(|(f, n)| (f.name().to_string(), json!(n))).collect();
         json!({
@@ -469,6 +499,7 @@ fn bitflip(config: &Config, dir: &Path, log: &CycleLog, baseline: &[u64], rng: &
 }
 
 impl CommitChoice {
+    /// The name `--commit` takes.
     pub fn name(self) -> &'static str {
         match self {
             CommitChoice::Sync => "sync",

@@ -68,11 +68,13 @@ fn frame_len(data: &[u8], r: &Rec) -> u64 {
 /// How a torn tail was made, and where recovery must report it.
 #[derive(Clone, Debug)]
 pub struct TornPlan {
+    /// The log segment whose tail was damaged.
     pub path: PathBuf,
     /// Where recovery must find the tail torn (the end of the last flush, or where the cut
     /// went); `None`: only zeros follow the last flush, which is no tear (the writer zeroes
     /// space ahead of its flushes) and must not be reported as one.
     pub expect_offset: Option<u64>,
+    /// What was done to the tail, in words (for the cycle's detail and failure messages).
     pub how: &'static str,
 }
 
@@ -173,8 +175,11 @@ fn flippable(dir: &Path) -> Result<Vec<PathBuf>, CrashtestError> {
 /// A flipped bit: the file and the byte.
 #[derive(Clone, Debug)]
 pub struct Flip {
+    /// The file the bit was flipped in.
     pub path: PathBuf,
+    /// Offset of the byte in the file.
     pub offset: u64,
+    /// The bit of that byte flipped (0: the least significant).
     pub bit: u8,
 }
 

@@ -16,19 +16,12 @@
 //! power cut keeps, where a bit flips) comes from the seed, so a run can be replayed; what
 //! the child had committed when the kill landed depends on timing.
 
-// The parts are public for the tests and the CLI; each is documented at its head, their
-// items where it is not obvious.
-#[allow(missing_docs)]
+// The parts are public for the tests and the CLI.
 pub mod child;
-#[allow(missing_docs)]
 pub mod driver;
-#[allow(missing_docs)]
 pub mod faults;
-#[allow(missing_docs)]
 pub mod protocol;
-#[allow(missing_docs)]
 pub mod verify;
-#[allow(missing_docs)]
 pub mod workload;
 pub mod scratch_fs;
 
@@ -135,20 +128,44 @@ impl Config {
 
 /// What can stop a crash run (a loss or violation is not an error: it is in the summary).
 #[derive(Debug, thiserror::Error)]
-#[allow(missing_docs)]
 pub enum CrashtestError {
+    /// An I/O error on a file or directory of the run (the store, the journal, the child's
+    /// output, a copy of the store), or in starting or waiting for the child.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file, directory or executable the operation was on.
+        path: PathBuf,
+        /// The error the operation returned.
+        source: std::io::Error,
+    },
+    /// A store error outside the recovery under test: preparing the workload, reading the
+    /// recovered words, or the child opening, using or closing its store (a failed
+    /// recovery is a violation in the cycle's verdict, not this).
     #[error(transparent)]
     Store(#[from] crate::Error),
+    /// A storage error while applying a fault: listing log partitions or segments, or
+    /// replaying the power cut's journal.
     #[error("{0}")]
     Storage(#[from] tusk_storage::StorageError),
+    /// The child could not be driven: no stdout pipe, or it never opened its store within
+    /// the time allowed.
     #[error("child process: {0}")]
     Child(String),
+    /// A configuration that cannot run: a child's JSON that does not read, the index
+    /// workload with Partition commits, no fault model to draw from, or a store directory
+    /// holding a crash run of another workload.
     #[error("bad child configuration: {0}")]
     Config(String),
+    /// An error that stopped a cycle, with what replays it.
     #[error("seed {seed} cycle {cycle}: {source}")]
-    Cycle { seed: u64, cycle: u64, source: Box<CrashtestError> },
+    Cycle {
+        /// The run's seed.
+        seed: u64,
+        /// The cycle's number, from 0.
+        cycle: u64,
+        /// The error.
+        source: Box<CrashtestError>,
+    },
 }
 
 impl CrashtestError {

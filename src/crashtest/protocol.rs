@@ -15,14 +15,19 @@ use super::workload::Writes;
 /// How one transaction commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// `Commit::Sync`: acknowledged once it and every lower LSN are durable.
     Sync,
+    /// `Commit::Async`: acknowledged at once; durable within the group-commit interval.
     Async,
+    /// `Commit::Partition`: acknowledged once the thread's log partition holds the record
+    /// durably; recovery applies it even beyond an LSN gap.
     Partition,
     /// Async, then `is_stable(lsn, true)`.
     Split,
 }
 
 impl Mode {
+    /// The letter that stands for the mode in an `i` line.
     pub fn code(self) -> char {
         match self {
             Mode::Sync => 'S',
@@ -32,6 +37,7 @@ impl Mode {
         }
     }
 
+    /// The mode a letter of an `i` line stands for (`None` for an unknown letter).
     pub fn from_code(c: &str) -> Option<Mode> {
         match c {
             "S" => Some(Mode::Sync),
@@ -42,6 +48,7 @@ impl Mode {
         }
     }
 
+    /// How the store commits in this mode (a split-phase commit is `Async`).
     pub fn commit(self) -> crate::Commit {
         match self {
             Mode::Sync => crate::Commit::Sync,
@@ -54,11 +61,51 @@ impl Mode {
 /// One line from the child.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Ready { start_lsn: u64, first_seq: u64 },
-    Intent { thread: u32, seq: u64, mode: Mode, writes: Writes },
-    Ack { thread: u32, seq: u64, lsn: u64 },
-    Stable { thread: u32, seq: u64 },
-    Refused { thread: u32, seq: u64, why: String },
+    /// `ready`: the child opened the store.
+    Ready {
+        /// The store's last LSN when the child opened it.
+        start_lsn: u64,
+        /// The sequence number the child's next transaction takes.
+        first_seq: u64,
+    },
+    /// `i`: a thread is about to commit a transaction (sent before the commit can take its
+    /// LSN, so that a record made durable just before the kill is still known).
+    Intent {
+        /// The committing thread of the child, from 0.
+        thread: u32,
+        /// The transaction's sequence number.
+        seq: u64,
+        /// How it commits.
+        mode: Mode,
+        /// Its data writes: (word index, value).
+        writes: Writes,
+    },
+    /// `a`: the commit returned an LSN; the transaction is acknowledged.
+    Ack {
+        /// The thread that committed it.
+        thread: u32,
+        /// The sequence number of the announced transaction.
+        seq: u64,
+        /// The LSN the commit returned.
+        lsn: u64,
+    },
+    /// `s`: `is_stable(lsn, true)` confirmed a split-phase commit.
+    Stable {
+        /// The thread that committed it.
+        thread: u32,
+        /// The sequence number of the acknowledged transaction.
+        seq: u64,
+    },
+    /// `r`: the commit was refused (the log failed).
+    Refused {
+        /// The thread whose commit was refused.
+        thread: u32,
+        /// The sequence number of the announced transaction.
+        seq: u64,
+        /// The error the commit returned, its newlines turned into spaces.
+        why: String,
+    },
+    /// `e`: an error the child should not have hit, its newlines turned into spaces.
     Error(String),
 }
 

@@ -27,16 +27,22 @@ use crate::RecoveryReport;
 /// A transaction the child announced.
 #[derive(Clone, Debug)]
 pub struct Intent {
+    /// The child's committing thread, from 0.
     pub thread: u32,
+    /// The transaction's sequence number (the value it writes to the sequence word).
     pub seq: u64,
+    /// How it commits.
     pub mode: Mode,
+    /// Its data writes: (word index, value), as `workload::apply` takes them.
     pub writes: Writes,
 }
 
 /// An acknowledged transaction.
 #[derive(Clone, Debug)]
 pub struct Acked {
+    /// The announcement the acknowledgement answers.
     pub intent: Intent,
+    /// The LSN the commit returned.
     pub lsn: u64,
     /// A split-phase commit whose `is_stable(lsn, true)` returned true.
     pub stable: bool,
@@ -47,6 +53,7 @@ pub struct Acked {
 pub struct CycleLog {
     /// (LSN when the child opened the store, first sequence number), once it was ready.
     pub ready: Option<(u64, u64)>,
+    /// Acknowledged transactions, in the order of their acknowledgements.
     pub acked: Vec<Acked>,
     /// Announced transactions not acknowledged that may have committed: per thread the last
     /// one, and every refused one.
@@ -58,6 +65,9 @@ pub struct CycleLog {
 }
 
 impl CycleLog {
+    /// Sorts out a child's events: pairs each acknowledgement with its announcement, keeps
+    /// what may have committed unacknowledged, and notes broken promises (an ack without
+    /// its announcement or after a refusal, an LSN not above the start, a child error).
     pub fn from_events(events: &[Event]) -> CycleLog {
         let mut log = CycleLog::default();
         let mut pending: BTreeMap<u32, Intent> = BTreeMap::new();
@@ -134,11 +144,15 @@ pub enum Strictness {
 /// What the checks found.
 #[derive(Clone, Debug, Default)]
 pub struct Verdict {
+    /// Acknowledged commits that recovery lost, one message each.
     pub lost: Vec<String>,
+    /// Rules broken, one message each: the gap rule, the model, the bank total, LSN order,
+    /// and what the child or recovery did wrong.
     pub violations: Vec<String>,
 }
 
 impl Verdict {
+    /// Whether nothing was lost and no rule broken.
     pub fn ok(&self) -> bool {
         self.lost.is_empty() && self.violations.is_empty()
     }

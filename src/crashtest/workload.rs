@@ -28,16 +28,22 @@ pub const MARKS: u64 = 1 << 17;
 pub const DATA: u64 = 1 + MARKS;
 /// Bank accounts and their opening balance.
 pub const ACCOUNTS: u64 = 64;
+/// Opening balance of every bank account.
 pub const INITIAL: u64 = 1_000;
+/// The bank's opening total, which transfers conserve (unless Partition records applied
+/// beyond an LSN gap skew it).
 pub const TOTAL: u64 = ACCOUNTS * INITIAL;
 /// Words of the hathi array, and how many each transaction reads and rewrites.
 pub const HATHI_WORDS: u64 = 1 << 16;
+/// Words of the hathi array each transaction reads and rewrites.
 pub const HATHI_TOUCH: usize = 6;
 /// Keys per tree of the index workload, and the index operations per transaction.
 pub const INDEX_KEYS: u64 = 2048;
+/// Index operations (an upsert or a remove each) per transaction of the index workload.
 pub const INDEX_OPS: usize = 4;
 /// Roots of the index workload's trees.
 pub const BTREE_ROOT: &str = "crashtest-btree";
+/// Root of the index workload's ART.
 pub const ART_ROOT: &str = "crashtest-art";
 
 /// Data words of a workload.
@@ -145,12 +151,30 @@ pub type Writes = Vec<(u64, u64)>;
 
 /// What one transaction will do, drawn before it runs (the same across retries).
 pub enum Draw {
-    Transfer { from: u64, to: u64, want: u64 },
-    Touch { words: [u64; HATHI_TOUCH], salt: u64 },
-    /// (tree: 0 B-link, 1 ART; key; value, 0 to remove).
-    Index { ops: [(u64, u64, u64); INDEX_OPS] },
+    /// Bank: a transfer from one account to another.
+    Transfer {
+        /// The account debited, from 0.
+        from: u64,
+        /// The account credited, never `from`.
+        to: u64,
+        /// The amount asked for, 1 to 300; what moves is at most the balance of `from`.
+        want: u64,
+    },
+    /// Hathi: words of the array read and rewritten, each new value from the old one.
+    Touch {
+        /// Indexes into the array (from 0) of the words touched, in order; one may repeat.
+        words: [u64; HATHI_TOUCH],
+        /// Odd value mixed into every new value.
+        salt: u64,
+    },
+    /// Index: upserts and removes in the B-link tree and the ART.
+    Index {
+        /// (tree: 0 B-link, 1 ART; key; value, 0 to remove).
+        ops: [(u64, u64, u64); INDEX_OPS],
+    },
 }
 
+/// Draws what the next transaction of workload `w` does.
 pub fn draw(w: Workload, rng: &mut SmallRng) -> Draw {
     match w {
         Workload::Bank => {
