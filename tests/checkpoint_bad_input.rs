@@ -226,7 +226,7 @@ fn damaged_only_manifest_after_a_trim_is_an_error_naming_it() {
             let message = e.to_string();
             assert!(message.starts_with(&format!("checkpoint manifest {}: ", victim.display())), "{message}");
             assert_eq!(message.matches(&victim.display().to_string()).count(), 1, "the path once: {message}");
-            assert!(message.contains("checksum") && message.contains("the log that must stand in for it ends at LSN"), "{message}");
+            assert!(message.contains("checksum") && message.contains("the log that must stand in for it reaches only LSN 0 (LSN 1 is missing), short of LSN 1"), "{message}");
             assert!(message.ends_with("; refused to open the store"), "{message}");
         }
         Ok(store) => panic!("recovered without the damaged checkpoint: {:?}", store.recovery_report()),
@@ -378,7 +378,11 @@ fn log_ending_below_the_checkpoint_is_refused_naming_both_lsns() {
             let message = e.to_string();
             assert_eq!(
                 message,
-                format!("log {}: ends at LSN {min}, short of LSN {max} that the checkpoint needs; refused to open the store", log.display())
+                format!(
+                    "log {}: reaches only LSN {min} (LSN {} is missing), short of LSN {max} that the checkpoint needs; refused to open the store",
+                    log.display(),
+                    min + 1
+                )
             );
         }
         Err(e) => panic!("unexpected error: {e:?}"),

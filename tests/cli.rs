@@ -225,7 +225,7 @@ fn inspect_of_a_missing_directory_is_a_one_line_error() {
     let (ok, _, err) = tusk(&["inspect", "/nonexistent/tusk-store"]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("/nonexistent/tusk-store"), "{err}");
+    assert!(err.contains("/nonexistent/tusk-store: no such store directory"), "{err}");
 }
 
 /// `bench gpu` on a machine without a GPU answers with the CPU engine (device figures null),

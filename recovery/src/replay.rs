@@ -140,15 +140,21 @@ pub fn plan(dir: &Path, heap: Option<&Heap>, repair: bool) -> Result<Plan, Recov
                 path: f.path.clone(),
                 offset: None,
                 reason: format!(
-                    "{}; the log that must stand in for it ends at LSN {}, short of LSN {required}",
-                    f.reason, report.recovered_lsn
+                    "{}; the log that must stand in for it reaches only LSN {} (LSN {} is missing), short of LSN {required}",
+                    f.reason,
+                    report.recovered_lsn,
+                    report.recovered_lsn + 1
                 ),
             },
             None => RecoveryError::Corrupt {
                 kind: FileKind::Log,
                 path: log_dir(dir),
                 offset: None,
-                reason: format!("ends at LSN {}, short of LSN {required} that the checkpoint needs", report.recovered_lsn),
+                reason: format!(
+                    "reaches only LSN {} (LSN {} is missing), short of LSN {required} that the checkpoint needs",
+                    report.recovered_lsn,
+                    report.recovered_lsn + 1
+                ),
             },
         });
     }

@@ -39,10 +39,12 @@ pub struct RecoverArgs {
 }
 
 fn check_dir(dir: &std::path::Path) -> CliResult {
-    if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()).into());
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{}: not a directory", dir.display()).into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!("{}: no such store directory", dir.display()).into()),
+        Err(e) => Err(format!("{}: {e}", dir.display()).into()),
     }
-    Ok(())
 }
 
 pub fn inspect(args: InspectArgs) -> CliResult {
