@@ -138,7 +138,20 @@ pub fn run(args: CrashtestArgs) -> CliResult {
             }
             continue;
         }
-        let scratch = ScratchFs::mount(file_system, &dir, args.fs_image_mib).map_err(|e| format!("crash run on {file_system}: {e}"))?;
+        // A machine that passes the checks may still refuse the mount (a container without
+        // the right to mount): that is a reason to skip as well, said the same way.
+        let scratch = match ScratchFs::mount(file_system, &dir, args.fs_image_mib) {
+            Ok(scratch) => scratch,
+            Err(e) => {
+                let why = format!("cannot mount an image here: {e}");
+                if args.json {
+                    outln!("{}", serde_json::json!({ "fs": file_system.name(), "skipped": why }));
+                } else {
+                    outln!("crash run on {file_system}: skipped: {why}");
+                }
+                continue;
+            }
+        };
         // A failed run's store goes back to the disk the images are on before the image goes.
         let keep = |store: &Path| -> Result<PathBuf, Box<dyn std::error::Error>> {
             let kept = dir.join(format!("{file_system}-failed-store"));
