@@ -130,12 +130,15 @@ pub fn run(args: CrashtestArgs) -> CliResult {
     };
     let mut any_failed = false;
     for file_system in fs.file_systems() {
-        if let Some(why) = scratch_fs::unavailable(file_system) {
+        let skip = |why: String| {
             if args.json {
                 outln!("{}", serde_json::json!({ "fs": file_system.name(), "skipped": why }));
             } else {
                 outln!("crash run on {file_system}: skipped: {why}");
             }
+        };
+        if let Some(why) = scratch_fs::unavailable(file_system) {
+            skip(why);
             continue;
         }
         // A machine that passes the checks may still refuse the mount (a container without
@@ -143,12 +146,7 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         let scratch = match ScratchFs::mount(file_system, &dir, args.fs_image_mib) {
             Ok(scratch) => scratch,
             Err(e) => {
-                let why = format!("cannot mount an image here: {e}");
-                if args.json {
-                    outln!("{}", serde_json::json!({ "fs": file_system.name(), "skipped": why }));
-                } else {
-                    outln!("crash run on {file_system}: skipped: {why}");
-                }
+                skip(format!("cannot mount an image here: {e}"));
                 continue;
             }
         };
