@@ -11,7 +11,12 @@ static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::I
 
 fn main() {
     let args = cli::Cli::parse();
-    if let Err(e) = cli::run(args) {
+    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cli::run(args))) {
+        Ok(result) => result,
+        Err(payload) if payload.is::<cli::StdoutClosed>() => return,
+        Err(payload) => std::panic::resume_unwind(payload),
+    };
+    if let Err(e) = result {
         if cli::is_broken_pipe(e.as_ref()) {
             return;
         }

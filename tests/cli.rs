@@ -282,6 +282,20 @@ fn a_closed_stdout_ends_the_command_quietly() {
         assert!(out.status.success(), "{args:?}: {:?}\n{err}", out.status);
         assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
     }
+    // The command ends by unwinding, so what it made on the way is cleaned up: a crash run
+    // without --dir leaves no temporary directory behind.
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tusk"))
+        .args(["crashtest", "--cycles", "2", "--max-run-ms", "40"])
+        .current_dir(cwd.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0, "the run's temporary directory is removed");
 }
 
 /// Every subcommand that takes `--dir` creates it, and an I/O error names the path.

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tusk::crashtest::child::ChildConfig;
 use tusk::crashtest::scratch_fs::{self, FileSystem, ScratchFs};
-use tusk::crashtest::{self, CommitChoice, Config, Fault, Workload};
+use tusk::crashtest::{self, CommitChoice, Config, Fault, Summary, Workload};
 
 use super::{CliResult, IoAt};
 
@@ -121,7 +121,8 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         }
     };
     let Some(fs) = args.fs else {
-        let failed = run_in(&args, &dir, None, |store| Ok(store.to_path_buf()))?;
+        let (summary, failed) = run_in(&args, &dir, None, |store| Ok(store.to_path_buf()))?;
+        print_summary(&args, None, &summary);
         // Keep the temporary directory of a failed run for inspection.
         if let Some(t) = temp.filter(|_| failed.is_some()) {
             let _kept = t.keep();
@@ -156,9 +157,10 @@ pub fn run(args: CrashtestArgs) -> CliResult {
             copy_dir(store, &kept)?;
             Ok(kept)
         };
-        let failed = run_in(&args, &scratch.path().join("run"), Some(file_system), keep);
+        let ran = run_in(&args, &scratch.path().join("run"), Some(file_system), keep);
         scratch.remove().map_err(|e| format!("crash run on {file_system}: cleaning up: {e}"))?;
-        let failed = failed?;
+        let (summary, failed) = ran?;
+        print_summary(&args, Some(file_system), &summary);
         any_failed |= failed.is_some();
         if failed.is_some() {
             report_failure(&args, Some(file_system), failed).ok();
@@ -195,7 +197,7 @@ fn run_in(
     dir: &Path,
     fs: Option<FileSystem>,
     keep: impl Fn(&Path) -> Result<PathBuf, Box<dyn std::error::Error>>,
-) -> Result<Option<Failed>, Box<dyn std::error::Error>> {
+) -> Result<(Summary, Option<Failed>), Box<dyn std::error::Error>> {
     let workload = match args.workload {
         WorkloadArg::Bank => Workload::Bank,
         WorkloadArg::Hathi => Workload::Hathi,
@@ -232,14 +234,28 @@ fn run_in(
         bar.set_message(format!("{} acks, {}: LSN {} in {:.0} ms", c.acknowledged, c.fault.name(), c.recovered_lsn, c.recovery_ms));
     })?;
     bar.finish_and_clear();
+    let failed = match &summary.failure {
+        Some((cycle, fault, why)) => Some(Failed { cycle: *cycle, fault: *fault, why: why.clone(), kept: keep(&dir.join("store"))? }),
+        None => None,
+    };
+    Ok((summary, failed))
+}
 
+/// Prints a run's summary: a table, or one JSON object. Called once the run's file system is
+/// unmounted, so that a reader closing stdout (which ends the command) cannot leave it mounted.
+fn print_summary(args: &CrashtestArgs, fs: Option<FileSystem>, summary: &Summary) {
     if args.json {
         let mut json = summary.to_json();
         json["fs"] = fs.map_or(serde_json::Value::Null, |fs| fs.name().into());
         outln!("{json}");
     } else {
         let faults: Vec<String> = summary.per_fault.iter().map(|(f, n)| format!("{} {n}", f.name())).collect();
-        outln!("crash run: workload {:?}, commit {}, seed {}", workload, commit.name(), args.seed);
+        outln!(
+            "crash run: workload {}, commit {}, seed {}",
+            format!("{:?}", args.workload).to_lowercase(),
+            format!("{:?}", args.commit).to_lowercase(),
+            args.seed
+        );
         if let Some(fs) = fs {
             outln!("  file system             {fs} ({} MiB image on a loop device)", args.fs_image_mib.max(scratch_fs::MIN_IMAGE_MIB));
         }
@@ -257,10 +273,6 @@ fn run_in(
         outln!("  partition skews (bank)  {}", summary.partition_skews);
         outln!("  recovery p50 / max      {:.1} / {:.1} ms", summary.recovery_p50_ms(), summary.recovery_max_ms());
         outln!("  duration                {:.1} s", summary.duration.as_secs_f64());
-    }
-    match summary.failure {
-        Some((cycle, fault, why)) => Ok(Some(Failed { cycle, fault, why, kept: keep(&dir.join("store"))? })),
-        None => Ok(None),
     }
 }
 

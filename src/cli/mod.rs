@@ -105,11 +105,17 @@ impl IoChoice {
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// What a closed stdout unwinds with (see [`stdout_failed`]); `main` ends quietly on it.
+pub struct StdoutClosed;
+
 /// A write to stdout failed. A reader that went away (a broken pipe: `| head`) ends the
 /// command quietly and successfully, as it does for `cat` or `rg`; anything else is an error.
+/// The end is an unwind, not `exit`, so destructors still run on the way out: a run's
+/// temporary directory is removed, a crash run's scratch file system unmounted.
 pub fn stdout_failed(e: std::io::Error) -> ! {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
-        std::process::exit(0);
+        // resume_unwind: no panic message, no hook.
+        std::panic::resume_unwind(Box::new(StdoutClosed));
     }
     eprintln!("tusk: writing to standard output: {e}");
     std::process::exit(1);
