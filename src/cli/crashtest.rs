@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tusk::crashtest::child::ChildConfig;
-use tusk::crashtest::scratch_fs::{self, FileSystem, ScratchFs};
+use tusk::crashtest::scratch_fs::{self, FileSystem, MountError, ScratchFs};
 use tusk::crashtest::{self, CommitChoice, Config, Fault, Summary, Workload};
 
 use super::{CliResult, IoAt};
@@ -146,10 +146,11 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         // the right to mount): that is a reason to skip as well, said the same way.
         let scratch = match ScratchFs::mount(file_system, &dir, args.fs_image_mib) {
             Ok(scratch) => scratch,
-            Err(e) => {
-                skip(format!("cannot mount an image here: {e}"));
+            Err(MountError::Refused(why)) => {
+                skip(format!("cannot mount an image here: {why}"));
                 continue;
             }
+            Err(e @ MountError::Files(_)) => return Err(format!("crash run on {file_system}: {e}").into()),
         };
         // A failed run's store goes back to the disk the images are on before the image goes.
         let keep = |store: &Path| -> Result<PathBuf, Box<dyn std::error::Error>> {

@@ -131,6 +131,19 @@ fn run(mut command: Command) -> Result<(), String> {
     Err(format!("{shown} failed ({}): {stderr}", out.status))
 }
 
+/// Why [`ScratchFs::mount`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// The machine would not format or mount the image (a container without the right to
+    /// mount, say): a reason to skip this file system, like [`unavailable`]'s.
+    #[error("{0}")]
+    Refused(String),
+    /// The image or mount point could not be made (a leftover of an interrupted run, a full
+    /// or read-only disk): an error to report.
+    #[error("{0}")]
+    Files(String),
+}
+
 /// A mounted scratch file system: `DIR/<fs>.img` mounted on `DIR/<fs>.mnt`. Dropping it
 /// unmounts it and removes both, as [`ScratchFs::remove`] does (reporting nothing).
 #[derive(Debug)]
@@ -146,25 +159,37 @@ pub struct ScratchFs {
 impl ScratchFs {
     /// Creates a sparse image of `mib` MiB (at least [`MIN_IMAGE_MIB`]) in `parent`, formats
     /// it as `fs` and mounts it. Call [`unavailable`] first for a reason to skip.
-    pub fn mount(fs: FileSystem, parent: &Path, mib: u64) -> Result<ScratchFs, String> {
+    pub fn mount(fs: FileSystem, parent: &Path, mib: u64) -> Result<ScratchFs, MountError> {
         let image = parent.join(format!("{fs}.img"));
         let mount_point = parent.join(format!("{fs}.mnt"));
         let mut scratch =
             ScratchFs { fs, image: image.clone(), mount_point: mount_point.clone(), mounted: false, image_exists: false, mount_point_exists: false };
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        let file = OpenOptions::new().write(true).create_new(true).open(&image).map_err(|e| format!("{}: {e}", image.display()))?;
+        let files = |path: &Path, e: std::io::Error| MountError::Files(format!("{}: {e}", path.display()));
+        std::fs::create_dir_all(parent).map_err(|e| files(parent, e))?;
+        let file = match OpenOptions::new().write(true).create_new(true).open(&image) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(MountError::Files(format!(
+                    "{} exists: an earlier run was interrupted? `umount {}` if it is mounted, then remove both",
+                    image.display(),
+                    mount_point.display()
+                )))
+            }
+            Err(e) => return Err(files(&image, e)),
+        };
         scratch.image_exists = true;
-        file.set_len(mib.max(MIN_IMAGE_MIB) << 20).map_err(|e| format!("{}: {e}", image.display()))?;
+        file.set_len(mib.max(MIN_IMAGE_MIB) << 20).map_err(|e| files(&image, e))?;
         drop(file);
-        std::fs::create_dir(&mount_point).map_err(|e| format!("{}: {e}", mount_point.display()))?;
+        std::fs::create_dir(&mount_point).map_err(|e| files(&mount_point, e))?;
         scratch.mount_point_exists = true;
         let (mkfs, args) = fs.mkfs();
-        let mut format = Command::new(find_program(mkfs).ok_or_else(|| format!("{mkfs} is not installed (Debian package {})", fs.package()))?);
+        let program = find_program(mkfs).ok_or_else(|| MountError::Refused(format!("{mkfs} is not installed (Debian package {})", fs.package())))?;
+        let mut format = Command::new(program);
         format.args(args).arg(&image);
-        run(format)?;
+        run(format).map_err(MountError::Refused)?;
         let mut mount = Command::new("mount");
         mount.args(["-t", fs.name(), "-o", "loop"]).arg(&image).arg(&mount_point);
-        run(mount)?;
+        run(mount).map_err(MountError::Refused)?;
         scratch.mounted = true;
         Ok(scratch)
     }
@@ -226,6 +251,19 @@ impl Drop for ScratchFs {
 mod tests {
     use super::*;
 
+    /// An image left by an interrupted run is an error that says what to do, and is kept.
+    #[test]
+    fn a_leftover_image_is_reported_not_overwritten() {
+        let parent = tempfile::tempdir().unwrap();
+        let leftover = parent.path().join("ext4.img");
+        std::fs::write(&leftover, b"an earlier run's image").unwrap();
+        match ScratchFs::mount(FileSystem::Ext4, parent.path(), MIN_IMAGE_MIB) {
+            Err(MountError::Files(why)) => assert!(why.contains("ext4.img exists") && why.contains("umount"), "{why}"),
+            other => panic!("expected an error about the leftover image: {other:?}"),
+        }
+        assert_eq!(std::fs::read(&leftover).unwrap(), b"an earlier run's image");
+    }
+
     #[test]
     fn the_effective_uid_is_read() {
         // Whatever user runs the tests, the status file has one.
@@ -246,12 +284,13 @@ mod tests {
             let scratch = match ScratchFs::mount(fs, parent.path(), MIN_IMAGE_MIB) {
                 Ok(scratch) => scratch,
                 // Root in a container without the right to mount: the CLI skips with this.
-                Err(why) => {
+                Err(MountError::Refused(why)) => {
                     assert!(!why.contains('\n'), "{fs}: one line: {why:?}");
                     assert_eq!(std::fs::read_dir(parent.path()).unwrap().count(), 0, "{fs}: a failed mount leaves nothing behind");
                     eprintln!("{fs}: cannot mount: {why}");
                     continue;
                 }
+                Err(e @ MountError::Files(_)) => panic!("{fs}: {e}"),
             };
             let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
             let point = scratch.path().canonicalize().unwrap();
