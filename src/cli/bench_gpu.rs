@@ -66,7 +66,7 @@ pub struct GpuArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    out: BenchOutput,
+    pub(super) out: BenchOutput,
 }
 
 pub fn run(args: GpuArgs) -> CliResult {

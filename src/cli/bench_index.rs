@@ -103,7 +103,7 @@ pub struct IndexArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    out: BenchOutput,
+    pub(super) out: BenchOutput,
     #[arg(long, value_enum, default_value = "auto")]
     io: IoChoice,
 }

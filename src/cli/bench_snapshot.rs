@@ -111,7 +111,7 @@ pub struct SnapshotArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    out: BenchOutput,
+    pub(super) out: BenchOutput,
 }
 
 /// One measurement; the fields the issue names are always present (null where they do not

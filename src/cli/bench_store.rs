@@ -30,11 +30,11 @@ pub struct RecoveryArgs {
     /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
     /// removed afterwards (default: the current directory).
     #[arg(long)]
-    dir: Option<PathBuf>,
+    pub(super) dir: Option<PathBuf>,
     /// Only build the store (checkpoint + log) in --dir itself, keep it and stop (for
     /// profiling `tusk recover` on it).
     #[arg(long, requires = "dir")]
-    prepare_only: bool,
+    pub(super) prepare_only: bool,
     /// Interleaved rounds of (sequential read of the store's files, recovery); medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -64,7 +64,7 @@ pub struct CheckpointArgs {
     /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
     /// removed afterwards (default: the current directory).
     #[arg(long)]
-    dir: Option<PathBuf>,
+    pub(super) dir: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }

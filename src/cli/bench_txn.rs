@@ -85,7 +85,7 @@ pub struct TxnArgs {
     #[arg(long, default_value_t = 6)]
     words: usize,
     #[command(flatten)]
-    out: BenchOutput,
+    pub(super) out: BenchOutput,
     #[arg(long, value_enum, default_value = "auto")]
     io: IoChoice,
     /// Log partitions (default: one per core).

@@ -32,6 +32,7 @@ mod svg_plot;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use tusk::crashtest::scratch_fs::{self, FileSystem, ScratchFs};
 
 #[derive(Parser)]
 #[command(name = "tusk", version, about = "Embedded, durable, transactional in-memory index store")]
@@ -50,6 +51,14 @@ enum Command {
     Recover(inspect::RecoverArgs),
     /// Benchmarks (print a table; one JSON object with --json).
     Bench {
+        /// Run the benchmark on a fresh file system of this kind: an image in the bench's
+        /// --dir (or the current directory), formatted, mounted through a loop device, with
+        /// the stores inside it; unmounted and removed afterwards (needs root).
+        #[arg(long, value_enum)]
+        fs: Option<FsChoice>,
+        /// Size of the --fs image in MiB (sparse: only what the benchmark writes takes space).
+        #[arg(long, default_value_t = 16384)]
+        fs_image_mib: u64,
         #[command(subcommand)]
         bench: Bench,
     },
@@ -83,6 +92,72 @@ enum Bench {
     Gpu(bench_gpu::GpuArgs),
     /// tusk against SQLite, LMDB, redb and fjall on the same work, durability matched.
     Peers(bench_peers::PeersArgs),
+}
+
+/// A file system for `tusk bench --fs`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum FsChoice {
+    Ext4,
+    Xfs,
+    Btrfs,
+}
+
+impl FsChoice {
+    fn file_system(self) -> FileSystem {
+        match self {
+            FsChoice::Ext4 => FileSystem::Ext4,
+            FsChoice::Xfs => FileSystem::Xfs,
+            FsChoice::Btrfs => FileSystem::Btrfs,
+        }
+    }
+}
+
+impl Bench {
+    /// The benchmark's `--dir`: where its stores go.
+    fn dir_mut(&mut self) -> &mut Option<PathBuf> {
+        match self {
+            Bench::Txn(a) => &mut a.out.dir,
+            Bench::Recovery(a) => &mut a.dir,
+            Bench::Checkpoint(a) => &mut a.dir,
+            Bench::Index(a) => &mut a.out.dir,
+            Bench::Snapshot(a) => &mut a.out.dir,
+            Bench::Gpu(a) => &mut a.out.dir,
+            Bench::Peers(a) => &mut a.out.dir,
+        }
+    }
+
+    fn run(self) -> CliResult {
+        match self {
+            Bench::Txn(args) => bench_txn::run(args),
+            Bench::Recovery(args) => bench_store::recovery(args),
+            Bench::Checkpoint(args) => bench_store::checkpoint(args),
+            Bench::Index(args) => bench_index::run(args),
+            Bench::Snapshot(args) => bench_snapshot::run(args),
+            Bench::Gpu(args) => bench_gpu::run(args),
+            Bench::Peers(args) => bench_peers::run(args),
+        }
+    }
+}
+
+/// Runs `bench` with its stores on a fresh file system `fs`: the image goes where the bench's
+/// `--dir` points (or the current directory), the bench's `--dir` becomes the mount point.
+fn bench_on(fs: FsChoice, image_mib: u64, mut bench: Bench) -> CliResult {
+    let fs = fs.file_system();
+    if matches!(&bench, Bench::Recovery(a) if a.prepare_only) {
+        return Err("--prepare-only keeps its store in --dir, which --fs unmounts and removes afterwards: use one or the other".into());
+    }
+    if let Some(why) = scratch_fs::unavailable(fs) {
+        return Err(format!("cannot run the benchmark on {fs}: {why}").into());
+    }
+    let dir = bench.dir_mut();
+    let parent = dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&parent).at(&parent)?;
+    let images = tempfile::Builder::new().prefix("tusk-bench-fs-").tempdir_in(&parent).at(&parent)?;
+    let scratch = ScratchFs::mount(fs, images.path(), image_mib).map_err(|e| format!("cannot run the benchmark on {fs}: {e}"))?;
+    *dir = Some(scratch.path().to_path_buf());
+    let result = bench.run();
+    scratch.remove().map_err(|e| format!("{fs}: cleaning up: {e}"))?;
+    result
 }
 
 /// The I/O backend, as a command-line choice.
@@ -139,13 +214,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Recover(args) => inspect::recover(args),
-        Command::Bench { bench: Bench::Txn(args) } => bench_txn::run(args),
-        Command::Bench { bench: Bench::Recovery(args) } => bench_store::recovery(args),
-        Command::Bench { bench: Bench::Checkpoint(args) } => bench_store::checkpoint(args),
-        Command::Bench { bench: Bench::Index(args) } => bench_index::run(args),
-        Command::Bench { bench: Bench::Snapshot(args) } => bench_snapshot::run(args),
-        Command::Bench { bench: Bench::Gpu(args) } => bench_gpu::run(args),
-        Command::Bench { bench: Bench::Peers(args) } => bench_peers::run(args),
+        Command::Bench { fs: None, bench, .. } => bench.run(),
+        Command::Bench { fs: Some(fs), fs_image_mib, bench } => bench_on(fs, fs_image_mib, bench),
         Command::CrashChild(args) => crash_child::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::CrashtestChild(args) => crashtest::child(args),
