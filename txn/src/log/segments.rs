@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use tusk_storage::io::open_direct;
+use tusk_storage::io::sync::prefer_in_place_writes;
 use tusk_storage::log_files::{list_segments, log_dir, partition_dir, segment_path, sync_dir};
 use tusk_storage::log_format::{SegmentHeader, FLUSH_ALIGN, SEGMENT_HEADER_SIZE, ZERO_AHEAD, ZERO_AHEAD_MAX_FLUSH};
 use tusk_storage::StorageError;
@@ -34,7 +35,11 @@ pub struct SegmentFile {
 
 /// Creates the log directory (durably) before any partition opens its segments.
 pub fn prepare_log_dir(dir: &Path) -> Result<(), TxnError> {
-    std::fs::create_dir_all(log_dir(dir)).map_err(|e| StorageError::io(log_dir(dir), e))?;
+    let log = log_dir(dir);
+    std::fs::create_dir_all(&log).map_err(|e| StorageError::io(&log, e))?;
+    // On btrfs, segments created from now on are overwritten in place (see the function);
+    // those of an earlier open keep what they had.
+    prefer_in_place_writes(&log).map_err(|e| StorageError::io(&log, e))?;
     sync_dir(dir)?;
     Ok(())
 }
