@@ -14,6 +14,9 @@ use tusk_index::{BTree, BatchOutcome, Op as BatchOp};
 #[derive(Clone, Debug)]
 enum Op {
     Insert(u64, u64),
+    /// A read-modify-write in one descent: the new value is the old one (0 when absent)
+    /// times 3 plus the operand.
+    Update(u64, u64),
     Remove(u64),
     Get(u64),
     Range(u64, u64),
@@ -45,6 +48,7 @@ fn op(key: BoxedStrategy<u64>) -> impl Strategy<Value = Op> {
     let k = key.clone();
     prop_oneof![
         6 => (k.clone(), any::<u64>()).prop_map(|(k, v)| Op::Insert(k, v)),
+        3 => (k.clone(), any::<u64>()).prop_map(|(k, v)| Op::Update(k, v)),
         5 => k.clone().prop_map(Op::Remove),
         2 => k.clone().prop_map(Op::Get),
         1 => (k.clone(), k.clone()).prop_map(|(a, b)| Op::Range(a.min(b), a.max(b))),
@@ -95,6 +99,12 @@ fn run(start: Option<(Vec<u64>, f64)>, batches: Vec<Vec<Op>>) -> Result<(), Test
             for op in &batch {
                 match op {
                     &Op::Insert(k, v) => assert_eq!(tree.insert(tx, k, v).unwrap(), model.insert(k, v)),
+                    &Op::Update(k, v) => {
+                        let new = |old: Option<u64>| old.unwrap_or(0).wrapping_mul(3).wrapping_add(v);
+                        let old = model.get(&k).copied();
+                        model.insert(k, new(old));
+                        assert_eq!(tree.update(tx, k, new).unwrap(), old);
+                    }
                     &Op::Remove(k) => assert_eq!(tree.remove(tx, k).unwrap(), model.remove(&k)),
                     &Op::Get(k) => assert_eq!(tree.get(tx, k).unwrap(), model.get(&k).copied()),
                     &Op::Range(lo, hi) => {

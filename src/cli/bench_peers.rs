@@ -247,10 +247,10 @@ struct TuskSession<'p> {
 impl Session for TuskSession<'_> {
     fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
         self.peer.store.transact(self.peer.commit, |tx| {
+            // Read and add 1 in one descent (BTree::update), as SQLite does in one statement.
             let mut tree = tx.btree(TUSK_ROOT)?;
             for &k in keys {
-                let v = tree.get(k)?.unwrap_or(0);
-                tree.insert(k, v + 1)?;
+                tree.update(k, |v| v.unwrap_or(0) + 1)?;
             }
             Ok(())
         })?;
@@ -339,11 +339,10 @@ impl Session for SqliteSession {
     fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError> {
         let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         {
-            let mut read = tx.prepare_cached("SELECT v FROM kv WHERE k = ?1")?;
-            let mut write = tx.prepare_cached("UPDATE kv SET v = ?2 WHERE k = ?1")?;
+            // Read and add 1 in one statement (one descent), the value read returned.
+            let mut update = tx.prepare_cached("UPDATE kv SET v = v + 1 WHERE k = ?1 RETURNING v")?;
             for &k in keys {
-                let v: i64 = read.query_row([k as i64], |row| row.get(0))?;
-                write.execute([k as i64, v + 1])?;
+                let _read: i64 = update.query_row([k as i64], |row| row.get(0))?;
             }
         }
         tx.commit()?;

@@ -57,6 +57,27 @@ impl<'s> BTree<'_, 's> {
         Ok(self.tree.insert(&mut self.tx.inner, key, value)?)
     }
 
+    /// Sets `key` to `value(old)`, where `old` is its value (`None` when absent), with one
+    /// descent of the tree: a read-modify-write costs what one `insert` does, not a `get` and
+    /// an `insert`. Returns `old`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tusk::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = tusk::Store::open(dir.path(), tusk::Options { heap_capacity: 64 << 20, ..tusk::Options::default() })?;
+    /// store.transact(tusk::Commit::Async, |tx| {
+    ///     let mut hits = tx.btree("hits")?;
+    ///     hits.update(7, |old| old.unwrap_or(0) + 1)?; // absent: becomes 1
+    ///     let old = hits.update(7, |old| old.unwrap_or(0) + 1)?;
+    ///     assert_eq!((old, hits.get(7)?), (Some(1), Some(2)));
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn update(&mut self, key: u64, value: impl FnOnce(Option<u64>) -> u64) -> Result<Option<u64>, Error> {
+        Ok(self.tree.update(&mut self.tx.inner, key, value)?)
+    }
+
     /// Removes `key`; returns the value it had.
     pub fn remove(&mut self, key: u64) -> Result<Option<u64>, Error> {
         Ok(self.tree.remove(&mut self.tx.inner, key)?)

@@ -12,16 +12,22 @@ use tusk_txn::TxnError;
 
 /// Sets `key` to `value` in the tree described at `meta`; returns the value it replaced.
 pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Result<Option<u64>, TxnError> {
+    update(heap, meta, key, |_| value)
+}
+
+/// Sets `key` to `value(old)`, `old` being its value or `None`, in one descent (a
+/// read-modify-write: `get` then `insert` descends twice); returns `old`.
+pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnce(Option<u64>) -> u64) -> Result<Option<u64>, TxnError> {
     let root = heap.load(meta + ROOT_OFF)?;
     let mut path = Vec::new();
     let (leaf, h) = search::descend(heap, root, key, Some(&mut path))?;
-    let i = layout::lower_bound(heap, leaf, h.count, key)?;
-    if i < h.count && layout::key(heap, leaf, i)? == key {
+    let (i, hit) = layout::search(heap, leaf, h.count, key)?;
+    if hit {
         let old = layout::value(heap, leaf, i)?;
-        heap.store(layout::value_off(leaf, i), value)?;
+        heap.store(layout::value_off(leaf, i), value(Some(old)))?;
         return Ok(Some(old));
     }
-    insert_entry(heap, meta, leaf, h, i, key, value, path)?;
+    insert_entry(heap, meta, leaf, h, i, key, value(None), path)?;
     // Counted last: the leaf's entries above are read while the write set is still empty,
     // the transaction's fast path (whole lines validated at once, no write-set lookups).
     meta::add_keys(heap, meta, 1)?;

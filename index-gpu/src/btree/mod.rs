@@ -96,6 +96,12 @@ impl BTree {
         Ok(insert::insert(heap, self.meta, key, value)?)
     }
 
+    /// Sets `key` to `value(old)` (`old`: its value, `None` when absent) in one descent;
+    /// returns `old`. A read-modify-write without the second descent of `get` + `insert`.
+    pub fn update<H: HeapWrite>(&self, heap: &mut H, key: u64, value: impl FnOnce(Option<u64>) -> u64) -> Result<Option<u64>, IndexError> {
+        Ok(insert::update(heap, self.meta, key, value)?)
+    }
+
     /// Removes `key`; returns the value it had. Underfull nodes are repaired by redistribution
     /// or merging (see `remove.rs`); freed nodes are reused by later inserts.
     pub fn remove<H: HeapWrite>(&self, heap: &mut H, key: u64) -> Result<Option<u64>, IndexError> {
