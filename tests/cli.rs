@@ -345,21 +345,27 @@ fn crashtest_on_every_file_system_runs_or_says_why_not() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "images and mount points are removed");
 }
 
-/// `tusk bench --fs xfs txn ...` runs the benchmark with its stores on a fresh XFS (where the
-/// machine can mount one) and leaves nothing behind in --dir.
+/// `tusk bench --fs all txn ...` runs the benchmark with its stores on a fresh ext4, XFS and
+/// btrfs in turn (where the machine can mount them), each one's JSON lines after a line
+/// naming it, and leaves nothing behind in --dir.
 #[test]
-fn bench_on_a_scratch_file_system_leaves_nothing_behind() {
+fn bench_on_scratch_file_systems_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = tusk(&[
-        "bench", "--fs", "xfs", "txn", "--commit", "sync", "--threads", "1", "--duration", "0.3", "--rounds", "1", "--heap-mib", "32",
+        "bench", "--fs", "all", "txn", "--commit", "sync", "--threads", "1", "--duration", "0.3", "--rounds", "1", "--heap-mib", "32",
         "--json", "--dir", dir.path().to_str().unwrap(),
     ]);
     if !ok {
         // Only a machine that cannot mount may refuse, and it says why.
-        assert!(err.contains("cannot run the benchmark on xfs"), "{out}\n{err}");
+        assert!(err.contains("cannot run the benchmark on ext4"), "{out}\n{err}");
         return;
     }
-    let v = json(out.lines().next().unwrap_or_default());
-    assert!(v["txn_per_s"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let named: Vec<&str> = lines.iter().filter_map(|l| l["fs"].as_str()).collect();
+    assert_eq!(named, ["ext4", "xfs", "btrfs"], "{out}");
+    for (i, line) in lines.iter().enumerate().filter(|(_, l)| l["fs"].is_string()) {
+        let run = &lines[i + 1];
+        assert!(run["txn_per_s"].as_f64().is_some_and(|r| r > 0.0), "after {line}: {run}");
+    }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "image and mount point are removed");
 }

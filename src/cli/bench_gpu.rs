@@ -39,7 +39,7 @@ pub enum GpuIndex {
     Art,
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct GpuArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "btree,art")]
     index: Vec<GpuIndex>,

@@ -58,7 +58,7 @@ impl IndexChoice {
     }
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct IndexArgs {
     /// Indexes to measure (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "btree,art")]

@@ -61,7 +61,7 @@ use super::{store_files, BenchDir, BenchOutput, CliResult, IoAt};
 
 type AnyError = Box<dyn Error + Send + Sync>;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct PeersArgs {
     /// Stores to measure (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "tusk,sqlite,lmdb,redb,fjall")]
@@ -118,7 +118,7 @@ impl PeersArgs {
 
 /// The child process of `reopen-kill`: opens a loaded store and runs Hathi transactions in
 /// its durability class until it is killed (or its parent is gone).
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ChildArgs {
     #[arg(long, value_enum)]
     store: StoreChoice,

@@ -70,7 +70,7 @@ pub enum Part {
     Queries,
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct SnapshotArgs {
     /// Parts to run (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "cycles,sizes,queries")]

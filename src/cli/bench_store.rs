@@ -17,7 +17,7 @@ use super::{store_files, BenchDir, CliResult, IoAt};
 
 const MIB: f64 = (1 << 20) as f64;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct RecoveryArgs {
     /// Heap covered by the checkpoint, in MiB.
     #[arg(long, default_value_t = 1024)]
@@ -39,10 +39,10 @@ pub struct RecoveryArgs {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct CheckpointArgs {
     #[arg(long, default_value_t = 1024)]
     heap_mib: u64,
@@ -66,7 +66,7 @@ pub struct CheckpointArgs {
     #[arg(long)]
     pub(super) dir: Option<PathBuf>,
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 fn options(heap_mib: u64) -> Options {

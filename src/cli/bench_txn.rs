@@ -60,7 +60,7 @@ impl CommitChoice {
     }
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct TxnArgs {
     #[arg(long, value_enum, default_value = "hathi")]
     workload: Workload,

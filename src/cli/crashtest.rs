@@ -8,7 +8,7 @@ use tusk::crashtest::child::ChildConfig;
 use tusk::crashtest::scratch_fs::{self, FileSystem, MountError, ScratchFs};
 use tusk::crashtest::{self, CommitChoice, Config, Fault, Summary, Workload};
 
-use super::{CliResult, IoAt};
+use super::{CliResult, FsArg, IoAt};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum WorkloadArg {
@@ -81,26 +81,6 @@ pub fn child(args: CrashtestChildArgs) -> CliResult {
     let config = ChildConfig::from_json(&args.config)?;
     crashtest::child::run(&config)?;
     Ok(())
-}
-
-/// A file system choice of `--fs`.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum FsArg {
-    Ext4,
-    Xfs,
-    Btrfs,
-    All,
-}
-
-impl FsArg {
-    fn file_systems(self) -> Vec<FileSystem> {
-        match self {
-            FsArg::Ext4 => vec![FileSystem::Ext4],
-            FsArg::Xfs => vec![FileSystem::Xfs],
-            FsArg::Btrfs => vec![FileSystem::Btrfs],
-            FsArg::All => FileSystem::ALL.to_vec(),
-        }
-    }
 }
 
 /// A run that found a lost commit or a broken invariant: what to print after clean-up.

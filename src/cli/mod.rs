@@ -51,11 +51,11 @@ enum Command {
     Recover(inspect::RecoverArgs),
     /// Benchmarks (print a table; one JSON object with --json).
     Bench {
-        /// Run the benchmark on a fresh file system of this kind: an image in the bench's
-        /// --dir (or the current directory), formatted, mounted through a loop device, with
-        /// the stores inside it; unmounted and removed afterwards (needs root).
+        /// Run the benchmark on a fresh file system of this kind (`all`: on each in turn): an
+        /// image in the bench's --dir (or the current directory), formatted, mounted through a
+        /// loop device, with the stores inside it; unmounted and removed afterwards (needs root).
         #[arg(long, value_enum)]
-        fs: Option<FsChoice>,
+        fs: Option<FsArg>,
         /// Size of the --fs image in MiB (sparse: only what the benchmark writes takes space).
         #[arg(long, default_value_t = 16384)]
         fs_image_mib: u64,
@@ -75,7 +75,7 @@ enum Command {
     PeersChild(bench_peers::ChildArgs),
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone)]
 enum Bench {
     /// Transaction throughput and commit latency (the Hathi workload).
     Txn(bench_txn::TxnArgs),
@@ -94,20 +94,22 @@ enum Bench {
     Peers(bench_peers::PeersArgs),
 }
 
-/// A file system for `tusk bench --fs`.
+/// The file systems of `--fs` (`tusk crashtest`, `tusk bench`).
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum FsChoice {
+pub enum FsArg {
     Ext4,
     Xfs,
     Btrfs,
+    All,
 }
 
-impl FsChoice {
-    fn file_system(self) -> FileSystem {
+impl FsArg {
+    pub fn file_systems(self) -> Vec<FileSystem> {
         match self {
-            FsChoice::Ext4 => FileSystem::Ext4,
-            FsChoice::Xfs => FileSystem::Xfs,
-            FsChoice::Btrfs => FileSystem::Btrfs,
+            FsArg::Ext4 => vec![FileSystem::Ext4],
+            FsArg::Xfs => vec![FileSystem::Xfs],
+            FsArg::Btrfs => vec![FileSystem::Btrfs],
+            FsArg::All => FileSystem::ALL.to_vec(),
         }
     }
 }
@@ -126,6 +128,19 @@ impl Bench {
         }
     }
 
+    /// Whether the benchmark prints JSON lines.
+    fn json(&self) -> bool {
+        match self {
+            Bench::Recovery(a) => a.json,
+            Bench::Checkpoint(a) => a.json,
+            Bench::Txn(a) => a.out.json,
+            Bench::Index(a) => a.out.json,
+            Bench::Snapshot(a) => a.out.json,
+            Bench::Gpu(a) => a.out.json,
+            Bench::Peers(a) => a.out.json,
+        }
+    }
+
     fn run(self) -> CliResult {
         match self {
             Bench::Txn(args) => bench_txn::run(args),
@@ -139,13 +154,26 @@ impl Bench {
     }
 }
 
-/// Runs `bench` with its stores on a fresh file system `fs`: the image goes where the bench's
-/// `--dir` points (or the current directory), the bench's `--dir` becomes the mount point.
-fn bench_on(fs: FsChoice, image_mib: u64, mut bench: Bench) -> CliResult {
-    let fs = fs.file_system();
+/// Runs `bench` with its stores on a fresh file system of each of `fs`, one after the other
+/// (each prints its own figures): the image goes where the bench's `--dir` points (or the
+/// current directory), the bench's `--dir` becomes the mount point.
+fn bench_on(fs: FsArg, image_mib: u64, bench: Bench) -> CliResult {
     if matches!(&bench, Bench::Recovery(a) if a.prepare_only) {
         return Err("--prepare-only keeps its store in --dir, which --fs unmounts and removes afterwards: use one or the other".into());
     }
+    for file_system in fs.file_systems() {
+        // What follows is on this file system: a line of the table, or of the JSON lines.
+        if bench.json() {
+            outln!("{}", serde_json::json!({ "fs": file_system.name() }));
+        } else {
+            outln!("file system: {file_system}");
+        }
+        bench_on_one(file_system, image_mib, bench.clone())?;
+    }
+    Ok(())
+}
+
+fn bench_on_one(fs: FileSystem, image_mib: u64, mut bench: Bench) -> CliResult {
     if let Some(why) = scratch_fs::unavailable(fs) {
         return Err(format!("cannot run the benchmark on {fs}: {why}").into());
     }
