@@ -76,6 +76,24 @@ fn main() {
         }
         let txn = lookups as f64 / t.elapsed().as_secs_f64();
         assert_eq!(hits, lookups);
+        // Transactions, 16 lookups each, as one `get_many`.
+        let t = Instant::now();
+        let mut hits = 0u64;
+        for batch in probes.chunks(16) {
+            let mut tx = engine.begin();
+            if which == "art" {
+                let a = Art::open(&mut tx, meta).unwrap();
+                let keys: Vec<[u8; 8]> = batch.iter().map(|k| k.to_be_bytes()).collect();
+                let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                hits += a.get_many(&mut tx, &keys).unwrap().iter().filter(|v| v.is_some()).count() as u64;
+            } else {
+                let b = BTree::open(&mut tx, meta).unwrap();
+                hits += b.get_many(&mut tx, batch).unwrap().iter().filter(|v| v.is_some()).count() as u64;
+            }
+            tx.commit(Commit::Async).unwrap();
+        }
+        let many = lookups as f64 / t.elapsed().as_secs_f64();
+        assert_eq!(hits, lookups);
         // Plain loads of the heap.
         let t = Instant::now();
         let mut h = engine.heap();
@@ -91,7 +109,7 @@ fn main() {
         }
         let plain = lookups as f64 / t.elapsed().as_secs_f64();
         assert_eq!(hits, lookups);
-        println!("{which} {n} keys: txn {:.0}/s  plain {:.0}/s  txn/plain {:.2}", txn, plain, txn / plain);
+        println!("{which} {n} keys: txn {txn:.0}/s  txn get_many {many:.0}/s  plain {plain:.0}/s  txn/plain {:.2}  many/txn {:.2}", txn / plain, many / txn);
     }
     if std::env::var("PEER").is_ok() {
         let map: BTreeMap<u64, u64> = keys.iter().map(|&k| (k, k)).collect();

@@ -13,6 +13,8 @@ use tusk_index::{Art, MAX_KEY_LEN};
 enum Op {
     Insert(Vec<u8>, u64),
     Get(Vec<u8>),
+    /// Lookups of several keys with one `get_many`, at times more than one lookup group.
+    GetMany(Vec<Vec<u8>>),
     Remove(Vec<u8>),
     Range(Vec<u8>, Vec<u8>, u8),
     Prefix(Vec<u8>),
@@ -54,6 +56,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (key(), any::<u64>()).prop_map(|(k, v)| Op::Insert(k, v)),
         3 => key().prop_map(Op::Get),
+        1 => prop::collection::vec(key(), 0..40).prop_map(Op::GetMany),
         5 => key().prop_map(Op::Remove),
         1 => (key(), key(), 0u8..4).prop_map(|(a, b, m)| { let (a, b) = ordered(a, b); Op::Range(a, b, m) }),
         1 => key().prop_map(|k| Op::Prefix(k[..k.len().min(3)].to_vec())),
@@ -96,6 +99,11 @@ proptest! {
                     match op {
                         Op::Insert(k, v) => assert_eq!(tree.insert(tx, k, *v).unwrap(), model.insert(k.clone(), *v), "insert {k:?}"),
                         Op::Get(k) => assert_eq!(tree.get(tx, k).unwrap(), model.get(k).copied(), "get {k:?}"),
+                        Op::GetMany(keys) => {
+                            let expected: Vec<Option<u64>> = keys.iter().map(|k| model.get(k).copied()).collect();
+                            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                            assert_eq!(tree.get_many(tx, &keys).unwrap(), expected, "get_many {keys:?}");
+                        }
                         Op::Remove(k) => assert_eq!(tree.remove(tx, k).unwrap(), model.remove(k), "remove {k:?}"),
                         Op::Range(lo, hi, mode) => {
                             let b = bounds(lo, hi, *mode);

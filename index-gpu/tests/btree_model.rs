@@ -19,6 +19,9 @@ enum Op {
     Update(u64, u64),
     Remove(u64),
     Get(u64),
+    /// Lookups of several keys (duplicates and absent ones included) with one `get_many`,
+    /// more than one lookup group of them at times.
+    GetMany(Vec<u64>),
     Range(u64, u64),
     Count(u64, u64),
     Sum(u64, u64),
@@ -51,6 +54,7 @@ fn op(key: BoxedStrategy<u64>) -> impl Strategy<Value = Op> {
         3 => (k.clone(), any::<u64>()).prop_map(|(k, v)| Op::Update(k, v)),
         5 => k.clone().prop_map(Op::Remove),
         2 => k.clone().prop_map(Op::Get),
+        1 => prop::collection::vec(k.clone(), 0..40).prop_map(Op::GetMany),
         1 => (k.clone(), k.clone()).prop_map(|(a, b)| Op::Range(a.min(b), a.max(b))),
         1 => (k.clone(), k.clone()).prop_map(|(a, b)| Op::Count(a.min(b), a.max(b))),
         1 => (k.clone(), k).prop_map(|(a, b)| Op::Sum(a.min(b), a.max(b))),
@@ -107,6 +111,10 @@ fn run(start: Option<(Vec<u64>, f64)>, batches: Vec<Vec<Op>>) -> Result<(), Test
                     }
                     &Op::Remove(k) => assert_eq!(tree.remove(tx, k).unwrap(), model.remove(&k)),
                     &Op::Get(k) => assert_eq!(tree.get(tx, k).unwrap(), model.get(&k).copied()),
+                    Op::GetMany(keys) => {
+                        let expected: Vec<Option<u64>> = keys.iter().map(|k| model.get(k).copied()).collect();
+                        assert_eq!(tree.get_many(tx, keys).unwrap(), expected);
+                    }
                     &Op::Range(lo, hi) => {
                         let got: Vec<_> = tree.range(tx, lo..hi).unwrap().map(Result::unwrap).collect();
                         let want: Vec<_> = model.range(lo..hi).map(|(&k, &v)| (k, v)).collect();

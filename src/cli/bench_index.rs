@@ -6,7 +6,8 @@
 //!   transactions of `--txn-keys` inserts committed `Async`; the clock stops once the last LSN is
 //!   durable, so the rate is of durable inserts;
 //! - bulk load (B-link tree only): the distinct sorted pairs into a fresh tree, one transaction;
-//! - point lookups of random present keys, `--lookups-per-txn` per read-only transaction;
+//! - point lookups of random present keys, `--lookups-per-txn` per read-only transaction: a
+//!   `get` per key, then (tusk only) the same keys with one `get_many` per transaction;
 //! - range scans of `--scan-len` keys from random present keys (keys delivered per second);
 //! - count + sum over ranges of about `--agg-width` keys (ranges per second);
 //! - memory per key: heap bytes of the index's nodes (tusk) and allocator bytes (peers).
@@ -126,6 +127,8 @@ struct Row {
     bulk_load_per_s: Option<f64>,
     peer_bulk_load_per_s: Option<f64>,
     lookup_per_s: f64,
+    /// The same lookups through `get_many` (tusk only: the peers have no batched form).
+    lookup_many_per_s: f64,
     peer_lookup_per_s: f64,
     range_keys_per_s: f64,
     peer_range_keys_per_s: f64,
@@ -210,6 +213,26 @@ impl TuskIndex<'_> {
     }
 
     /// Heap bytes held by the index's nodes and leaves (from its validator).
+    /// [`Contender::lookup`] with one `get_many` per transaction instead of a `get` per key.
+    fn lookup_many(&self, keys: &[u64]) -> Result<u64, tusk::Error> {
+        let mut found = 0;
+        for batch in keys.chunks(self.lookups_per_txn) {
+            let (hits, _) = self.store.transact(Commit::Async, |tx| {
+                let values = match self.kind {
+                    IndexChoice::Btree => tx.btree_at(self.tree)?.get_many(batch)?,
+                    IndexChoice::Art => {
+                        let keys: Vec<[u8; 8]> = batch.iter().map(|&k| art_key(k)).collect();
+                        let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                        tx.art_at(self.tree)?.get_many(&keys)?
+                    }
+                };
+                Ok(values.iter().filter(|v| v.is_some()).count() as u64)
+            })?;
+            found += hits;
+        }
+        Ok(found)
+    }
+
     fn bytes(&self) -> Result<u64, tusk::Error> {
         let (n, _) = self.store.transact(Commit::Async, |tx| match self.kind {
             IndexChoice::Btree => Ok(tx.btree_at(self.tree)?.check()?.nodes * tusk_index::btree::layout::NODE_SIZE),
@@ -490,6 +513,11 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize)
         row.insert_per_s = measure_inserts(&index, threads, &ops, settle)?;
     } else {
         [row.insert_per_s, row.lookup_per_s, row.range_keys_per_s, row.count_sum_per_s] = measure(&index, args, threads, &ops, &probes, settle, "tusk")?;
+        let (secs, found) = parallel(threads, &probes.lookups, |share| index.lookup_many(share))?;
+        if found != probes.lookups.len() as u64 {
+            return Err(format!("tusk get_many: {found} of {} present keys found", probes.lookups.len()).into());
+        }
+        row.lookup_many_per_s = found as f64 / secs;
     }
     let (attempts, txns) = (index.insert_attempts.load(Ordering::Relaxed), index.insert_txns.load(Ordering::Relaxed));
     row.insert_retries_per_txn = attempts.saturating_sub(txns) as f64 / txns.max(1) as f64;
@@ -601,6 +629,7 @@ fn median_row(rounds: Vec<Row>) -> Row {
         bulk_load_per_s: mo(|r| r.bulk_load_per_s),
         peer_bulk_load_per_s: mo(|r| r.peer_bulk_load_per_s),
         lookup_per_s: m(|r| r.lookup_per_s),
+        lookup_many_per_s: m(|r| r.lookup_many_per_s),
         peer_lookup_per_s: m(|r| r.peer_lookup_per_s),
         range_keys_per_s: m(|r| r.range_keys_per_s),
         peer_range_keys_per_s: m(|r| r.peer_range_keys_per_s),
@@ -635,6 +664,7 @@ fn row_json(r: &Row, inserts_only: bool) -> serde_json::Value {
         "insert_retries_per_txn": r.insert_retries_per_txn,
         "bulk_load_per_s": r.bulk_load_per_s,
         "lookup_per_s": measured(r.lookup_per_s),
+        "lookup_many_per_s": measured(r.lookup_many_per_s),
         "range_keys_per_s": measured(r.range_keys_per_s),
         "count_sum_per_s": measured(r.count_sum_per_s),
         "bytes_per_key": measured(r.bytes_per_key),
@@ -646,17 +676,18 @@ fn row_json(r: &Row, inserts_only: bool) -> serde_json::Value {
         "peer_count_sum_per_s": measured(r.peer_count_sum_per_s),
         "peer_bytes_per_key": measured(r.peer_bytes_per_key),
         "lookup_ratio": measured(r.lookup_per_s / r.peer_lookup_per_s),
+        "lookup_many_ratio": measured(r.lookup_many_per_s / r.peer_lookup_per_s),
     })
 }
 
 fn print_table(rows: &[Row]) {
     outln!(
-        "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
-        "index", "order", "keys", "insert/s", "peer ins/s", "bulk/s", "lookup/s", "peer lkp/s", "ratio", "scan keys/s", "cnt+sum/s", "B/key"
+        "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>12} {:>12} {:>8}",
+        "index", "order", "keys", "insert/s", "peer ins/s", "bulk/s", "get/s", "get_many/s", "peer get/s", "ratio", "many", "scan keys/s", "cnt+sum/s", "B/key"
     );
     for r in rows {
         outln!(
-            "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8.2} {:>12} {:>12} {:>8.1}",
+            "{:<6} {:<13} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>8.2} {:>8.2} {:>12} {:>12} {:>8.1}",
             r.index,
             r.order,
             r.keys,
@@ -664,14 +695,17 @@ fn print_table(rows: &[Row]) {
             rate(r.peer_insert_per_s),
             r.bulk_load_per_s.map_or("-".into(), rate),
             rate(r.lookup_per_s),
+            rate(r.lookup_many_per_s),
             rate(r.peer_lookup_per_s),
             r.lookup_per_s / r.peer_lookup_per_s,
+            r.lookup_many_per_s / r.peer_lookup_per_s,
             rate(r.range_keys_per_s),
             rate(r.count_sum_per_s),
             r.bytes_per_key,
         );
     }
     outln!("peers: btree vs std::collections::BTreeMap, art vs congee; peer scan/count+sum/B-per-key in --json");
+    outln!("get/s: a get per key; get_many/s: one get_many per transaction (the peers have no batched form); ratio, many: each against the peer's get/s");
 }
 
 /// `DIR/index.svg`: a panel per index with its peer, operation by operation (a bar per key

