@@ -34,6 +34,28 @@ impl HeapRead for HeapImage<'_> {
         }
     }
 
+    /// One bounds check for the run (a node's keys), then the words.
+    #[inline]
+    fn load_words(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        let bytes = usize::try_from(off)
+            .ok()
+            .filter(|_| off.is_multiple_of(8))
+            .and_then(|at| self.bytes.get(at..at.checked_add(8 * out.len())?))
+            .ok_or(TxnError::InvalidPointer(off))?;
+        for (w, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+            *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
+        Ok(())
+    }
+
+    /// Descents prefetch the node they go to next (`get_many` overlaps them this way).
+    #[inline]
+    fn prefetch(&self, off: u64, len: u64) {
+        let start = usize::try_from(off).unwrap_or(usize::MAX).min(self.bytes.len());
+        let end = usize::try_from(off.saturating_add(len)).unwrap_or(usize::MAX).min(self.bytes.len());
+        tusk_storage::region::prefetch_lines(&self.bytes[start..end]);
+    }
+
     fn contains(&self, off: u64, len: u64) -> bool {
         off.checked_add(len).is_some_and(|end| end <= self.bytes.len() as u64)
     }
@@ -48,6 +70,26 @@ impl HeapRead for &Heap {
             Ok(self.load_word(off))
         } else {
             Err(TxnError::InvalidPointer(off))
+        }
+    }
+
+    #[inline]
+    fn load_words(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        if off.is_multiple_of(8) && Heap::contains(self, off, 8 * out.len() as u64) {
+            Heap::load_words(self, off, out);
+            Ok(())
+        } else {
+            Err(TxnError::InvalidPointer(off))
+        }
+    }
+
+    #[inline]
+    fn prefetch(&self, off: u64, len: u64) {
+        let end = off.saturating_add(len).min(self.capacity());
+        let mut line = off & !63;
+        while line < end {
+            Heap::prefetch(self, line);
+            line += 64;
         }
     }
 

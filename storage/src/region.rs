@@ -130,6 +130,17 @@ impl AtomicWords {
     }
 }
 
+/// Issues a prefetch for every cache line of `bytes` (a hint: changes nothing).
+#[inline]
+pub fn prefetch_lines(bytes: &[u8]) {
+    let start = bytes.as_ptr() as usize;
+    let mut line = start & !63;
+    while line < start + bytes.len() {
+        prefetch_ptr(line as *const u8);
+        line += 64;
+    }
+}
+
 /// Issues a prefetch for the cache line at `p` (a hint; never faults).
 #[cfg_attr(loom, allow(dead_code))]
 #[inline]
