@@ -1,6 +1,7 @@
 //! Profiling aid for issue 13 (target 5): point lookups of a B-link tree and an ART in
-//! read-only transactions (16 per transaction, as `tusk bench index` does), beside the same
-//! lookups with plain loads of the heap (no STM) and `BTreeMap`.
+//! read-only transactions (16 per transaction, as `tusk bench index` does), a `get` per key
+//! and one `get_many` per transaction, beside the same lookups with plain loads of the heap
+//! (no STM) and `BTreeMap`.
 //!
 //! `cargo run --release -p tusk-index --example lookup_probe -- [btree|art] [keys] [lookups]`
 
@@ -9,13 +10,27 @@ use std::time::Instant;
 
 use tusk_index::{Art, BTree};
 use tusk_storage::Heap;
-use tusk_txn::{Commit, Engine, EngineConfig};
+use tusk_txn::{Commit, Engine, EngineConfig, Transaction};
 
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// Lookups per second of `probes` in read-only transactions of 16 keys; `lookup` answers one
+/// transaction's keys with the number found (all of them must be).
+fn txn_rate(engine: &Engine, probes: &[u64], lookup: impl Fn(&mut Transaction<'_>, &[u64]) -> u64) -> f64 {
+    let t = Instant::now();
+    let mut hits = 0;
+    for batch in probes.chunks(16) {
+        let mut tx = engine.begin();
+        hits += lookup(&mut tx, batch);
+        tx.commit(Commit::Async).unwrap();
+    }
+    assert_eq!(hits, probes.len() as u64);
+    probes.len() as f64 / t.elapsed().as_secs_f64()
 }
 
 fn main() {
@@ -56,44 +71,25 @@ fn main() {
     eprintln!("built {which} of {n} keys in {:.1} s", t0.elapsed().as_secs_f64());
     let reps = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
     for _ in 0..reps {
-        // Transactions, 16 lookups each.
-        let t = Instant::now();
-        let mut hits = 0u64;
-        for batch in probes.chunks(16) {
-            let mut tx = engine.begin();
+        let txn = txn_rate(&engine, &probes, |tx, batch| {
             if which == "art" {
-                let a = Art::open(&mut tx, meta).unwrap();
-                for &k in batch {
-                    hits += a.get(&mut tx, &k.to_be_bytes()).unwrap().is_some() as u64;
-                }
+                let a = Art::open(tx, meta).unwrap();
+                batch.iter().map(|&k| a.get(tx, &k.to_be_bytes()).unwrap().is_some() as u64).sum()
             } else {
-                let b = BTree::open(&mut tx, meta).unwrap();
-                for &k in batch {
-                    hits += b.get(&mut tx, k).unwrap().is_some() as u64;
-                }
+                let b = BTree::open(tx, meta).unwrap();
+                batch.iter().map(|&k| b.get(tx, k).unwrap().is_some() as u64).sum()
             }
-            tx.commit(Commit::Async).unwrap();
-        }
-        let txn = lookups as f64 / t.elapsed().as_secs_f64();
-        assert_eq!(hits, lookups);
-        // Transactions, 16 lookups each, as one `get_many`.
-        let t = Instant::now();
-        let mut hits = 0u64;
-        for batch in probes.chunks(16) {
-            let mut tx = engine.begin();
-            if which == "art" {
-                let a = Art::open(&mut tx, meta).unwrap();
+        });
+        let many = txn_rate(&engine, &probes, |tx, batch| {
+            let found = if which == "art" {
                 let keys: Vec<[u8; 8]> = batch.iter().map(|k| k.to_be_bytes()).collect();
                 let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-                hits += a.get_many(&mut tx, &keys).unwrap().iter().filter(|v| v.is_some()).count() as u64;
+                Art::open(tx, meta).unwrap().get_many(tx, &keys).unwrap()
             } else {
-                let b = BTree::open(&mut tx, meta).unwrap();
-                hits += b.get_many(&mut tx, batch).unwrap().iter().filter(|v| v.is_some()).count() as u64;
-            }
-            tx.commit(Commit::Async).unwrap();
-        }
-        let many = lookups as f64 / t.elapsed().as_secs_f64();
-        assert_eq!(hits, lookups);
+                BTree::open(tx, meta).unwrap().get_many(tx, batch).unwrap()
+            };
+            found.iter().filter(|v| v.is_some()).count() as u64
+        });
         // Plain loads of the heap.
         let t = Instant::now();
         let mut h = engine.heap();
