@@ -84,6 +84,7 @@ impl Heap {
 
     /// The `count` words from `off` (8-aligned).
     #[cfg(not(loom))]
+    #[inline]
     fn words(&self, off: u64, count: usize) -> &[AtomicU64] {
         let end = off.checked_add(8 * count as u64).expect("heap range overflow");
         assert!(off.is_multiple_of(8) && end <= self.capacity, "heap words {off}..{end} out of range");
