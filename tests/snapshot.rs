@@ -208,6 +208,11 @@ fn both_trees_on_a_snapshot_equal_their_models_at_its_lsn() {
         let hi: &[u8] = b"user/02000";
         assert_eq!(art.count(lo..hi).unwrap(), users.range(lo.to_vec()..hi.to_vec()).count() as u64, "{what}");
         assert_eq!(art.get(b"user/00001").unwrap(), users.get(b"user/00001".as_slice()).copied(), "{what}");
+        let probe: Vec<Vec<u8>> = (0..300).map(|i| format!("user/{:05}", i * 37).into_bytes()).chain([b"user/".to_vec(), Vec::new()]).collect();
+        let refs: Vec<&[u8]> = probe.iter().map(Vec::as_slice).collect();
+        let expected: Vec<Option<u64>> = probe.iter().map(|k| users.get(k).copied()).collect();
+        assert!(expected.iter().any(Option::is_some) && expected.iter().any(Option::is_none), "{what}: probe hits and misses");
+        assert_eq!(art.get_many(&refs).unwrap(), expected, "{what}: ART batched lookups");
     }
 }
 
