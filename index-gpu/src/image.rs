@@ -85,12 +85,7 @@ impl HeapRead for &Heap {
 
     #[inline]
     fn prefetch(&self, off: u64, len: u64) {
-        let end = off.saturating_add(len).min(self.capacity());
-        let mut line = off & !63;
-        while line < end {
-            Heap::prefetch(self, line);
-            line += 64;
-        }
+        Heap::prefetch_range(self, off, len);
     }
 
     fn contains(&self, off: u64, len: u64) -> bool {

@@ -213,17 +213,26 @@ impl TuskIndex<'_> {
     }
 
     /// Heap bytes held by the index's nodes and leaves (from its validator).
-    /// [`Contender::lookup`] with one `get_many` per transaction instead of a `get` per key.
-    fn lookup_many(&self, keys: &[u64]) -> Result<u64, tusk::Error> {
+    /// Counts the present `keys`, `lookups_per_txn` to a read-only transaction: a `get` per
+    /// key, or (`batched`) one `get_many` per transaction.
+    fn lookups(&self, keys: &[u64], batched: bool) -> Result<u64, tusk::Error> {
         let mut found = 0;
         for batch in keys.chunks(self.lookups_per_txn) {
             let (hits, _) = self.store.transact(Commit::Async, |tx| {
-                let values = match self.kind {
-                    IndexChoice::Btree => tx.btree_at(self.tree)?.get_many(batch)?,
-                    IndexChoice::Art => {
+                let values = match (self.kind, batched) {
+                    (IndexChoice::Btree, true) => tx.btree_at(self.tree)?.get_many(batch)?,
+                    (IndexChoice::Btree, false) => {
+                        let mut t = tx.btree_at(self.tree)?;
+                        batch.iter().map(|&k| t.get(k)).collect::<Result<_, _>>()?
+                    }
+                    (IndexChoice::Art, true) => {
                         let keys: Vec<[u8; 8]> = batch.iter().map(|&k| art_key(k)).collect();
                         let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
                         tx.art_at(self.tree)?.get_many(&keys)?
+                    }
+                    (IndexChoice::Art, false) => {
+                        let mut a = tx.art_at(self.tree)?;
+                        batch.iter().map(|&k| a.get(&art_key(k))).collect::<Result<_, _>>()?
                     }
                 };
                 Ok(values.iter().filter(|v| v.is_some()).count() as u64)
@@ -273,29 +282,7 @@ impl Contender for TuskIndex<'_> {
     }
 
     fn lookup(&self, keys: &[u64]) -> Result<u64, tusk::Error> {
-        let mut found = 0;
-        for batch in keys.chunks(self.lookups_per_txn) {
-            let (hits, _) = self.store.transact(Commit::Async, |tx| {
-                let mut hits = 0u64;
-                match self.kind {
-                    IndexChoice::Btree => {
-                        let mut t = tx.btree_at(self.tree)?;
-                        for &k in batch {
-                            hits += t.get(k)?.is_some() as u64;
-                        }
-                    }
-                    IndexChoice::Art => {
-                        let mut a = tx.art_at(self.tree)?;
-                        for &k in batch {
-                            hits += a.get(&art_key(k))?.is_some() as u64;
-                        }
-                    }
-                }
-                Ok(hits)
-            })?;
-            found += hits;
-        }
-        Ok(found)
+        self.lookups(keys, false)
     }
 
     fn scan(&self, from: u64, len: usize) -> Result<u64, tusk::Error> {
@@ -513,7 +500,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize)
         row.insert_per_s = measure_inserts(&index, threads, &ops, settle)?;
     } else {
         [row.insert_per_s, row.lookup_per_s, row.range_keys_per_s, row.count_sum_per_s] = measure(&index, args, threads, &ops, &probes, settle, "tusk")?;
-        let (secs, found) = parallel(threads, &probes.lookups, |share| index.lookup_many(share))?;
+        let (secs, found) = parallel(threads, &probes.lookups, |share| index.lookups(share, true))?;
         if found != probes.lookups.len() as u64 {
             return Err(format!("tusk get_many: {found} of {} present keys found", probes.lookups.len()).into());
         }

@@ -258,6 +258,17 @@ impl Heap {
         let _ = off;
     }
 
+    /// [`Heap::prefetch`] for every line of `[off, off+len)` inside the heap.
+    #[inline]
+    pub fn prefetch_range(&self, off: u64, len: u64) {
+        let end = off.saturating_add(len).min(self.capacity);
+        let mut line = off & !63;
+        while line < end {
+            self.prefetch(line);
+            line += 64;
+        }
+    }
+
     /// Backs `[off, off+len)` with memory now (MADV_POPULATE_WRITE), so that first touches
     /// inside a measurement do not page-fault. Falls back to doing nothing where the kernel
     /// lacks the advice (pages are then populated on first write, as usual).
