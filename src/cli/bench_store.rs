@@ -288,10 +288,21 @@ fn read_sequentially(files: &[PathBuf]) -> Result<(u64, f64), Box<dyn std::error
 /// writes, one after the other, then one fdatasync (what `dd oflag=direct bs=8M` does; the
 /// best a single sequential writer gets).
 fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
+    let (written, took) = stream_to_disk(dir, mib << 20, None, || false)?;
+    Ok((written as f64 / MIB) / took.as_secs_f64())
+}
+
+/// Writes `dir/stream.tmp` in 8 MiB O_DIRECT writes, `pass` bytes at a time, each pass
+/// closed by one fdatasync and the next written over it (as checkpoints do with their
+/// recycled segment), until `stop` says so after a pass (at once with `None` for `pace`:
+/// one pass). With `pace` (bytes per second), writes wait so that the stream never runs
+/// ahead of that rate. Returns the bytes written and the time from the first write to the
+/// last fdatasync.
+fn stream_to_disk(dir: &Path, pass: u64, pace: Option<f64>, stop: impl Fn() -> bool) -> Result<(u64, Duration), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::sync::{fdatasync, pwrite_all};
     use tusk_storage::io::{open_direct, AlignedBuf};
-    let path = dir.join("disk-rate.tmp");
+    let path = dir.join("stream.tmp");
     let _ = std::fs::remove_file(&path);
     let file = open_direct(&path, true).at(&path)?;
     let mut buf = AlignedBuf::new();
@@ -300,16 +311,46 @@ fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
         *b = (i % 251) as u8;
     }
     let started = Instant::now();
-    let mut off = 0u64;
-    while off < mib << 20 {
-        pwrite_all(file.as_raw_fd(), off, buf.as_slice()).at(&path)?;
-        off += SEQ_IO as u64;
+    let mut written = 0u64;
+    // Paced: wait (in short sleeps, to notice `stop`) until the rate allows the next write.
+    let held_back = |written: u64| -> bool {
+        let Some(rate) = pace else { return false };
+        loop {
+            if stop() {
+                return true;
+            }
+            let wait = written as f64 / rate.max(1.0) - started.elapsed().as_secs_f64();
+            if wait <= 0.0 {
+                return false;
+            }
+            std::thread::sleep(Duration::from_secs_f64(wait.min(0.01)));
+        }
+    };
+    loop {
+        let mut off = 0u64;
+        while off < pass && !held_back(written) {
+            pwrite_all(file.as_raw_fd(), off, buf.as_slice()).at(&path)?;
+            off += SEQ_IO as u64;
+            written += SEQ_IO as u64;
+        }
+        fdatasync(file.as_raw_fd()).at(&path)?;
+        if pace.is_none() || stop() {
+            break;
+        }
     }
-    fdatasync(file.as_raw_fd()).at(&path)?;
-    let rate = (off as f64 / MIB) / started.elapsed().as_secs_f64();
+    let took = started.elapsed();
     drop(file);
     std::fs::remove_file(&path).at(&path)?;
-    Ok(rate)
+    Ok((written, took))
+}
+
+/// What runs beside the workload in a round of `bench checkpoint`.
+#[derive(Clone, Copy)]
+enum Load {
+    Quiet,
+    Checkpoints,
+    /// O_DIRECT writes at `bytes_per_s`, `pass` bytes between fdatasyncs.
+    Stream { bytes_per_s: f64, pass: u64 },
 }
 
 pub fn checkpoint(args: CheckpointArgs) -> CliResult {
@@ -320,45 +361,71 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
     // A full checkpoint (every chunk is new).
     let full = store.checkpoint()?;
 
-    // Throughput without, then with checkpoints running back to back.
-    let run = |with_checkpoints: bool| -> Result<(f64, u64), Box<dyn std::error::Error>> {
+    // Throughput with nothing else running, with checkpoints back to back, and with a plain
+    // stream of O_DIRECT writes of the same bytes at the same rate (what the disk alone
+    // costs the workload on this machine: no copy, no checksum, no STM).
+    // Returns txn/s, the checkpoints taken, and the bytes per second written beside.
+    let run = |load: Load| -> Result<(f64, u64, u64), Box<dyn std::error::Error>> {
         let stop = Arc::new(AtomicBool::new(false));
         let workers = hathi(&store, array, words, args.threads, None, &stop);
         let started = Instant::now();
-        let mut taken = 0;
-        if with_checkpoints {
-            // Back to back, at the priority of the store's background checkpointer.
-            let checkpointer = std::thread::scope(|s| {
-                s.spawn(|| -> Result<u64, tusk::Error> {
-                    let _ = tusk_storage::sched::lower_current_thread_priority(tusk_storage::sched::BACKGROUND_NICE);
-                    let mut taken = 0;
-                    while started.elapsed().as_secs_f64() < args.duration {
-                        store.checkpoint()?;
+        let over = || started.elapsed().as_secs_f64() >= args.duration;
+        // At the priority of the store's background checkpointer.
+        let background = || {
+            let _ = tusk_storage::sched::lower_current_thread_priority(tusk_storage::sched::BACKGROUND_NICE);
+        };
+        let (taken, bytes) = std::thread::scope(|s| match load {
+            Load::Quiet => {
+                std::thread::sleep(Duration::from_secs_f64(args.duration));
+                Ok((0, 0))
+            }
+            Load::Checkpoints => s
+                .spawn(|| -> Result<(u64, u64), Box<dyn std::error::Error + Send + Sync>> {
+                    background();
+                    let (mut taken, mut bytes) = (0, 0);
+                    while !over() {
+                        bytes += store.checkpoint()?.bytes_written;
                         taken += 1;
                     }
-                    Ok(taken)
+                    // The last checkpoint may end after the workload's duration: the rate
+                    // is over the loop's own time.
+                    Ok((taken, (bytes as f64 / started.elapsed().as_secs_f64()) as u64))
                 })
                 .join()
-                .expect("the checkpoint loop does not panic")
-            });
-            taken = checkpointer?;
-        } else {
-            std::thread::sleep(Duration::from_secs_f64(args.duration));
-        }
+                .expect("the checkpoint loop does not panic"),
+            Load::Stream { bytes_per_s, pass } => {
+                let (here, over) = (dir.path(), &over);
+                s.spawn(move || -> Result<(u64, u64), Box<dyn std::error::Error + Send + Sync>> {
+                    background();
+                    let (written, took) = stream_to_disk(here, pass, Some(bytes_per_s), over).map_err(|e| e.to_string())?;
+                    Ok((0, (written as f64 / took.as_secs_f64()) as u64))
+                })
+                .join()
+                .expect("the stream does not panic")
+            }
+        })
+        .map_err(|e| e.to_string())?;
         stop.store(true, Ordering::Relaxed);
         let commits = join(workers)?;
-        Ok((commits as f64 / started.elapsed().as_secs_f64(), taken))
+        Ok((commits as f64 / started.elapsed().as_secs_f64(), taken, bytes))
     };
-    // Interleaved rounds: the disk's rate, txn/s without and with checkpoints, then a quiet
+    // Interleaved rounds: the disk's rate, txn/s without checkpoints, with checkpoints, and
+    // with the plain stream paced at the rate the checkpoints just wrote, then a quiet
     // checkpoint of the heap the workload just dirtied (random words over the whole heap:
     // every chunk), timed against the disk rate of the same round.
     let (mut disk, mut ckpt_rate, mut without, mut with, mut during, mut ckpt_chunks) = (vec![], vec![], vec![], vec![], 0, vec![]);
+    let (mut streamed, mut stream_rate) = (vec![], vec![]);
     for _ in 0..args.rounds.max(1) {
         disk.push(disk_rate(dir.path(), args.heap_mib.min(1024))?);
-        without.push(run(false)?.0);
-        let (w, taken) = run(true)?;
+        without.push(run(Load::Quiet)?.0);
+        let (w, taken, bytes_per_s) = run(Load::Checkpoints)?;
         with.push(w);
         during += taken;
+        // One pass per checkpoint: the bytes of the heap's chunk images.
+        let pass = (args.heap_mib << 20).next_multiple_of(SEQ_IO as u64);
+        let (s, _, written_per_s) = run(Load::Stream { bytes_per_s: bytes_per_s as f64, pass })?;
+        streamed.push(s);
+        stream_rate.push(written_per_s as f64 / MIB);
         let c = store.checkpoint()?;
         ckpt_rate.push(c.bytes_written as f64 / MIB / c.elapsed.as_secs_f64());
         ckpt_chunks.push(c.written as f64 / c.chunks as f64);
@@ -367,6 +434,9 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
     let checkpoint_mb_per_s = median(&ckpt_rate);
     let ckpt_vs_disk = median(&ckpt_rate.iter().zip(&disk).map(|(c, d)| c / d).collect::<Vec<_>>());
     let txn_ratio = median(&with.iter().zip(&without).map(|(w, o)| w / o).collect::<Vec<_>>());
+    let stream_ratio = median(&streamed.iter().zip(&without).map(|(s, o)| s / o).collect::<Vec<_>>());
+    let beyond_stream = median(&with.iter().zip(&streamed).map(|(w, s)| w / s).collect::<Vec<_>>());
+    let (streamed, stream_mb_per_s) = (median(&streamed), median(&stream_rate));
     let (without, with, checkpoints_during) = (median(&without), median(&with), during);
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
     store.close()?;
@@ -413,6 +483,10 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
                 "txn_per_s_without_checkpoint": without,
                 "txn_per_s_during_checkpoint": with,
                 "txn_ratio_during_checkpoint": txn_ratio,
+                "txn_per_s_during_stream": streamed,
+                "stream_mb_per_s": stream_mb_per_s,
+                "txn_ratio_during_stream": stream_ratio,
+                "checkpoint_vs_stream_txn": beyond_stream,
                 "rounds": args.rounds,
                 "checkpoints_during": checkpoints_during,
                 "log_seconds": args.log_seconds,
@@ -438,6 +512,9 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
             ("txn/s without checkpoint", format!("{without:.0}")),
             ("txn/s during checkpoints", format!("{with:.0} ({checkpoints_during} checkpoints)")),
             ("ratio", format!("{txn_ratio:.3} (median of the rounds' ratios)")),
+            ("txn/s during a plain stream", format!("{streamed:.0} (the checkpoints' bytes at their rate, {stream_mb_per_s:.0} MB/s)")),
+            ("ratio", format!("{stream_ratio:.3} (median of the rounds' ratios)")),
+            ("checkpoints / plain stream", format!("{beyond_stream:.3} (txn/s; median of the rounds' ratios)")),
             (
                 "skewed run log space",
                 format!(
