@@ -38,6 +38,10 @@ pub enum CommitChoice {
     Split,
     /// No log at all (`Durability::Off`): the cost of the STM alone.
     Off,
+    /// No log, but beside the workload one thread per log partition appends and fdatasyncs,
+    /// with O_DIRECT, as many bytes as often as the round's `async` run flushed (list it
+    /// after `async`): the cost of the log's disk I/O alone on this machine.
+    OffIo,
 }
 
 impl CommitChoice {
@@ -48,6 +52,7 @@ impl CommitChoice {
             CommitChoice::Partition => "partition",
             CommitChoice::Split => "split",
             CommitChoice::Off => "off",
+            CommitChoice::OffIo => "off-io",
         }
     }
 
@@ -55,7 +60,7 @@ impl CommitChoice {
         match self {
             CommitChoice::Sync => Commit::Sync,
             CommitChoice::Partition => Commit::Partition,
-            CommitChoice::Async | CommitChoice::Split | CommitChoice::Off => Commit::Async,
+            CommitChoice::Async | CommitChoice::Split | CommitChoice::Off | CommitChoice::OffIo => Commit::Async,
         }
     }
 }
@@ -162,8 +167,59 @@ fn probe_write_sync(dir: &Path, size: usize, overwrite: bool, latency: &mut Hist
     Ok(())
 }
 
-/// One run of one commit mode on a fresh store.
-fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<ModeResult, Box<dyn std::error::Error>> {
+/// The log I/O of an `async` run, replayed beside an `off-io` run.
+#[derive(Clone, Copy, Debug)]
+struct LogIo {
+    partitions: usize,
+    /// Mean bytes per flush (a multiple of the O_DIRECT block).
+    flush_bytes: usize,
+    /// Flushes per second of each partition.
+    flushes_per_s: f64,
+}
+
+/// Until `stop`: one thread per partition appends `flush_bytes` with O_DIRECT to its own
+/// file in `dir` and fdatasyncs it, `flushes_per_s` times a second (what the log writer
+/// does for `Async` commits, without the log). Returns the flushes done.
+fn replay_log_io(dir: &Path, io: LogIo, stop: &AtomicBool) -> Result<u64, String> {
+    use std::os::fd::AsRawFd;
+    use tusk_storage::io::sync::{fdatasync, pwrite_all};
+    use tusk_storage::io::{open_direct, AlignedBuf};
+    let interval = Duration::from_secs_f64(1.0 / io.flushes_per_s.max(1.0));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..io.partitions)
+            .map(|p| {
+                s.spawn(move || -> Result<u64, String> {
+                    let path = dir.join(format!("log-io-{p}.tmp"));
+                    let file = open_direct(&path, true).map_err(|e| format!("{}: {e}", path.display()))?;
+                    let mut buf = AlignedBuf::new();
+                    buf.extend_zeros(io.flush_bytes);
+                    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+                        *b = (i % 251) as u8;
+                    }
+                    let (mut flushes, mut next) = (0u64, Instant::now());
+                    while !stop.load(Ordering::Relaxed) {
+                        next += interval;
+                        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                        let offset = flushes * io.flush_bytes as u64;
+                        pwrite_all(file.as_raw_fd(), offset, buf.as_slice())
+                            .and_then(|()| fdatasync(file.as_raw_fd()))
+                            .map_err(|e| format!("{}: {e}", path.display()))?;
+                        flushes += 1;
+                    }
+                    drop(file);
+                    std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    Ok(flushes)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("log I/O thread panicked")).sum()
+    })
+}
+
+/// One run of one commit mode on a fresh store (`log_io`: what `off-io` replays).
+fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option<LogIo>) -> Result<ModeResult, Box<dyn std::error::Error>> {
     let dir = BenchDir::new(args.out.dir.clone())?;
     let waits_for_disk = matches!(commit, CommitChoice::Partition | CommitChoice::Sync);
     // Before the run the flush size is not known yet: the half taken then is of one O_DIRECT
@@ -179,7 +235,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
     let mut options = Options {
         heap_capacity: (args.heap_mib + 64) << 20,
         io: args.io.to_io(),
-        durability: if commit == CommitChoice::Off { Durability::Off } else { Durability::On },
+        durability: if matches!(commit, CommitChoice::Off | CommitChoice::OffIo) { Durability::Off } else { Durability::On },
         ..Options::default()
     };
     if let Some(p) = args.partitions {
@@ -188,6 +244,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
     if let Some(us) = args.group_commit_us {
         options.group_commit_interval = Duration::from_micros(us);
     }
+    let partitions = options.log_partitions;
     let store = Arc::new(Store::open(dir.path(), options)?);
     let bytes = args.heap_mib << 20;
     let words_total = bytes / 8;
@@ -244,10 +301,20 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
             })
         })
         .collect();
+    let replay = match (commit, log_io) {
+        (CommitChoice::OffIo, Some(io)) => Some(io),
+        (CommitChoice::OffIo, None) => return Err("--commit off-io replays the log I/O of an async run: list async before it".into()),
+        _ => None,
+    };
     barrier.wait();
     let started = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(args.duration));
-    stop.store(true, Ordering::Relaxed);
+    let replayed = std::thread::scope(|s| {
+        let (here, stop) = (dir.path(), &stop);
+        let replaying = replay.map(|io| s.spawn(move || replay_log_io(here, io, stop)));
+        std::thread::sleep(Duration::from_secs_f64(args.duration));
+        stop.store(true, Ordering::Relaxed);
+        replaying.map(|h| h.join().expect("log I/O replay panicked")).transpose()
+    })?;
     let mut total = ThreadResult { commits: 0, attempts: 0, latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)? };
     for h in handles {
         let r = h.join().map_err(|_| "benchmark thread panicked")??;
@@ -258,7 +325,11 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
     let elapsed = started.elapsed().as_secs_f64();
     let io = store.io_backend().unwrap_or_else(|| "none".into());
     let durable = store.durable_lsn();
-    let (flushes, flushed_bytes) = store.log_flush_totals();
+    let (flushes, flushed_bytes) = match (replayed, replay) {
+        (Some(flushes), Some(io)) => (flushes, flushes * io.flush_bytes as u64),
+        _ => store.log_flush_totals(),
+    };
+    let io = if replay.is_some() { "replayed".into() } else { io };
     match Arc::try_unwrap(store) {
         Ok(store) => store.close()?,
         Err(_) => return Err("store still shared after the run".into()),
@@ -289,6 +360,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice) -> Result<Mode
         abort_rate: 1.0 - total.commits as f64 / total.attempts.max(1) as f64,
         io,
         durable_lsn: durable,
+        partitions,
         flushes,
         flush_bytes,
         write_sync_us,
@@ -309,6 +381,8 @@ struct ModeResult {
     abort_rate: f64,
     io: String,
     durable_lsn: u64,
+    /// Log partitions of the store.
+    partitions: usize,
     flushes: u64,
     /// Mean bytes per log flush, rounded up to the O_DIRECT block.
     flush_bytes: usize,
@@ -362,8 +436,16 @@ pub fn run(args: TxnArgs) -> CliResult {
     let cases: Vec<(usize, CommitChoice)> = threads.iter().flat_map(|&t| args.commit.iter().map(move |&c| (t, c))).collect();
     let mut runs: Vec<Vec<ModeResult>> = cases.iter().map(|_| Vec::new()).collect();
     for _ in 0..args.rounds.max(1) {
+        // Per thread count, the log I/O of this round's async run (for off-io).
+        let mut log_io: Vec<(usize, LogIo)> = Vec::new();
         for (i, &(t, commit)) in cases.iter().enumerate() {
-            runs[i].push(run_once(&args, t, commit)?);
+            let replay = log_io.iter().find(|(n, _)| *n == t).map(|(_, io)| *io);
+            let r = run_once(&args, t, commit, replay)?;
+            if commit == CommitChoice::Async {
+                let flushes_per_s = r.flushes as f64 / r.elapsed / r.partitions.max(1) as f64;
+                log_io.push((t, LogIo { partitions: r.partitions, flush_bytes: r.flush_bytes, flushes_per_s }));
+            }
+            runs[i].push(r);
         }
     }
     // The median run of each case by throughput; the floor ratio is the median of each
@@ -383,6 +465,8 @@ pub fn run(args: TxnArgs) -> CliResult {
     for &t in &threads {
         for (name, num, den) in [
             ("async/off", CommitChoice::Async, CommitChoice::Off),
+            ("off-io/off", CommitChoice::OffIo, CommitChoice::Off),
+            ("async/off-io", CommitChoice::Async, CommitChoice::OffIo),
             ("split/async", CommitChoice::Split, CommitChoice::Async),
             ("partition/async", CommitChoice::Partition, CommitChoice::Async),
             ("sync/async", CommitChoice::Sync, CommitChoice::Async),
