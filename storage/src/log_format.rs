@@ -117,8 +117,9 @@ pub struct RecordHeader {
     pub void: Option<(u64, u64)>,
 }
 
-/// Appends `v` as an unsigned LEB128 varint (encoded on the stack, appended at once: one
-/// capacity check instead of one per byte, on the commit path).
+/// Appends `v` as an unsigned LEB128 varint. Encoded on the stack and appended whole, then
+/// cut to its length: a copy of a fixed size is a few moves, while one of the varint's own
+/// length was a call to `memmove` per varint, on the commit path.
 #[inline]
 fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     let mut bytes = [0u8; MAX_VARINT];
@@ -129,7 +130,9 @@ fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
         n += 1;
     }
     bytes[n] = v as u8;
-    buf.extend_from_slice(&bytes[..=n]);
+    let start = buf.len();
+    buf.extend_from_slice(&bytes);
+    buf.truncate(start + n + 1);
 }
 
 /// Reads a varint from the front of `rest`, advancing it; `None` if truncated or longer

@@ -5,7 +5,10 @@ use std::sync::atomic::Ordering;
 
 use crate::sync::{AtomicU64, HerdCondvar, HerdGuard, HerdMutex, Mutex};
 
+/// Each partition on cache lines of its own: partitions sit side by side in a `Vec`, and
+/// one thread's appends must not pull in the line another partition's committer holds.
 #[derive(Default)]
+#[repr(align(128))]
 pub struct Partition {
     state: Mutex<State>,
     /// Largest LSN of this partition known durable (its records are appended in LSN order).
