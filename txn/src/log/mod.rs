@@ -47,7 +47,8 @@ pub struct LogConfig {
     pub io: Io,
     /// The background flusher is kicked once a partition's buffer holds this many bytes.
     pub log_buffer_bytes: usize,
-    /// The background flusher flushes at least this often.
+    /// Each partition is flushed at least this often while it buffers records (by the
+    /// background flusher, unless a waiter led a flush of it meanwhile).
     pub group_commit_interval: Duration,
     /// A segment file is closed once it passes this size.
     pub segment_bytes: u64,

@@ -2,6 +2,7 @@
 //! in flight, and where the waiters for this partition's flushes sleep.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicU64, HerdCondvar, HerdGuard, HerdMutex, Mutex};
 
@@ -37,6 +38,8 @@ struct State {
     takes: u64,
     /// The buffer the writer last returned, kept for reuse.
     spare: Vec<u8>,
+    /// When a buffer was last taken for a flush (by anyone).
+    last_take: Option<Instant>,
 }
 
 /// A buffer taken by the writer.
@@ -124,6 +127,19 @@ impl Partition {
         self.durable.load(Ordering::SeqCst)
     }
 
+    /// When the background flusher is due to flush this partition: `interval` after the
+    /// last flush of it by anyone (at once if it was never flushed); `None` while nothing is
+    /// buffered. A committer that led a flush thereby pushes the next background flush back,
+    /// so the two do not queue behind each other, and no record waits longer than `interval`
+    /// for some flush to start.
+    pub fn flush_due(&self, interval: Duration) -> Option<Instant> {
+        let s = self.state.lock();
+        if s.active.is_empty() {
+            return None;
+        }
+        Some(s.last_take.map_or_else(Instant::now, |t| t + interval))
+    }
+
     /// Lowest LSN of this partition not yet durable, if any.
     pub fn first_pending(&self) -> Option<u64> {
         let s = self.state.lock();
@@ -149,6 +165,7 @@ impl Partition {
         s.inflight_first = s.active_first;
         s.active_first = 0;
         s.active_last = 0;
+        s.last_take = Some(Instant::now());
         Some(taken)
     }
 
@@ -168,6 +185,24 @@ impl Partition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flush_pushes_the_next_background_flush_back() {
+        let clock = AtomicU64::new(0);
+        let p = Partition::default();
+        let interval = Duration::from_millis(500);
+        assert_eq!(p.flush_due(interval), None, "nothing buffered");
+        p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        assert!(p.flush_due(interval).unwrap() <= Instant::now(), "never flushed: due at once");
+        let before = Instant::now();
+        let taken = p.take().unwrap();
+        assert_eq!(p.flush_due(interval), None, "the buffer went with the flush");
+        p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        let due = p.flush_due(interval).unwrap();
+        assert!(due >= before + interval && due <= Instant::now() + interval, "due one interval after the take");
+        p.written(taken);
+        assert_eq!(p.flush_due(interval), Some(due), "finishing the flush does not move it");
+    }
 
     #[test]
     fn pending_tracks_active_and_inflight() {

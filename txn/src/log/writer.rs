@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 use tusk_storage::io::{AlignedBuf, IoBackend, WriteSync};
@@ -65,22 +66,37 @@ impl Flush for PartitionWriter {
     }
 }
 
-/// Starts the background flusher: every `group_commit_interval`, or when kicked, it flushes
-/// each partition whose slot is free (one that is busy is being flushed already; what was
-/// appended since goes with the next pass), then advances the watermark.
+/// Starts the background flusher: it flushes each partition that is due (see
+/// [`super::partition::Partition::flush_due`]: nothing flushed it for a group-commit
+/// interval), or every partition when kicked (a full buffer, or a waiter that needs several
+/// partitions flushed side by side). A partition whose slot is busy is being flushed already;
+/// what was appended since goes with the next pass. Then it advances the watermark.
 pub fn spawn(shared: Arc<Shared>, kicked: Receiver<()>) -> Result<JoinHandle<()>, TxnError> {
+    let interval = shared.config.group_commit_interval;
     std::thread::Builder::new()
         .name("tusk-log-writer".into())
-        .spawn(move || loop {
-            let _ = kicked.recv_timeout(shared.config.group_commit_interval);
-            let group = &shared.group;
-            if group.is_stopped() || group.failure().is_some() {
-                return;
+        .spawn(move || {
+            let mut wait = interval;
+            loop {
+                let kick = kicked.recv_timeout(wait).is_ok();
+                let group = &shared.group;
+                if group.is_stopped() || group.failure().is_some() {
+                    return;
+                }
+                let now = Instant::now();
+                let mut next = now + interval;
+                for (p, partition) in group.partitions.iter().enumerate() {
+                    match partition.flush_due(interval) {
+                        Some(due) if kick || due <= now => {
+                            group.flush(p);
+                        }
+                        Some(due) => next = next.min(due),
+                        None => {}
+                    }
+                }
+                group.watermark.advance(&group.clock, &group.partitions);
+                wait = next.saturating_duration_since(Instant::now());
             }
-            for p in 0..group.partitions.len() {
-                group.flush(p);
-            }
-            group.watermark.advance(&group.clock, &group.partitions);
         })
         .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io("tusk-log-writer thread", e)))
 }
