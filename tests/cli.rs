@@ -122,6 +122,47 @@ fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `off-io` replays the round's `async` log I/O beside a logless run: it reports the flushes
+/// it made and both ratios, and refuses to run without an `async` run before it.
+#[test]
+fn bench_txn_off_io_replays_the_async_runs_log_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&[
+        "bench", "txn", "--commit", "async,off,off-io", "--duration", "0.3", "--heap-mib", "16", "--dir",
+        dir.path().to_str().unwrap(), "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let replayed = v["modes"].as_array().unwrap().iter().find(|m| m["commit"] == "off-io").expect("an off-io run").clone();
+    assert_eq!(replayed["io"], "replayed", "{v}");
+    assert!(replayed["flushes"].as_u64().unwrap() > 0, "the replay flushed: {v}");
+    for ratio in ["off-io/off", "async/off-io"] {
+        assert!(v["ratios"][ratio].as_f64().unwrap() > 0.0, "{ratio}: {v}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores and replay files are removed");
+    let (ok, _, err) = tusk(&["bench", "txn", "--commit", "off-io", "--duration", "0.1", "--heap-mib", "16"]);
+    assert!(!ok);
+    assert!(err.contains("list async before it"), "{err}");
+}
+
+/// `bench checkpoint` compares the checkpoints' cost to transactions with that of a plain
+/// stream of their bytes at their rate, measured in the same round.
+#[test]
+fn bench_checkpoint_reports_the_plain_stream_beside_the_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&[
+        "bench", "checkpoint", "--heap-mib", "16", "--duration", "0.3", "--log-seconds", "0.2", "--rounds", "1", "--dir",
+        dir.path().to_str().unwrap(), "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(v["checkpoints_during"].as_u64().unwrap() >= 1, "{v}");
+    for field in ["stream_mb_per_s", "txn_per_s_during_stream", "txn_ratio_during_stream", "checkpoint_vs_stream_txn"] {
+        assert!(v[field].as_f64().unwrap() > 0.0, "{field}: {v}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the stores and the stream's file are removed");
+}
+
 /// `bench recovery --prepare-only` keeps the store it built in --dir itself (every other
 /// bench run's store is a temporary directory inside --dir), ready for `tusk recover`.
 #[test]
