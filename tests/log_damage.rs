@@ -291,6 +291,38 @@ fn damage_in_the_middle_of_the_last_segment_is_an_error() {
     }
 }
 
+/// A record whose checksum matches but whose write list does not hold its count of writes
+/// (what only a writer bug could leave): recovery refuses to open the store, naming the
+/// segment and the record, whether the record is in the middle or at the very end of the log
+/// (its checksum rules out a torn write, so it is not cut as a torn tail).
+#[test]
+fn a_record_with_a_valid_checksum_and_a_malformed_write_list_is_an_error() {
+    let opts = small_opts();
+    for middle in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_commits(dir.path(), &opts, 20);
+        let seg = segments(dir.path(), 0).last().cloned().unwrap();
+        let recs = records(&seg);
+        let victim = if middle { recs[recs.len() / 2] } else { *recs.last().unwrap() };
+        let mut data = std::fs::read(&seg).unwrap();
+        let at = victim.offset as usize;
+        // Frame header (16 bytes), LSN (8), flags (1), partition 0 (one varint byte), then
+        // the write count (one varint byte below 128): one write more than the list holds.
+        let count_at = at + 26;
+        assert!(data[count_at] < 127, "a one-byte count");
+        data[count_at] += 1;
+        let len = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap()) as usize;
+        let crc = crc32fast::hash(&data[at + 16..at + 16 + len]);
+        data[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&seg, &data).unwrap();
+        let what = if middle { "malformed record in the middle" } else { "malformed last record" };
+        expect_corrupt(dir.path(), &opts, &seg, victim.offset, what);
+        let message = Store::open(dir.path(), opts.clone()).err().unwrap().to_string();
+        assert!(message.contains("write runs past the record (its checksum matches)"), "{what}: {message}");
+        assert!(std::fs::read(&seg).unwrap() == data, "{what}: a failed open must not change the file");
+    }
+}
+
 #[test]
 fn damage_in_an_earlier_segment_is_an_error() {
     // Small segments and 4 KiB records: several segments per partition.

@@ -31,13 +31,33 @@ struct Piece {
 /// Heap offsets stay below 2^63 (they are checked against the heap's capacity first).
 const BYTES: u64 = 1 << 63;
 
-/// A write that reaches past the heap: recovery stops with an error naming the record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TooFar {
+/// Why a record cannot be applied: recovery stops with an error naming it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unappliable {
+    /// A write reaches past the heap; `needed` is where it ends (u64::MAX on overflow).
+    TooFar { record: usize, needed: u64 },
+    /// The record's write list does not parse (see [`Writes::check_end`]).
+    Malformed { record: usize, reason: String },
+}
+
+impl Unappliable {
     /// Index of the record in the input.
-    pub record: usize,
-    /// Where the write ends (u64::MAX on overflow).
-    pub needed: u64,
+    pub fn record(&self) -> usize {
+        match self {
+            Unappliable::TooFar { record, .. } | Unappliable::Malformed { record, .. } => *record,
+        }
+    }
+}
+
+/// A record's writes, and once they are walked, whether the list held exactly them.
+pub trait Writes<'a>: Iterator<Item = (u64, &'a [u8])> {
+    fn check_end(&self) -> Result<(), String>;
+}
+
+impl<'a> Writes<'a> for tusk_storage::log_format::WriteIter<'a> {
+    fn check_end(&self) -> Result<(), String> {
+        tusk_storage::log_format::WriteIter::check_end(self)
+    }
 }
 
 /// One worker's buckets: per region, its pieces in LSN order.
@@ -45,22 +65,23 @@ struct Buckets<'a> {
     regions: Vec<Vec<Piece>>,
     /// Bytes of the writes that are not one aligned word.
     spans: Vec<&'a [u8]>,
-    too_far: Option<TooFar>,
+    /// The worker's first record that cannot be applied; it stops there.
+    unappliable: Option<Unappliable>,
 }
 
 /// Applies `count` records to `heap`. `record(i)` returns record `i`'s LSN and writes (in
 /// LSN order of `i`); a write lands only where its chunk's image (`chunk_lsn`) is older
 /// than the record. Returns, per chunk, whether anything was written there, or the first
-/// record (in LSN order) with a write beyond the heap.
+/// record (in LSN order) that cannot be applied, with the heap left unwritten.
 pub fn apply<'a, W>(
     count: usize,
     record: impl Fn(usize) -> (u64, W) + Sync,
     heap: &Heap,
     chunk_size: u64,
     chunk_lsn: &[u64],
-) -> Result<Vec<bool>, TooFar>
+) -> Result<Vec<bool>, Unappliable>
 where
-    W: Iterator<Item = (u64, &'a [u8])>,
+    W: Writes<'a>,
 {
     assert!(chunk_size.is_multiple_of(8) && chunk_size > 0, "chunks hold whole words");
     let chunks = heap.capacity().div_ceil(chunk_size) as usize;
@@ -77,8 +98,8 @@ where
             .collect();
         handles.into_iter().map(|h| h.join().expect("replay worker panicked")).collect()
     });
-    if let Some(first) = buckets.iter().filter_map(|b| b.too_far).min_by_key(|t| t.record) {
-        return Err(first);
+    if let Some(first) = buckets.iter().filter_map(|b| b.unappliable.as_ref()).min_by_key(|u| u.record()) {
+        return Err(first.clone());
     }
     let next_region = AtomicUsize::new(0);
     let touched: Vec<Vec<usize>> = std::thread::scope(|s| {
@@ -123,18 +144,18 @@ fn bucket<'a, W>(
     chunk_lsn: &[u64],
 ) -> Buckets<'a>
 where
-    W: Iterator<Item = (u64, &'a [u8])>,
+    W: Writes<'a>,
 {
     // Chunks are powers of two unless a store was made with another size: shift then.
     let shift = chunk_size.is_power_of_two().then(|| chunk_size.trailing_zeros());
     let region_of = |at: u64| shift.map_or(at / chunk_size, |shift| at >> shift) as usize;
-    let mut out = Buckets { regions: (0..chunk_lsn.len()).map(|_| Vec::new()).collect(), spans: Vec::new(), too_far: None };
+    let mut out = Buckets { regions: (0..chunk_lsn.len()).map(|_| Vec::new()).collect(), spans: Vec::new(), unappliable: None };
     for i in range {
-        let (lsn, writes) = record(i);
-        for (offset, bytes) in writes {
+        let (lsn, mut writes) = record(i);
+        for (offset, bytes) in writes.by_ref() {
             let end = offset.checked_add(bytes.len() as u64);
             if end.is_none_or(|end| end > capacity) {
-                out.too_far = Some(TooFar { record: i, needed: end.unwrap_or(u64::MAX) });
+                out.unappliable = Some(Unappliable::TooFar { record: i, needed: end.unwrap_or(u64::MAX) });
                 return out;
             }
             // The common case: one aligned word (the Hathi workload writes nothing else).
@@ -158,6 +179,12 @@ where
                 at += take as u64;
                 rest = &rest[take..];
             }
+        }
+        // Pieces of a malformed record may be in the buckets already: nothing is applied
+        // once any worker reports one.
+        if let Err(reason) = writes.check_end() {
+            out.unappliable = Some(Unappliable::Malformed { record: i, reason });
+            return out;
         }
     }
     out
@@ -184,6 +211,33 @@ mod tests {
     use super::*;
 
     type Record = (u64, Vec<(u64, Vec<u8>)>);
+
+    /// Test records' writes: listed, so always whole (`malformed` makes one that is not).
+    struct Listed<'a> {
+        writes: std::slice::Iter<'a, (u64, Vec<u8>)>,
+        malformed: bool,
+    }
+
+    impl<'a> Iterator for Listed<'a> {
+        type Item = (u64, &'a [u8]);
+        fn next(&mut self) -> Option<Self::Item> {
+            self.writes.next().map(|(o, b)| (*o, b.as_slice()))
+        }
+    }
+
+    impl<'a> Writes<'a> for Listed<'a> {
+        fn check_end(&self) -> Result<(), String> {
+            if self.malformed {
+                Err("write runs past the record".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    fn listed(record: &Record) -> (u64, Listed<'_>) {
+        (record.0, Listed { writes: record.1.iter(), malformed: false })
+    }
 
     /// A small deterministic generator (the recovery crate has no rand dependency).
     struct Lcg(u64);
@@ -252,14 +306,7 @@ mod tests {
             // Some chunks have images newer than some of the records.
             let chunk_lsn: Vec<u64> = (0..capacity.div_ceil(chunk_size)).map(|_| if rng.below(2) == 0 { 0 } else { rng.below(2000) }).collect();
             let (fast, slow) = (Heap::new(capacity).unwrap(), Heap::new(capacity).unwrap());
-            let touched = apply(
-                recs.len(),
-                |i| (recs[i].0, recs[i].1.iter().map(|(o, b)| (*o, b.as_slice()))),
-                &fast,
-                chunk_size,
-                &chunk_lsn,
-            )
-            .unwrap();
+            let touched = apply(recs.len(), |i| listed(&recs[i]), &fast, chunk_size, &chunk_lsn).unwrap();
             sequential(&recs, &slow, chunk_size, &chunk_lsn);
             assert!(contents(&fast) == contents(&slow), "seed {seed}: heaps differ");
             for (chunk, &t) in touched.iter().enumerate() {
@@ -280,8 +327,29 @@ mod tests {
         let mut recs = records(7, 500, capacity);
         recs[120].1.push((capacity - 4, vec![1; 8]));
         recs[400].1.push((u64::MAX - 2, vec![1; 8]));
-        let err = apply(recs.len(), |i| (recs[i].0, recs[i].1.iter().map(|(o, b)| (*o, b.as_slice()))), &heap, 1 << 12, &[0; 4])
-            .unwrap_err();
-        assert_eq!(err, TooFar { record: 120, needed: capacity + 4 });
+        let err = apply(recs.len(), |i| listed(&recs[i]), &heap, 1 << 12, &[0; 4]).unwrap_err();
+        assert_eq!(err, Unappliable::TooFar { record: 120, needed: capacity + 4 });
+    }
+
+    /// A record whose write list does not parse stops replay with the first such record in
+    /// LSN order (whichever worker finds it, and before a later write past the heap), and
+    /// the heap stays unwritten.
+    #[test]
+    fn the_first_malformed_record_in_lsn_order_is_reported_and_nothing_applied() {
+        let capacity = 1 << 14;
+        let heap = Heap::new(capacity).unwrap();
+        let mut recs = records(9, 600, capacity);
+        recs[500].1.push((u64::MAX - 2, vec![1; 8]));
+        let bad = [450, 90];
+        let err = apply(
+            recs.len(),
+            |i| (recs[i].0, Listed { writes: recs[i].1.iter(), malformed: bad.contains(&i) }),
+            &heap,
+            1 << 12,
+            &[0; 4],
+        )
+        .unwrap_err();
+        assert_eq!(err, Unappliable::Malformed { record: 90, reason: "write runs past the record".into() });
+        assert!(contents(&heap).iter().all(|&b| b == 0), "nothing applied");
     }
 }

@@ -1,7 +1,7 @@
 //! tusk-recovery: rebuilds the heap from the redo logs.
 //!
-//! - [`scan`]: reads every partition's segments, cuts torn tails, and refuses any other
-//!   damage with an error naming file and offset.
+//! - [`scan`]: reads every partition's segments, finds torn tails (cut once the replay has
+//!   succeeded), and refuses any other damage with an error naming file and offset.
 //! - [`replay`]: orders the records by LSN, applies them up to the first gap, then the
 //!   Partition-flagged records beyond it (docs/ARCHITECTURE.md, Recovery).
 

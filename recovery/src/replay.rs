@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
 use tusk_storage::Heap;
 
-use crate::apply::apply;
+use crate::apply::{apply, Unappliable};
 use crate::checkpoint::{load_checkpoint, LoadedCheckpoint};
 use crate::scan::{scan, RecordRef, Scan, TornTail};
 use tusk_storage::log_files::log_dir;
@@ -66,12 +66,12 @@ pub struct Plan {
 
 /// Scans the log and decides what recovery does: from which checkpoint, which records up to
 /// the first gap, which Partition records beyond it. With `heap`, the checkpoint is loaded
-/// into it; with `repair`, torn tails are cut off on disk.
-pub fn plan(dir: &Path, heap: Option<&Heap>, repair: bool) -> Result<Plan, RecoveryError> {
+/// into it. Changes nothing on disk (the repairs it would make are in `scan.repairs`).
+pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
     let started = Instant::now();
     // The checkpoint's images and the log are independent reads: do both at once.
     let (checkpoint, checkpoint_load, scanned) = std::thread::scope(|s| {
-        let log = s.spawn(|| scan(dir, repair));
+        let log = s.spawn(|| scan(dir));
         let checkpoint = load_checkpoint(dir, heap);
         let checkpoint_load = started.elapsed();
         (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
@@ -168,13 +168,19 @@ pub fn plan(dir: &Path, heap: Option<&Heap>, repair: bool) -> Result<Plan, Recov
 }
 
 /// Recovers `dir` into `heap` (which must be zero): the newest usable checkpoint, then the
-/// log. With `repair`, torn log tails are cut off.
+/// log. With `repair`, torn log tails are cut off once the replay has succeeded (a store
+/// refused for damage is left as it was).
 pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, RecoveryError> {
     let started = Instant::now();
-    let Plan { scan, checkpoint, to_apply, mut report } = plan(dir, Some(heap), repair)?;
+    let Plan { scan, checkpoint, to_apply, mut report } = plan(dir, Some(heap))?;
     let replay_started = Instant::now();
     let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
     apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+    if repair {
+        for r in &scan.repairs {
+            r.apply()?;
+        }
+    }
     report.checkpoint = checkpoint;
     report.replay = replay_started.elapsed();
     report.elapsed = started.elapsed();
@@ -199,13 +205,21 @@ fn apply_parallel(
         };
         (r.lsn, view.writes())
     };
-    let touched = apply(records.len(), record, heap, chunk_size, &lsns).map_err(|too_far| {
-        let r = &records[too_far.record];
-        RecoveryError::CapacityTooSmall {
-            path: scan.segments[r.segment as usize].path.clone(),
-            offset: r.offset() as u64,
-            needed: too_far.needed,
-            capacity: heap.capacity(),
+    let touched = apply(records.len(), record, heap, chunk_size, &lsns).map_err(|unappliable| {
+        let r = &records[unappliable.record()];
+        let path = scan.segments[r.segment as usize].path.clone();
+        match unappliable {
+            Unappliable::TooFar { needed, .. } => {
+                RecoveryError::CapacityTooSmall { path, offset: r.offset() as u64, needed, capacity: heap.capacity() }
+            }
+            // The scan checked the record's checksum, not its write list (see `scan_frame`):
+            // these are the bytes the writer wrote, so this is no torn tail.
+            Unappliable::Malformed { reason, .. } => RecoveryError::Corrupt {
+                kind: FileKind::LogSegment,
+                path,
+                offset: Some(r.offset() as u64),
+                reason: format!("{reason} (its checksum matches)"),
+            },
         }
     })?;
     for (chunk, _) in touched.iter().enumerate().filter(|(_, &t)| t) {

@@ -3,15 +3,17 @@
 //! A record that fails to decode is a torn tail when it lies in the last segment of its
 //! partition and no later flush follows it (a pad frame, then a valid record): the writer
 //! only ever has the last flush of the last segment in flight, so a crash can damage
-//! nothing else. The tail is cut off (the file is
-//! truncated there) and reported. Damage anywhere else is an error.
+//! nothing else. The tail is reported, and cut off (the file truncated there) by recovery
+//! once the replay has succeeded ([`Scan::repairs`]), so that a store refused for damage the
+//! replay finds is left as it was. Damage anywhere else is an error. A record's write list
+//! is covered by its checksum here and walked by the replay ([`scan_frame`]).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 
 use tusk_storage::log_files::{list_partitions, list_segments, SegmentInfo};
-use tusk_storage::log_format::{decode_frame, later_flush_after, Frame, SegmentHeader, FLAG_MARKER, FLAG_PARTITION, SEGMENT_HEADER_SIZE};
+use tusk_storage::log_format::{later_flush_after, scan_frame, Frame, SegmentHeader, FLAG_MARKER, FLAG_PARTITION, SEGMENT_HEADER_SIZE};
 use tusk_storage::mapped::MappedFile;
 use tusk_storage::StorageError;
 
@@ -97,6 +99,24 @@ impl RecordRef {
     }
 }
 
+/// A change that makes the log what the scan read: the tail of a segment past its last
+/// valid flush cut off, or a segment that never got its header removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Repair {
+    Cut { path: PathBuf, len: usize },
+    Remove { path: PathBuf },
+}
+
+impl Repair {
+    /// Makes the change, durably.
+    pub fn apply(&self) -> Result<(), RecoveryError> {
+        match self {
+            Repair::Cut { path, len } => cut(path, *len),
+            Repair::Remove { path } => std::fs::remove_file(path).map_err(|e| StorageError::io(path, e).into()),
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Scan {
     pub segments: Vec<Segment>,
@@ -108,6 +128,9 @@ pub struct Scan {
     /// The LSN ranges `(from, to]` resolved by recovery markers.
     pub voids: Vec<(u64, u64)>,
     pub torn: Vec<TornTail>,
+    /// What recovery changes on disk once the replay has succeeded (torn tails and the
+    /// zeros after a partition's last flush cut off, headerless segments removed).
+    pub repairs: Vec<Repair>,
     pub log_bytes: u64,
 }
 
@@ -137,12 +160,12 @@ fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> RecoveryError
     RecoveryError::Corrupt { kind: FileKind::LogSegment, path: path.to_path_buf(), offset: Some(offset), reason: reason.into() }
 }
 
-/// Reads all segments under `dir/log`, one thread per partition. With `repair`, torn tails
-/// are cut off on disk.
-pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
+/// Reads all segments under `dir/log`, one thread per partition. Changes nothing on disk:
+/// the repairs it finds are listed in [`Scan::repairs`].
+pub fn scan(dir: &Path) -> Result<Scan, RecoveryError> {
     let partitions = list_partitions(dir)?;
     let scans: Vec<Result<Scan, RecoveryError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = partitions.iter().map(|&p| s.spawn(move || scan_partition(dir, p, repair))).collect();
+        let handles: Vec<_> = partitions.iter().map(|&p| s.spawn(move || scan_partition(dir, p))).collect();
         handles.into_iter().map(|h| h.join().expect("log scan thread panicked")).collect()
     });
     let mut out = Scan::default();
@@ -158,6 +181,7 @@ pub fn scan(dir: &Path, repair: bool) -> Result<Scan, RecoveryError> {
         out.infos.extend(part.infos);
         out.voids.extend(part.voids);
         out.torn.extend(part.torn);
+        out.repairs.extend(part.repairs);
         out.log_bytes += part.log_bytes;
     }
     Ok(out)
@@ -174,7 +198,7 @@ fn cut(path: &Path, len: usize) -> Result<(), RecoveryError> {
 /// The smallest framed record: a frame header and the fixed payload, padded to 8 bytes.
 const MIN_FRAMED_RECORD: u64 = 32;
 
-fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, RecoveryError> {
+fn scan_partition(dir: &Path, partition: u32) -> Result<Scan, RecoveryError> {
     let mut out = Scan::default();
     let mut records = Vec::new();
     let mut last_lsn = 0u64;
@@ -200,9 +224,7 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
                     if is_last && (data.len() < SEGMENT_HEADER_SIZE || data[..SEGMENT_HEADER_SIZE].iter().all(|&b| b == 0)) =>
                 {
                     out.torn.push(TornTail { path: path.clone(), offset: 0, bytes: data.len() as u64, reason });
-                    if repair {
-                        std::fs::remove_file(&path).map_err(|e| StorageError::io(&path, e))?;
-                    }
+                    out.repairs.push(Repair::Remove { path: path.clone() });
                     continue;
                 }
                 Err(reason) => return Err(corrupt(&path, 0, reason)),
@@ -219,7 +241,7 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
             let first_record = records.len();
             let mut at = SEGMENT_HEADER_SIZE;
             let end = loop {
-                match decode_frame(data, at) {
+                match scan_frame(data, at) {
                     Frame::Record(view, next) => {
                         if view.header.partition != partition {
                             return Err(corrupt(&path, at as u64, format!("record of partition {} in partition {partition}", view.header.partition)));
@@ -242,9 +264,7 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
                     // Space the writer zeroed ahead of its last flush; it cuts the zeros off
                     // a segment before starting the next, so only the last may end so.
                     Frame::Zeros if is_last => {
-                        if repair {
-                            cut(&path, at)?;
-                        }
+                        out.repairs.push(Repair::Cut { path: path.clone(), len: at });
                         break at;
                     }
                     Frame::Zeros => {
@@ -258,9 +278,7 @@ fn scan_partition(dir: &Path, partition: u32, repair: bool) -> Result<Scan, Reco
                             return Err(corrupt(&path, at as u64, format!("{reason}; a later flush follows at offset {valid}")));
                         }
                         out.torn.push(TornTail { path: path.clone(), offset: at as u64, bytes: (data.len() - at) as u64, reason });
-                        if repair {
-                            cut(&path, at)?;
-                        }
+                        out.repairs.push(Repair::Cut { path: path.clone(), len: at });
                         break at;
                     }
                 }

