@@ -60,6 +60,8 @@ fn recovery_uses_checkpoint_and_trims_the_log() {
 
     assert!(report.written >= 32, "first checkpoint writes every chunk: {report:?}");
     assert!(report.trimmed_segments > 0, "the log the checkpoint covers is deleted: {report:?}");
+    // Valid before the clean-up that deletes the trimmed log.
+    assert!(report.valid_after > std::time::Duration::ZERO && report.valid_after <= report.elapsed, "{report:?}");
     assert!(store.log_bytes() < log_before / 2, "log {} bytes after, {log_before} before", store.log_bytes());
     fill(&store, p, 1000, |i| i + 7);
     store.close().unwrap();

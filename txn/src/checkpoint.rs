@@ -95,7 +95,11 @@ pub struct CheckpointReport {
     pub trimmed_bytes: u64,
     /// Log bytes on disk after trimming.
     pub log_bytes: u64,
-    /// Wall time of the whole checkpoint.
+    /// Wall time until the checkpoint was valid (its manifest durable): the images written
+    /// and synced, the chunk LSNs durable, the manifest switched.
+    pub valid_after: Duration,
+    /// Wall time of the whole checkpoint: `valid_after`, then deleting what no kept
+    /// checkpoint needs (old image segments, trimmed log segments).
     pub elapsed: Duration,
 }
 
@@ -282,6 +286,7 @@ impl Checkpointer {
         // Valid only once every chunk LSN is durable.
         log.wait_durable(report.max_lsn)?;
         self.write_manifest(&manifest)?;
+        report.valid_after = started.elapsed();
 
         self.previous = self.last.replace(manifest);
         self.clean_through = Some(ended);
