@@ -294,10 +294,10 @@ fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
 
 /// Writes `dir/stream.tmp` in 8 MiB O_DIRECT writes, `pass` bytes at a time, each pass
 /// closed by one fdatasync and the next written over it (as checkpoints do with their
-/// recycled segment), until `stop` says so after a pass (at once with `None` for `pace`:
-/// one pass). With `pace` (bytes per second), writes wait so that the stream never runs
-/// ahead of that rate. Returns the bytes written and the time from the first write to the
-/// last fdatasync.
+/// recycled segment). Without `pace`: one pass. With `pace` (bytes per second): writes wait
+/// so that the stream never runs ahead of that rate, and passes go on until `stop` says so
+/// (asked before each write; the pass under way then ends with its fdatasync). Returns the
+/// bytes written and the time from the first write to the last fdatasync.
 fn stream_to_disk(dir: &Path, pass: u64, pace: Option<f64>, stop: impl Fn() -> bool) -> Result<(u64, Duration), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::sync::{fdatasync, pwrite_all};
