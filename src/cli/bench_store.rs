@@ -301,15 +301,11 @@ fn disk_rate(dir: &Path, mib: u64) -> Result<f64, Box<dyn std::error::Error>> {
 fn stream_to_disk(dir: &Path, pass: u64, pace: Option<f64>, stop: impl Fn() -> bool) -> Result<(u64, Duration), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::sync::{fdatasync, pwrite_all};
-    use tusk_storage::io::{open_direct, AlignedBuf};
+    use tusk_storage::io::open_direct;
     let path = dir.join("stream.tmp");
     let _ = std::fs::remove_file(&path);
     let file = open_direct(&path, true).at(&path)?;
-    let mut buf = AlignedBuf::new();
-    buf.extend_zeros(SEQ_IO);
-    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
+    let buf = super::patterned_buf(SEQ_IO);
     let started = Instant::now();
     let mut written = 0u64;
     // Paced: wait (in short sleeps, to notice `stop`) until the rate allows the next write.

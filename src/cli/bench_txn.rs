@@ -137,11 +137,7 @@ fn probe_write_sync(dir: &Path, size: usize, overwrite: bool, latency: &mut Hist
     let path = dir.join("write-sync-probe.tmp");
     let _ = std::fs::remove_file(&path);
     let file = open_direct(&path, true).at(&path)?;
-    let mut buf = AlignedBuf::new();
-    buf.extend_zeros(size);
-    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
+    let buf = super::patterned_buf(size);
     // Overwrite: how many writes of `size` fit the preallocated span (at least one).
     let span_writes = if overwrite { (PROBE_OVERWRITE_SPAN / size).max(1) as u64 } else { u64::MAX };
     if overwrite {
@@ -183,7 +179,7 @@ struct LogIo {
 fn replay_log_io(dir: &Path, io: LogIo, stop: &AtomicBool) -> Result<u64, String> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::sync::{fdatasync, pwrite_all};
-    use tusk_storage::io::{open_direct, AlignedBuf};
+    use tusk_storage::io::open_direct;
     let interval = Duration::from_secs_f64(1.0 / io.flushes_per_s.max(1.0));
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..io.partitions)
@@ -191,11 +187,7 @@ fn replay_log_io(dir: &Path, io: LogIo, stop: &AtomicBool) -> Result<u64, String
                 s.spawn(move || -> Result<u64, String> {
                     let path = dir.join(format!("log-io-{p}.tmp"));
                     let file = open_direct(&path, true).map_err(|e| format!("{}: {e}", path.display()))?;
-                    let mut buf = AlignedBuf::new();
-                    buf.extend_zeros(io.flush_bytes);
-                    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
-                        *b = (i % 251) as u8;
-                    }
+                    let buf = super::patterned_buf(io.flush_bytes);
                     let (mut flushes, mut next) = (0u64, Instant::now());
                     while !stop.load(Ordering::Relaxed) {
                         next += interval;

@@ -280,6 +280,17 @@ pub struct BenchOutput {
 
 /// Every file of a store directory, recursively, in name order, but its `LOCK` (for tusk's
 /// stores: the checkpoint segments, manifests and log segments recovery reads).
+/// An O_DIRECT-aligned buffer of `len` bytes holding a fixed non-zero pattern: what the
+/// disk probes and streams of the benches write.
+pub fn patterned_buf(len: usize) -> tusk_storage::io::AlignedBuf {
+    let mut buf = tusk_storage::io::AlignedBuf::new();
+    buf.extend_zeros(len);
+    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    buf
+}
+
 pub fn store_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         for entry in std::fs::read_dir(dir).at(dir)? {

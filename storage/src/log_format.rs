@@ -399,8 +399,8 @@ pub fn decode_frame(data: &[u8], at: usize) -> Frame<'_> {
 /// [`decode_frame`] for the recovery scan: the same checks (frame, checksum, header), except
 /// that a record's write list is not walked. The checksum vouches for those bytes being the
 /// ones the writer wrote; replay walks the list anyway and reports one that does not parse
-/// ([`WriteIter::check_end`]), so the scan need not decode every write a second time (8–10%
-/// of a recovery's time).
+/// ([`WriteIter::check_end`]), so the scan need not decode every write a second time (7% of
+/// a recovery's time in an A/B on a 1 GiB heap + 1 GiB log).
 pub fn scan_frame(data: &[u8], at: usize) -> Frame<'_> {
     decode_frame_with(data, at, false)
 }
