@@ -3,7 +3,8 @@
 //! - [`heap`]: one anonymous memory region addressed by u64 offsets ([`HeapPtr`]), with
 //!   per-page dirty epochs shared by checkpoints, snapshots and the GPU mirror.
 //! - [`layout`]: where the heap keeps its own metadata (superblock, allocator heads, roots).
-//! - [`log_format`]: redo-log records and segment headers, framed and checksummed.
+//! - [`log_format`]: redo-log records and segment headers, framed and checksummed;
+//!   [`line_record`]: the commit path's encoder of a write set as one record.
 //! - [`io`]: the I/O backends (io_uring, plain pwrite/fdatasync, fault injection).
 //! - [`process`]: fork, shared memory and pipes for fork snapshots.
 //!
@@ -14,6 +15,7 @@ pub mod error;
 pub mod heap;
 pub mod io;
 pub mod layout;
+pub mod line_record;
 pub mod mapped;
 #[cfg(not(loom))]
 pub mod process;

@@ -23,12 +23,13 @@
 //! validation: a false conflict at worst).
 
 use tusk_storage::layout::{BlockHeader, CLASS_LARGE, DATA_START, HEADER_SIZE, STATE_ALLOCATED};
-use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
+use tusk_storage::line_record::{encode_lines, LineWrites};
+use tusk_storage::log_format::{RecordHeader, FLAG_PARTITION};
 use tusk_storage::HeapPtr;
 
 use crate::engine::Engine;
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
-use crate::write_set::{Sorted, WriteSet, LINE_BYTES, LINE_WORDS};
+use crate::write_set::{Sorted, WriteSet, LINE_BYTES};
 use crate::TxnError;
 
 /// A log sequence number: the commit order of update transactions, from 1, without gaps.
@@ -77,9 +78,6 @@ struct Buffers {
     writes: WriteSet,
     /// Stripes locked by commit, with the word seen before locking.
     locked: Vec<(u32, u64)>,
-    /// The logged writes: ranges of word positions (entry × LINE_WORDS + word) of the sorted
-    /// write set, each a run of whole words or one partial word.
-    record: Vec<(usize, usize)>,
 }
 
 impl Buffers {
@@ -87,7 +85,6 @@ impl Buffers {
         self.reads.clear();
         self.writes.clear();
         self.locked.clear();
-        self.record.clear();
     }
 
     /// Whether keeping these buffers for reuse is worth their memory.
@@ -556,9 +553,8 @@ impl<'e> Transaction<'e> {
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
         let (lsn, over_bound) = match &engine.log {
             Some(log) => {
-                let writes = collect_runs(self.bufs.writes.sorted(), &mut self.bufs.record);
-                let (runs, lines) = (&self.bufs.record, self.bufs.writes.sorted());
-                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, writes, runs, lines))
+                let lines = self.bufs.writes.sorted();
+                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines))
             }
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
@@ -662,106 +658,13 @@ impl<'e> Transaction<'e> {
 
 }
 
-/// Groups the sorted write set into runs of adjacent full words (across adjacent lines too),
-/// so the record carries few, long writes; a partial word is a run of its own. A run is a
-/// range of word positions `k * LINE_WORDS + word`, k the entry's rank in line order.
-/// Returns the number of writes the record will hold (a partial word gives one per byte
-/// range of its mask).
-fn collect_runs(lines: Sorted<'_>, record: &mut Vec<(usize, usize)>) -> u32 {
-    record.clear();
-    let mut writes = 0u32;
-    let mut push = |record: &mut Vec<(usize, usize)>, run: (usize, usize), pieces: u32| {
-        record.push(run);
-        writes += pieces;
-    };
-    // The open run of full words: (first position, end position).
-    let mut open: Option<(usize, usize)> = None;
-    let mut below = None;
-    for k in 0..lines.len() {
+/// Encodes the redo record of the sorted write set (see [`tusk_storage::line_record`]).
+fn encode_record(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, lines: Sorted<'_>) {
+    let header = RecordHeader { lsn, partition, flags, void: None };
+    encode_lines(buf, header, lines.len(), |k| {
         let e = lines.get(k);
-        // A run continues into this line only from the last word of the line just below.
-        if let Some(run) = open {
-            if !(below == Some(e.line - LINE_BYTES) && run.1 == k * LINE_WORDS) {
-                push(record, run, 1);
-                open = None;
-            }
-        }
-        below = Some(e.line);
-        let (full, any) = e.word_bits();
-        let mut rest = any;
-        while rest != 0 {
-            let w = rest.trailing_zeros() as usize;
-            let at = k * LINE_WORDS + w;
-            if full & (1 << w) != 0 {
-                // The whole words from w on.
-                let n = (!(full >> w)).trailing_zeros() as usize;
-                match &mut open {
-                    Some((_, to)) if *to == at => *to = at + n,
-                    _ => {
-                        if let Some(run) = open.take() {
-                            push(record, run, 1);
-                        }
-                        open = Some((at, at + n));
-                    }
-                }
-                rest &= !(((1u16 << (w + n)) - 1) as u8);
-            } else {
-                if let Some(run) = open.take() {
-                    push(record, run, 1);
-                }
-                push(record, (at, at + 1), byte_ranges(e.mask(w)));
-                rest &= rest - 1;
-            }
-        }
-    }
-    if let Some(run) = open {
-        push(record, run, 1);
-    }
-    writes
-}
-
-/// Number of contiguous byte ranges a word's mask selects.
-fn byte_ranges(mask: u8) -> u32 {
-    (mask & !(mask << 1)).count_ones()
-}
-
-/// Encodes the redo record: full-word runs as one write each; a partial word as one write
-/// per contiguous byte range of its mask. `writes` is their number ([`collect_runs`]).
-fn encode_record(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, writes: u32, runs: &[(usize, usize)], lines: Sorted<'_>) {
-    let mut enc = RecordEncoder::begin_counted(buf, RecordHeader { lsn, partition, flags, void: None }, writes);
-    let offset = |at: usize| lines.get(at / LINE_WORDS).line + 8 * (at % LINE_WORDS) as u64;
-    for &(i, j) in runs {
-        let first = lines.get(i / LINE_WORDS);
-        let mask = first.mask(i % LINE_WORDS);
-        if mask == 0xFF {
-            // The run's words, entry by entry.
-            let mut at = i;
-            let slices = std::iter::from_fn(|| {
-                (at < j).then(|| {
-                    let (k, w) = (at / LINE_WORDS, at % LINE_WORDS);
-                    let n = (LINE_WORDS - w).min(j - at);
-                    at += n;
-                    &lines.get(k).words[w..w + n]
-                })
-            });
-            enc.push_write_word_slices(buf, offset(i), j - i, slices);
-            continue;
-        }
-        let value = first.words[i % LINE_WORDS].to_le_bytes();
-        let mut b = 0;
-        while b < 8 {
-            if mask & (1 << b) == 0 {
-                b += 1;
-                continue;
-            }
-            let from = b;
-            while b < 8 && mask & (1 << b) != 0 {
-                b += 1;
-            }
-            enc.push_write(buf, offset(i) + from as u64, &value[from..b]);
-        }
-    }
-    enc.finish(buf);
+        LineWrites { line: e.line, masks: e.masks, words: &e.words }
+    });
 }
 
 #[cfg(test)]
@@ -866,10 +769,8 @@ mod tests {
                 }
             }
             ws.sort();
-            let mut runs = Vec::new();
-            let count = super::collect_runs(ws.sorted(), &mut runs);
             let mut buf = Vec::new();
-            super::encode_record(&mut buf, 7, 1, 0, count, &runs, ws.sorted());
+            super::encode_record(&mut buf, 7, 1, 0, ws.sorted());
             let lines: Vec<_> = ws.sorted().iter().copied().collect();
             let Frame::Record(view, _) = decode_frame(&buf, 0) else { panic!("record does not decode") };
             let mut got = vec![0u8; model.len()];

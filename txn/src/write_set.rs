@@ -45,13 +45,7 @@ impl LineWrite {
     /// Bitmaps of the words written whole and of those written at all (bit w = word w).
     #[inline]
     pub fn word_bits(&self) -> (u8, u8) {
-        // SWAR over the eight mask bytes: a byte's high bit in `nonzero(x)` says whether it
-        // is non-zero (exactly: no carries cross bytes), then the high bits are gathered.
-        const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
-        const HIGH: u64 = 0x8080_8080_8080_8080;
-        let nonzero = |x: u64| ((x & LOW7).wrapping_add(LOW7) | x) & HIGH;
-        let gather = |hi: u64| (hi.wrapping_mul(0x0002_0408_1020_4081) >> 56) as u8;
-        (gather(!nonzero(!self.masks) & HIGH), gather(nonzero(self.masks)))
+        tusk_storage::line_record::word_bits(self.masks)
     }
 
     /// The written words: (heap offset, value, mask), ascending.
