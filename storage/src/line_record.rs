@@ -163,11 +163,11 @@ mod tests {
         // Every written byte, by heap offset, and whether its word is whole.
         let mut bytes: Vec<(u64, u8, bool)> = Vec::new();
         for &(line, masks, words) in lines {
-            for w in 0..LINE_WORDS {
+            for (w, word) in words.iter().enumerate() {
                 let mask = (masks >> (8 * w)) as u8;
-                for b in 0..8 {
+                for (b, &byte) in word.to_le_bytes().iter().enumerate() {
                     if mask & (1 << b) != 0 {
-                        bytes.push((line + 8 * w as u64 + b, words[w].to_le_bytes()[b as usize], mask == 0xFF));
+                        bytes.push((line + 8 * w as u64 + b as u64, byte, mask == 0xFF));
                     }
                 }
             }
