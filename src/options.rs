@@ -27,7 +27,9 @@ pub struct Options {
     pub log_partitions: usize,
     /// A partition's buffer is written once it holds this many bytes (default 1 MiB).
     pub log_buffer_bytes: usize,
-    /// Async commits become durable at least this often (default 1 ms).
+    /// Async commits become durable at least this often (default 1 ms), as far as the
+    /// background flusher gets a core: it asks for short scheduler slices (Linux 6.12+), which
+    /// on 2 cores busy with commits kept a partition's flushes 1.6 ms apart at p50, 11 ms at p99.
     pub group_commit_interval: Duration,
     /// A log segment file is closed once it passes this size (default 64 MiB).
     pub segment_bytes: u64,
