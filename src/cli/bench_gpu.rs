@@ -31,7 +31,7 @@ use tusk::{BTreeOp, Commit, Durability, GpuOptions, Options, Store};
 use super::key_orders::KeyOrder;
 use super::report::{median, rate, table};
 use super::svg_plot::{write_bars_grid, Bars};
-use super::{BenchDir, BenchOutput, CliResult, IoAt};
+use super::{BenchDir, ChartedOutput, CliResult, IoAt};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GpuIndex {
@@ -66,7 +66,7 @@ pub struct GpuArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    pub(super) out: BenchOutput,
+    pub(super) out: ChartedOutput,
 }
 
 pub fn run(args: GpuArgs) -> CliResult {

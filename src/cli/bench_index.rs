@@ -33,7 +33,7 @@ use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate};
-use super::{BenchDir, BenchOutput, CliResult, IoAt, IoChoice};
+use super::{BenchDir, ChartedOutput, CliResult, IoAt, IoChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IndexChoice {
@@ -104,7 +104,7 @@ pub struct IndexArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    pub(super) out: BenchOutput,
+    pub(super) out: ChartedOutput,
     #[arg(long, value_enum, default_value = "auto")]
     io: IoChoice,
 }

@@ -57,7 +57,7 @@ use tusk::{Commit, Durability, Options, Store};
 
 use super::report::rate;
 use super::svg_plot::{write_bars_grid, Bars};
-use super::{store_files, BenchDir, BenchOutput, CliResult, IoAt};
+use super::{store_files, BenchDir, ChartedOutput, CliResult, IoAt};
 
 type AnyError = Box<dyn Error + Send + Sync>;
 
@@ -103,7 +103,7 @@ pub struct PeersArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    pub(super) out: BenchOutput,
+    pub(super) out: ChartedOutput,
 }
 
 impl PeersArgs {

@@ -40,7 +40,7 @@ use tusk::{Commit, Durability, HeapPtr, Options, SnapshotMode, SnapshotOptions, 
 use super::page_dists::{PageDist, PageStream};
 use super::report::{median, rate, table};
 use super::svg_plot::{write_svg, write_svg_grid, Chart, Series};
-use super::{BenchDir, BenchOutput, CliResult, IoAt};
+use super::{BenchDir, ChartedOutput, CliResult, IoAt};
 
 const PAGE: u64 = 4096;
 
@@ -111,7 +111,7 @@ pub struct SnapshotArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    pub(super) out: BenchOutput,
+    pub(super) out: ChartedOutput,
 }
 
 /// One measurement; the fields the issue names are always present (null where they do not

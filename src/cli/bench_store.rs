@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr, Options, Store};
 
 use super::report::{median, table};
-use super::{store_files, BenchDir, CliResult, IoAt};
+use super::{store_files, BenchDir, BenchOutput, CliResult, IoAt};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -27,10 +27,8 @@ pub struct RecoveryArgs {
     log_mib: u64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
-    /// removed afterwards (default: the current directory).
-    #[arg(long)]
-    pub(super) dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) out: BenchOutput,
     /// Only build the store (checkpoint + log) in --dir itself, keep it and stop (for
     /// profiling `tusk recover` on it).
     #[arg(long, requires = "dir")]
@@ -38,8 +36,6 @@ pub struct RecoveryArgs {
     /// Interleaved rounds of (sequential read of the store's files, recovery); medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    #[arg(long)]
-    pub(super) json: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -61,12 +57,8 @@ pub struct CheckpointArgs {
     /// of the whole dirtied heap); medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Where the stores go (the disk to measure): each run gets a fresh directory inside it,
-    /// removed afterwards (default: the current directory).
-    #[arg(long)]
-    pub(super) dir: Option<PathBuf>,
-    #[arg(long)]
-    pub(super) json: bool,
+    #[command(flatten)]
+    pub(super) out: BenchOutput,
 }
 
 fn options(heap_mib: u64) -> Options {
@@ -138,10 +130,10 @@ fn timed_open(dir: &Path, heap_mib: u64) -> Result<(Store, f64), tusk::Error> {
 
 pub fn recovery(args: RecoveryArgs) -> CliResult {
     if args.prepare_only {
-        let dir = args.dir.as_deref().expect("clap requires --dir with --prepare-only");
+        let dir = args.out.dir.as_deref().expect("clap requires --dir with --prepare-only");
         return prepare_recovery_store(&args, dir).map(|_| ());
     }
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let (ckpt, commits) = prepare_recovery_store(&args, dir.path())?;
 
     // Rounds: read every file recovery reads, sequentially with O_DIRECT (the page cache
@@ -175,7 +167,7 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
     store.close()?;
 
     let log_mib = r.log_bytes as f64 / MIB;
-    if args.json {
+    if args.out.json {
         outln!(
             "{}",
             serde_json::json!({
@@ -350,7 +342,7 @@ enum Load {
 }
 
 pub fn checkpoint(args: CheckpointArgs) -> CliResult {
-    let dir = BenchDir::new(args.dir.clone())?;
+    let dir = BenchDir::new(args.out.dir.clone())?;
     let store = Arc::new(Store::open(dir.path(), options(args.heap_mib))?);
     let array = make_array(&store, args.heap_mib)?;
     let words = (args.heap_mib << 20) / 8;
@@ -466,7 +458,7 @@ pub fn checkpoint(args: CheckpointArgs) -> CliResult {
     }
     let max_log_bytes_seen = max_seen.load(Ordering::Relaxed);
 
-    if args.json {
+    if args.out.json {
         outln!(
             "{}",
             serde_json::json!({

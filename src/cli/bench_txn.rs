@@ -21,7 +21,7 @@ use tusk::{Commit, Durability, Options, Store};
 use tusk_storage::log_format::FLUSH_ALIGN;
 
 use super::report::{median, rate};
-use super::{BenchDir, BenchOutput, CliResult, IoAt, IoChoice};
+use super::{BenchDir, ChartedOutput, CliResult, IoAt, IoChoice};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Workload {
@@ -90,7 +90,7 @@ pub struct TxnArgs {
     #[arg(long, default_value_t = 6)]
     words: usize,
     #[command(flatten)]
-    pub(super) out: BenchOutput,
+    pub(super) out: ChartedOutput,
     #[arg(long, value_enum, default_value = "auto")]
     io: IoChoice,
     /// Log partitions (default: one per core).

@@ -119,8 +119,8 @@ impl Bench {
     fn dir_mut(&mut self) -> &mut Option<PathBuf> {
         match self {
             Bench::Txn(a) => &mut a.out.dir,
-            Bench::Recovery(a) => &mut a.dir,
-            Bench::Checkpoint(a) => &mut a.dir,
+            Bench::Recovery(a) => &mut a.out.dir,
+            Bench::Checkpoint(a) => &mut a.out.dir,
             Bench::Index(a) => &mut a.out.dir,
             Bench::Snapshot(a) => &mut a.out.dir,
             Bench::Gpu(a) => &mut a.out.dir,
@@ -131,8 +131,8 @@ impl Bench {
     /// Whether the benchmark prints JSON lines.
     fn json(&self) -> bool {
         match self {
-            Bench::Recovery(a) => a.json,
-            Bench::Checkpoint(a) => a.json,
+            Bench::Recovery(a) => a.out.json,
+            Bench::Checkpoint(a) => a.out.json,
             Bench::Txn(a) => a.out.json,
             Bench::Index(a) => a.out.json,
             Bench::Snapshot(a) => a.out.json,
@@ -273,9 +273,29 @@ pub struct BenchOutput {
     /// Print JSON (one object a line) instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// [`BenchOutput`] and where the benches that chart their figures write the charts.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ChartedOutput {
+    #[command(flatten)]
+    pub out: BenchOutput,
     /// Write the figures as SVG charts into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+}
+
+impl std::ops::Deref for ChartedOutput {
+    type Target = BenchOutput;
+    fn deref(&self) -> &BenchOutput {
+        &self.out
+    }
+}
+
+impl std::ops::DerefMut for ChartedOutput {
+    fn deref_mut(&mut self) -> &mut BenchOutput {
+        &mut self.out
+    }
 }
 
 /// Every file of a store directory, recursively, in name order, but its `LOCK` (for tusk's
