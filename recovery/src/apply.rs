@@ -11,7 +11,8 @@
 //! 2. **Apply.** Workers take whole regions; a region's buckets are applied in worker order,
 //!    which is LSN order.
 //!
-//! A region is [`REGION_BYTES`] of whole chunks (16 chunks of the default 1 MiB). Fewer,
+//! A region is [`REGION_BYTES`] of whole chunks (16 chunks of the default 1 MiB; a part of
+//! a chunk when chunks are larger, and pieces are then split at region boundaries too). Fewer,
 //! longer buckets make pass 1's scatter cheaper (it appends to one bucket per region)
 //! while pass 2 misses the cache more on a region larger than the cache. On a 1 GiB heap +
 //! 1 GiB log, regions of 1, 4, 16, 32 and 64 chunks took 0.95 / 0.88 / 0.77 / 0.74 / 0.71 s
@@ -25,17 +26,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tusk_storage::Heap;
 
-/// One write of a record, or the part of it that falls in one region.
+/// One write of a record, or the part of it that falls in one chunk.
 #[derive(Clone, Copy)]
+#[repr(C, packed(4))]
 struct Piece {
-    /// Heap offset; [`BYTES`] set when `value` indexes the worker's spans instead of holding
-    /// the word itself.
-    offset: u64,
     value: u64,
+    /// Offset in the region; [`BYTES`] set when `value` indexes the worker's spans.
+    at: u32,
 }
 
-/// Heap offsets stay below 2^63 (they are checked against the heap's capacity first).
-const BYTES: u64 = 1 << 63;
+const BYTES: u32 = 1 << 31;
 
 /// Why a record cannot be applied: recovery stops with an error naming it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,12 +66,18 @@ impl<'a> Writes<'a> for tusk_storage::log_format::WriteIter<'a> {
     }
 }
 
-/// Bytes of heap a bucket covers at most (rounded down to whole chunks, at least one).
+/// Bytes of heap a bucket covers at most.
 pub const REGION_BYTES: u64 = 16 << 20;
 
-/// Chunks per region for chunks of `chunk_size` bytes (see [`REGION_BYTES`]).
-pub fn region_chunks(chunk_size: u64) -> usize {
-    (REGION_BYTES / chunk_size).max(1) as usize
+/// The region size for chunks of `chunk_size` bytes: as many whole chunks as fit in
+/// [`REGION_BYTES`], or [`REGION_BYTES`] itself when a chunk is larger (a piece's offset in
+/// its region must fit [`Piece::at`]).
+pub fn region_bytes(chunk_size: u64) -> u64 {
+    if chunk_size <= REGION_BYTES {
+        REGION_BYTES / chunk_size * chunk_size
+    } else {
+        REGION_BYTES
+    }
 }
 
 /// One worker's buckets: per region, its pieces in LSN order.
@@ -87,7 +93,7 @@ struct Buckets<'a> {
 
 /// Applies `count` records to `heap`. `record(i)` returns record `i`'s LSN and writes (in
 /// LSN order of `i`); a write lands only where its chunk's image (`chunk_lsn`) is older
-/// than the record. Buckets cover `region_chunks` chunks each ([`region_chunks`]). Returns,
+/// than the record. Buckets cover `region_bytes` each ([`region_bytes`]). Returns,
 /// per chunk, whether anything was written there, or the first record (in LSN order) that
 /// cannot be applied, with the heap left unwritten.
 pub fn apply<'a, W>(
@@ -96,7 +102,7 @@ pub fn apply<'a, W>(
     heap: &Heap,
     chunk_size: u64,
     chunk_lsn: &[u64],
-    region_chunks: usize,
+    region_bytes: u64,
 ) -> Result<Vec<bool>, Unappliable>
 where
     W: Writes<'a>,
@@ -104,8 +110,8 @@ where
     assert!(chunk_size.is_multiple_of(8) && chunk_size > 0, "chunks hold whole words");
     let chunks = heap.capacity().div_ceil(chunk_size) as usize;
     assert_eq!(chunk_lsn.len(), chunks, "one image LSN per chunk");
-    assert!(region_chunks > 0, "a region holds at least one chunk");
-    let regions = chunks.div_ceil(region_chunks);
+    assert!(region_bytes > 0 && region_bytes.is_multiple_of(8) && region_bytes <= u64::from(BYTES), "regions of whole words, offsets in 31 bits");
+    let regions = heap.capacity().div_ceil(region_bytes) as usize;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count.max(1));
     let per_worker = count.div_ceil(workers);
     let buckets: Vec<Buckets<'a>> = std::thread::scope(|s| {
@@ -113,7 +119,7 @@ where
             .map(|w| {
                 let record = &record;
                 let range = (w * per_worker).min(count)..((w + 1) * per_worker).min(count);
-                s.spawn(move || bucket(range, record, heap.capacity(), chunk_size, chunk_lsn, region_chunks))
+                s.spawn(move || bucket(range, record, heap.capacity(), chunk_size, chunk_lsn, region_bytes))
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("replay worker panicked")).collect()
@@ -131,7 +137,7 @@ where
                     return;
                 }
                 for b in buckets {
-                    write_pieces(heap, &b.regions[region], &b.spans);
+                    write_pieces(heap, region as u64 * region_bytes, &b.regions[region], &b.spans);
                 }
             });
         }
@@ -152,7 +158,7 @@ fn bucket<'a, W>(
     capacity: u64,
     chunk_size: u64,
     chunk_lsn: &[u64],
-    region_chunks: usize,
+    region_bytes: u64,
 ) -> Buckets<'a>
 where
     W: Writes<'a>,
@@ -161,10 +167,10 @@ where
     let shift = chunk_size.is_power_of_two().then(|| chunk_size.trailing_zeros());
     let chunk_of = |at: u64| shift.map_or(at / chunk_size, |shift| at >> shift) as usize;
     // A division per piece would cost more than the rest of its bucketing: shift then too.
-    let region_bytes = chunk_size * region_chunks as u64;
     let region_shift = region_bytes.is_power_of_two().then(|| region_bytes.trailing_zeros());
     let region_of = |at: u64| region_shift.map_or(at / region_bytes, |shift| at >> shift) as usize;
-    let regions = chunk_lsn.len().div_ceil(region_chunks);
+    let region_base = |at: u64| region_of(at) as u64 * region_bytes;
+    let regions = capacity.div_ceil(region_bytes) as usize;
     let mut out = Buckets {
         regions: (0..regions).map(|_| Vec::new()).collect(),
         touched: vec![false; chunk_lsn.len()],
@@ -185,18 +191,20 @@ where
                 if lsn > chunk_lsn[chunk] {
                     let value = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
                     out.touched[chunk] = true;
-                    out.regions[region_of(offset)].push(Piece { offset, value });
+                    out.regions[region_of(offset)].push(Piece { value, at: (offset - region_base(offset)) as u32 });
                 }
                 continue;
             }
             let mut at = offset;
             let mut rest = bytes;
             while !rest.is_empty() {
+                // Each piece lies in one chunk (its image LSN decides) and in one region.
                 let chunk = chunk_of(at);
-                let take = ((chunk as u64 + 1) * chunk_size - at).min(rest.len() as u64) as usize;
+                let end = ((chunk as u64 + 1) * chunk_size).min(region_base(at) + region_bytes);
+                let take = (end - at).min(rest.len() as u64) as usize;
                 if lsn > chunk_lsn[chunk] {
                     out.touched[chunk] = true;
-                    out.regions[region_of(at)].push(Piece { offset: at | BYTES, value: out.spans.len() as u64 });
+                    out.regions[region_of(at)].push(Piece { value: out.spans.len() as u64, at: (at - region_base(at)) as u32 | BYTES });
                     out.spans.push(&rest[..take]);
                 }
                 at += take as u64;
@@ -216,15 +224,16 @@ where
 /// How many pieces ahead pass 2 prefetches the heap line a piece writes.
 const PREFETCH_AHEAD: usize = 8;
 
-fn write_pieces(heap: &Heap, pieces: &[Piece], spans: &[&[u8]]) {
+fn write_pieces(heap: &Heap, base: u64, pieces: &[Piece], spans: &[&[u8]]) {
     for (i, piece) in pieces.iter().enumerate() {
         if let Some(ahead) = pieces.get(i + PREFETCH_AHEAD) {
-            heap.prefetch(ahead.offset & !BYTES);
+            heap.prefetch(base + u64::from(ahead.at & !BYTES));
         }
-        if piece.offset & BYTES == 0 {
-            heap.store_word(piece.offset, piece.value);
+        let (at, value) = (piece.at, piece.value);
+        if at & BYTES == 0 {
+            heap.store_word(base + u64::from(at), value);
         } else {
-            heap.write_bytes(piece.offset & !BYTES, spans[piece.value as usize]);
+            heap.write_bytes(base + u64::from(at & !BYTES), spans[value as usize]);
         }
     }
 }
@@ -320,8 +329,10 @@ mod tests {
 
     #[test]
     fn bucketed_replay_equals_sequential_replay() {
-        // Regions of one chunk, of three (the last one short), and one region for all.
-        for (seed, region_chunks) in (0..12).map(|seed| (seed, [1, 3, 16][seed as usize % 3])) {
+        // Regions of one chunk, of three (the last one short), of a part of a chunk (pieces
+        // then split at region boundaries too), and one region for all.
+        let cases = (0..8).flat_map(|seed| [1.0, 3.0, 0.25, 16.0].map(|regions_of| (seed, regions_of)));
+        for (seed, regions_of) in cases {
             let capacity = 1 << 16;
             // Odd seeds: chunks that are not a power of two (a store made with such a size).
             let chunk_size = if seed % 2 == 0 { 1 << 12 } else { 3 << 10 };
@@ -330,9 +341,10 @@ mod tests {
             // Some chunks have images newer than some of the records.
             let chunk_lsn: Vec<u64> = (0..capacity.div_ceil(chunk_size)).map(|_| if rng.below(2) == 0 { 0 } else { rng.below(2000) }).collect();
             let (fast, slow) = (Heap::new(capacity).unwrap(), Heap::new(capacity).unwrap());
-            let touched = apply(recs.len(), |i| listed(&recs[i]), &fast, chunk_size, &chunk_lsn, region_chunks).unwrap();
+            let region_bytes = (chunk_size as f64 * regions_of) as u64;
+            let touched = apply(recs.len(), |i| listed(&recs[i]), &fast, chunk_size, &chunk_lsn, region_bytes).unwrap();
             sequential(&recs, &slow, chunk_size, &chunk_lsn);
-            assert!(contents(&fast) == contents(&slow), "seed {seed}, {region_chunks} chunks a region: heaps differ");
+            assert!(contents(&fast) == contents(&slow), "seed {seed}, regions of {region_bytes} bytes: heaps differ");
             for (chunk, &t) in touched.iter().enumerate() {
                 let written = recs.iter().any(|(lsn, writes)| {
                     writes.iter().any(|(o, b)| {
@@ -345,13 +357,22 @@ mod tests {
     }
 
     #[test]
+    fn regions_are_whole_chunks_up_to_16_mib_and_parts_of_larger_chunks() {
+        assert_eq!(region_bytes(1 << 20), 16 << 20);
+        assert_eq!(region_bytes(4096), 16 << 20);
+        assert_eq!(region_bytes(3 << 20), 15 << 20);
+        assert_eq!(region_bytes(16 << 20), 16 << 20);
+        assert_eq!(region_bytes(5 << 30), 16 << 20, "a 5 GiB chunk: 16 MiB parts of it");
+    }
+
+    #[test]
     fn the_first_write_past_the_heap_in_lsn_order_is_reported() {
         let capacity = 1 << 14;
         let heap = Heap::new(capacity).unwrap();
         let mut recs = records(7, 500, capacity);
         recs[120].1.push((capacity - 4, vec![1; 8]));
         recs[400].1.push((u64::MAX - 2, vec![1; 8]));
-        let err = apply(recs.len(), |i| listed(&recs[i]), &heap, 1 << 12, &[0; 4], 2).unwrap_err();
+        let err = apply(recs.len(), |i| listed(&recs[i]), &heap, 1 << 12, &[0; 4], 2 << 12).unwrap_err();
         assert_eq!(err, Unappliable::TooFar { record: 120, needed: capacity + 4 });
     }
 
@@ -371,7 +392,7 @@ mod tests {
             &heap,
             1 << 12,
             &[0; 4],
-            2,
+            2 << 12,
         )
         .unwrap_err();
         assert_eq!(err, Unappliable::Malformed { record: 90, reason: "write runs past the record".into() });

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
 use tusk_storage::Heap;
 
-use crate::apply::{apply, region_chunks, Unappliable};
+use crate::apply::{apply, region_bytes, Unappliable};
 use crate::checkpoint::{load_checkpoint, LoadedCheckpoint};
 use crate::scan::{scan, RecordRef, Scan, TornTail};
 use tusk_storage::log_files::log_dir;
@@ -205,7 +205,7 @@ fn apply_parallel(
         };
         (r.lsn, view.writes())
     };
-    let touched = apply(records.len(), record, heap, chunk_size, &lsns, region_chunks(chunk_size)).map_err(|unappliable| {
+    let touched = apply(records.len(), record, heap, chunk_size, &lsns, region_bytes(chunk_size)).map_err(|unappliable| {
         let r = &records[unappliable.record()];
         let path = scan.segments[r.segment as usize].path.clone();
         match unappliable {
