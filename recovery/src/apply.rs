@@ -71,7 +71,7 @@ pub const REGION_BYTES: u64 = 16 << 20;
 
 /// The region size for chunks of `chunk_size` bytes: as many whole chunks as fit in
 /// [`REGION_BYTES`], or [`REGION_BYTES`] itself when a chunk is larger (a piece's offset in
-/// its region must fit [`Piece::at`]).
+/// its region must fit the 31 bits a bucketed piece keeps for it).
 pub fn region_bytes(chunk_size: u64) -> u64 {
     if chunk_size <= REGION_BYTES {
         REGION_BYTES / chunk_size * chunk_size
