@@ -51,7 +51,7 @@ pub const FRAME_HEADER_SIZE: usize = 16;
 /// Smallest payload: LSN, flags, and one-byte varints for partition and write count.
 const PAYLOAD_FIXED: usize = 8 + 1 + 1 + 1;
 /// Largest encoding of a u64 varint.
-const MAX_VARINT: usize = 10;
+pub(crate) const MAX_VARINT: usize = 10;
 /// Largest payload a record may have.
 pub const MAX_PAYLOAD: usize = 1 << 30;
 

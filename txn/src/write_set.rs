@@ -10,10 +10,9 @@
 use rustc_hash::FxHashMap;
 use tusk_storage::heap::mask_bits;
 
-/// Bytes of a line, the unit of an entry (equal to the stripe's `STRIPE_BYTES`).
-pub const LINE_BYTES: u64 = 64;
-/// Words of a line.
-pub const LINE_WORDS: usize = (LINE_BYTES / 8) as usize;
+/// A line, the unit of an entry (equal to the stripe's `STRIPE_BYTES`), as the log's line
+/// records encode it.
+pub use tusk_storage::line_record::{LINE_BYTES, LINE_WORDS};
 
 /// Above this many lines the write set keeps a hash index.
 const INDEX_FROM: usize = 16;
