@@ -63,6 +63,15 @@ impl LoadedCheckpoint {
     }
 }
 
+/// The lowest chunk LSN of the newest manifest, if it reads and checks: what the checkpoint
+/// [`load_checkpoint`] loads covers, unless its images turn out damaged. Read before the
+/// images load, so that the log scan beside them can leave out what they cover.
+pub fn newest_manifest_covers(dir: &Path) -> Option<u64> {
+    let manifests = list_manifests(dir).ok()?;
+    let (_, path) = manifests.first()?;
+    read_manifest(path).ok().map(|m| m.min_lsn())
+}
+
 fn corrupt(path: &Path, reason: impl Into<String>) -> RecoveryError {
     RecoveryError::Corrupt { kind: FileKind::Manifest, path: path.to_path_buf(), offset: None, reason: reason.into() }
 }

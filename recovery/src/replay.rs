@@ -10,7 +10,7 @@ use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
 use tusk_storage::Heap;
 
 use crate::apply::{apply, region_bytes, Unappliable};
-use crate::checkpoint::{load_checkpoint, LoadedCheckpoint};
+use crate::checkpoint::{load_checkpoint, newest_manifest_covers, LoadedCheckpoint};
 use crate::scan::{scan, RecordRef, Scan, TornTail};
 use tusk_storage::log_files::log_dir;
 use crate::{FileKind, RecoveryError};
@@ -22,6 +22,10 @@ pub struct RecoveryReport {
     pub segments: usize,
     /// Bytes of log read.
     pub log_bytes: u64,
+    /// Log segments not read, and their bytes: every record in them is at or below the
+    /// checkpoint's lowest chunk LSN, so in every chunk image already.
+    pub segments_below_checkpoint: usize,
+    pub log_bytes_below_checkpoint: u64,
     /// Valid records found (replayed or not).
     pub records_scanned: u64,
     /// Records applied to the heap (markers and checkpoint records excluded).
@@ -69,22 +73,32 @@ pub struct Plan {
 /// into it. Changes nothing on disk (the repairs it would make are in `scan.repairs`).
 pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
     let started = Instant::now();
+    // Records at or below the oldest chunk LSN are in every image already, so log segments
+    // holding only such records need not be read. Which checkpoint loads is known only once
+    // its images have been checked: the scan goes by the newest manifest meanwhile.
+    let covered = newest_manifest_covers(dir).unwrap_or(0);
     // The checkpoint's images and the log are independent reads: do both at once.
     let (checkpoint, checkpoint_load, scanned) = std::thread::scope(|s| {
-        let log = s.spawn(|| scan(dir));
+        let log = s.spawn(|| scan(dir, covered));
         let checkpoint = load_checkpoint(dir, heap);
         let checkpoint_load = started.elapsed();
         (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
     });
     let checkpoint = checkpoint?;
     let mut scan = scanned?;
-    // Records at or below the oldest chunk LSN are in every image already.
     let base = checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
+    // Damaged images made recovery fall back to an older checkpoint (or to the whole log),
+    // which needs records the scan left out: read the log again for it.
+    if base < covered && !scan.below_checkpoint.is_empty() {
+        scan = crate::scan::scan(dir, base)?;
+    }
     let checkpoint_max = checkpoint.as_ref().map_or(0, |c| c.manifest.max_lsn());
     let voids = std::mem::take(&mut scan.voids);
     let mut report = RecoveryReport {
         segments: scan.segments.len(),
         log_bytes: scan.log_bytes,
+        segments_below_checkpoint: scan.below_checkpoint.len(),
+        log_bytes_below_checkpoint: scan.below_checkpoint_bytes,
         records_scanned: scan.record_count() as u64,
         checkpoint_load,
         ..RecoveryReport::default()

@@ -120,7 +120,9 @@ impl Repair {
 #[derive(Default)]
 pub struct Scan {
     pub segments: Vec<Segment>,
-    /// Per segment read: its LSN range and size, in `segments` order.
+    /// Every segment on disk, per partition in sequence order: its LSN range and size. For a
+    /// segment not read ([`Scan::below_checkpoint`]) the range ends just below the next
+    /// segment's first LSN.
     pub infos: Vec<SegmentInfo>,
     /// Each partition's records, in ascending LSN order (the writer assigns a partition's
     /// LSNs under its append lock, and the scan checks it).
@@ -132,6 +134,10 @@ pub struct Scan {
     /// zeros after a partition's last flush cut off, headerless segments removed).
     pub repairs: Vec<Repair>,
     pub log_bytes: u64,
+    /// Segments not read because every record in them is at or below the LSN the scan was
+    /// told the checkpoint covers (see [`scan`]), and their bytes.
+    pub below_checkpoint: Vec<PathBuf>,
+    pub below_checkpoint_bytes: u64,
 }
 
 impl Scan {
@@ -162,10 +168,16 @@ fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> RecoveryError
 
 /// Reads all segments under `dir/log`, one thread per partition. Changes nothing on disk:
 /// the repairs it finds are listed in [`Scan::repairs`].
-pub fn scan(dir: &Path) -> Result<Scan, RecoveryError> {
+///
+/// A segment all of whose records have LSNs ≤ `covered` (records the checkpoint's images
+/// already hold, which replay skips) is not read: the first LSN of the partition's next
+/// segment, peeked from its first bytes, bounds it. Only a prefix of a partition's segments
+/// can be so, never its last one, and damage in them goes unseen, as it does not change
+/// what is recovered. Pass 0 to read everything.
+pub fn scan(dir: &Path, covered: u64) -> Result<Scan, RecoveryError> {
     let partitions = list_partitions(dir)?;
     let scans: Vec<Result<Scan, RecoveryError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = partitions.iter().map(|&p| s.spawn(move || scan_partition(dir, p))).collect();
+        let handles: Vec<_> = partitions.iter().map(|&p| s.spawn(move || scan_partition(dir, p, covered))).collect();
         handles.into_iter().map(|h| h.join().expect("log scan thread panicked")).collect()
     });
     let mut out = Scan::default();
@@ -183,8 +195,29 @@ pub fn scan(dir: &Path) -> Result<Scan, RecoveryError> {
         out.torn.extend(part.torn);
         out.repairs.extend(part.repairs);
         out.log_bytes += part.log_bytes;
+        out.below_checkpoint.extend(part.below_checkpoint);
+        out.below_checkpoint_bytes += part.below_checkpoint_bytes;
     }
     Ok(out)
+}
+
+/// Bytes read to find a segment's first record: its header and a first flush of small records.
+const FIRST_RECORD_PEEK: usize = 64 << 10;
+
+/// The LSN of the first record of a segment, read from its first bytes; `None` when they
+/// do not start with a valid record (a damaged or empty segment, a first record larger than
+/// the peek): the segment before it is then read as usual.
+fn first_lsn(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).ok()?;
+    let len = usize::try_from(file.metadata().ok()?.len()).ok()?.min(FIRST_RECORD_PEEK);
+    let mut head = vec![0u8; len];
+    file.read_exact_at(&mut head, 0).ok()?;
+    SegmentHeader::decode(&head).ok()?;
+    match scan_frame(&head, SEGMENT_HEADER_SIZE) {
+        Frame::Record(view, _) => Some(view.header.lsn),
+        _ => None,
+    }
 }
 
 /// Cuts a segment's file at `len`, durably.
@@ -198,12 +231,36 @@ fn cut(path: &Path, len: usize) -> Result<(), RecoveryError> {
 /// The smallest framed record: a frame header and the fixed payload, padded to 8 bytes.
 const MIN_FRAMED_RECORD: u64 = 32;
 
-fn scan_partition(dir: &Path, partition: u32) -> Result<Scan, RecoveryError> {
+fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, RecoveryError> {
     let mut out = Scan::default();
     let mut records = Vec::new();
     let mut last_lsn = 0u64;
     {
-        let segments = list_segments(dir, partition)?;
+        let mut segments = list_segments(dir, partition)?;
+        // Segments wholly at or below `covered`: segment i is when segment i + 1 starts at
+        // or below `covered + 1`. LSNs ascend across a partition's segments, so they are a
+        // prefix. Listed with their LSN range bounded by the next segment's first record.
+        let mut first = if covered > 0 && segments.len() > 1 { first_lsn(&segments[0].1) } else { None };
+        let mut skip = 0;
+        while covered > 0 && skip + 1 < segments.len() {
+            let Some(next_first) = first_lsn(&segments[skip + 1].1).filter(|&f| f <= covered.saturating_add(1)) else { break };
+            let (seq, path) = &segments[skip];
+            let bytes = std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?.len();
+            out.infos.push(SegmentInfo {
+                partition,
+                seq: *seq,
+                path: path.clone(),
+                min_lsn: first.unwrap_or(0),
+                max_lsn: next_first - 1,
+                bytes,
+                open: false,
+            });
+            out.below_checkpoint.push(path.clone());
+            out.below_checkpoint_bytes += bytes;
+            first = Some(next_first);
+            skip += 1;
+        }
+        segments.drain(..skip);
         let count = segments.len();
         // Reserved once for the most records the files can hold: untouched capacity costs
         // no memory, while growing by doubling would copy the index and fault in fresh

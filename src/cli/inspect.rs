@@ -81,6 +81,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             serde_json::json!({
                 "partition": s.partition, "seq": s.seq, "path": s.path, "bytes": s.bytes,
                 "min_lsn": s.min_lsn, "max_lsn": s.max_lsn,
+                "read": !plan.scan.below_checkpoint.contains(&s.path),
             })
         })
         .collect();
@@ -108,6 +109,8 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         "image_segments": image_segments.iter().map(|(epoch, path, bytes)| serde_json::json!({"epoch": epoch, "path": path, "bytes": bytes})).collect::<Vec<_>>(),
         "segments": segments,
         "log_bytes": r.log_bytes,
+        "segments_below_checkpoint": r.segments_below_checkpoint,
+        "log_bytes_below_checkpoint": r.log_bytes_below_checkpoint,
         "durable_lsn": r.recovered_lsn,
         "max_lsn": r.max_lsn,
         "replay_from_lsn": base + 1,
@@ -152,7 +155,8 @@ pub fn inspect(args: InspectArgs) -> CliResult {
                     image_segments.iter().map(|(_, _, b)| *b).sum::<u64>() as f64 / (1 << 20) as f64
                 ),
             ),
-            ("log", format!("{} segments, {:.1} MiB", r.segment_files.len(), r.log_bytes as f64 / (1 << 20) as f64)),
+            ("log", format!("{} segments, {:.1} MiB read", r.segment_files.len(), r.log_bytes as f64 / (1 << 20) as f64)),
+            ("log below the checkpoint", below_checkpoint(r)),
             ("durable LSN", r.recovered_lsn.to_string()),
             ("largest LSN", r.max_lsn.to_string()),
             ("replay", format!("LSNs {}..={}: {} records", base + 1, r.recovered_lsn, r.records_replayed)),
@@ -165,7 +169,9 @@ pub fn inspect(args: InspectArgs) -> CliResult {
     outln!();
     outln!("{:<5} {:>6} {:>12} {:>12} {:>12}  path", "part", "seq", "bytes", "min LSN", "max LSN");
     for s in &r.segment_files {
-        outln!("{:<5} {:>6} {:>12} {:>12} {:>12}  {}", s.partition, s.seq, s.bytes, s.min_lsn, s.max_lsn, s.path.display());
+        // An unread segment's range is bounded by the next one's first LSN.
+        let (max, note) = if plan.scan.below_checkpoint.contains(&s.path) { (format!("≤ {}", s.max_lsn), " (not read)") } else { (s.max_lsn.to_string(), "") };
+        outln!("{:<5} {:>6} {:>12} {:>12} {:>12}  {}{note}", s.partition, s.seq, s.bytes, s.min_lsn, max, s.path.display());
     }
     for t in &r.torn_tails {
         outln!("{}", t.describe(false));
@@ -209,6 +215,11 @@ fn recovered_indexes(args: &InspectArgs) -> Result<Vec<FoundIndex>, Box<dyn std:
     Ok(found)
 }
 
+/// The log segments recovery leaves unread, every record in them being in the checkpoint.
+fn below_checkpoint(r: &tusk::RecoveryReport) -> String {
+    format!("{} segments, {:.1} MiB, not read (every record in them is in the checkpoint)", r.segments_below_checkpoint, r.log_bytes_below_checkpoint as f64 / (1 << 20) as f64)
+}
+
 pub fn recover(args: RecoverArgs) -> CliResult {
     check_dir(&args.dir)?;
     let mut options = Options { checkpoint_interval: None, ..Options::default() };
@@ -229,6 +240,8 @@ pub fn recover(args: RecoverArgs) -> CliResult {
                 "checkpoint_epoch": r.checkpoint.as_ref().map(|c| c.manifest.epoch),
                 "records_replayed": r.records_replayed,
                 "log_bytes": r.log_bytes,
+                "segments_below_checkpoint": r.segments_below_checkpoint,
+                "log_bytes_below_checkpoint": r.log_bytes_below_checkpoint,
                 "recovered_lsn": r.recovered_lsn,
                 "gap_at": r.gap_at,
                 "lost_after_gap": r.lost_after_gap,
@@ -244,6 +257,7 @@ pub fn recover(args: RecoverArgs) -> CliResult {
             ("time", format!("{:.3} s (checkpoint load {:.3} s, replay {:.3} s)", r.elapsed.as_secs_f64(), r.checkpoint_load.as_secs_f64(), r.replay.as_secs_f64())),
             ("checkpoint", r.checkpoint.as_ref().map_or("none".into(), |c| format!("epoch {}", c.manifest.epoch))),
             ("records replayed", format!("{} from {:.1} MiB of log", r.records_replayed, r.log_bytes as f64 / (1 << 20) as f64)),
+            ("log below the checkpoint", below_checkpoint(&r)),
             ("LSN reached", r.recovered_lsn.to_string()),
             ("lost async commits after the gap", r.lost_after_gap.to_string()),
             ("partition records applied after the gap", r.partition_records_after_gap.to_string()),
