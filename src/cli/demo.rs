@@ -231,12 +231,14 @@ pub fn run(args: DemoArgs) -> CliResult {
             (
                 "reopen",
                 format!(
-                    "{reopen_s:.3} s: checkpoint {} loaded in {:.3} s, {} records replayed from {:.1} MiB of log in {:.3} s",
+                    "{reopen_s:.3} s: checkpoint {} loaded in {:.3} s, {} records replayed from {:.1} MiB of log in {:.3} s \
+                     ({:.1} MiB of log below the checkpoint not read)",
                     report.checkpoint.as_ref().map_or("none".to_string(), |c| c.manifest.epoch.to_string()),
                     report.checkpoint_load.as_secs_f64(),
                     report.records_replayed,
                     report.log_bytes as f64 / (1 << 20) as f64,
-                    report.replay.as_secs_f64()
+                    report.replay.as_secs_f64(),
+                    report.log_bytes_below_checkpoint as f64 / (1 << 20) as f64
                 ),
             ),
             ("recovered LSN", report.recovered_lsn.to_string()),
