@@ -155,7 +155,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
                     image_segments.iter().map(|(_, _, b)| *b).sum::<u64>() as f64 / (1 << 20) as f64
                 ),
             ),
-            ("log", format!("{} segments, {:.1} MiB read", r.segment_files.len(), r.log_bytes as f64 / (1 << 20) as f64)),
+            ("log", format!("{} segments, {} read ({:.1} MiB)", r.segment_files.len(), r.segments, r.log_bytes as f64 / (1 << 20) as f64)),
             ("log below the checkpoint", below_checkpoint(r)),
             ("durable LSN", r.recovered_lsn.to_string()),
             ("largest LSN", r.max_lsn.to_string()),
