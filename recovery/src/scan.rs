@@ -242,7 +242,9 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, Reco
         // Segments wholly at or below `covered`: segment i is when segment i + 1 starts at
         // or below `covered + 1`. LSNs ascend across a partition's segments, so they are a
         // prefix. Listed with their LSN range bounded by the next segment's first record.
-        let mut first = if covered > 0 && segments.len() > 1 { first_lsn(&segments[0].1) } else { None };
+        // The first LSN of the segment being considered: peeked only once it is left out
+        // (the one before it gave it otherwise).
+        let mut first: Option<u64> = None;
         let mut skip = 0;
         while covered > 0 && skip + 1 < segments.len() {
             let Some(next_first) = first_lsn(&segments[skip + 1].1).filter(|&f| f <= covered.saturating_add(1)) else { break };
@@ -252,7 +254,7 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, Reco
                 partition,
                 seq: *seq,
                 path: path.clone(),
-                min_lsn: first.unwrap_or(0),
+                min_lsn: first.or_else(|| first_lsn(path)).unwrap_or(0),
                 max_lsn: next_first - 1,
                 bytes,
                 open: false,
