@@ -30,8 +30,6 @@
 //! ```
 
 mod checkpoints;
-#[cfg(feature = "crashtest")]
-pub mod crashtest;
 mod error;
 mod index;
 mod mirror;

@@ -1,14 +1,15 @@
-//! tusk embeds as a library without the command's crates: a tiny program that depends on it
-//! with `default-features = false` builds, runs a durable transaction, and pulls in none of
-//! clap, indicatif, hdrhistogram, serde_json, congee, delaunator, stats_alloc, plotters, the
-//! peers of `bench peers` (rusqlite, heed, redb, fjall) or the other tools only the `tusk` command uses.
+//! tusk embeds as a library without the command's crates: a tiny program that depends on the
+//! package `tusk` (the library alone; the command is the package `tusk-cli` in cli/) builds,
+//! runs a durable transaction, and pulls in none of clap, indicatif, hdrhistogram,
+//! serde_json, congee, delaunator, stats_alloc, plotters, the peers of `bench peers`
+//! (rusqlite, heed, redb, fjall) or the other tools only the `tusk` command uses.
 
 use std::path::Path;
 use std::process::Command;
 
 /// Crates only the command and its benchmarks need.
 const COMMAND_ONLY: &[&str] =
-    &["clap", "indicatif", "hdrhistogram", "serde_json", "congee", "delaunator", "stats_alloc", "plotters", "rand", "rand_distr", "tempfile", "rusqlite", "libsqlite3-sys", "redb", "heed", "lmdb-master-sys", "fjall", "lsm-tree"];
+    &["tusk-cli", "clap", "indicatif", "hdrhistogram", "serde_json", "congee", "delaunator", "stats_alloc", "plotters", "rand", "rand_distr", "tempfile", "rusqlite", "libsqlite3-sys", "redb", "heed", "lmdb-master-sys", "fjall", "lsm-tree"];
 
 const MAIN: &str = r#"
 fn main() -> Result<(), tusk::Error> {
@@ -46,7 +47,7 @@ fn a_dependent_crate_without_default_features_builds_runs_and_skips_the_command_
     std::fs::write(
         krate.join("Cargo.toml"),
         format!(
-            "[package]\nname = \"embed-check\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n[dependencies]\ntusk = {{ path = {:?}, default-features = false }}\n\n[workspace]\n",
+            "[package]\nname = \"embed-check\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n[dependencies]\ntusk = {{ path = {:?} }}\n\n[workspace]\n",
             repo.display().to_string()
         ),
     )

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use tusk::crashtest::child::ChildConfig;
-use tusk::crashtest::scratch_fs::{self, FileSystem, MountError, ScratchFs};
-use tusk::crashtest::{self, CommitChoice, Config, Fault, Summary, Workload};
+use crate::crashtest::child::ChildConfig;
+use crate::crashtest::scratch_fs::{self, FileSystem, Prepared};
+use crate::crashtest::{self, CommitChoice, Config, Fault, Summary, Workload};
 
 use super::{CliResult, FsArg, IoAt};
 
@@ -62,7 +62,8 @@ pub struct CrashtestArgs {
     json: bool,
     /// Run on a fresh file system of this kind: an image file in --dir (or a temporary folder
     /// of the current one), formatted, mounted through a loop device, unmounted and removed
-    /// after the run (needs root; where the machine cannot mount, the run says why and skips).
+    /// after the run (needs root). With `all`, a file system this machine cannot make or mount
+    /// is skipped with its reason; one named alone is then an error.
     #[arg(long, value_enum)]
     fs: Option<FsArg>,
     /// Size of the --fs image in MiB (sparse; at least 512).
@@ -118,19 +119,13 @@ pub fn run(args: CrashtestArgs) -> CliResult {
                 outln!("crash run on {file_system}: skipped: {why}");
             }
         };
-        if let Some(why) = scratch_fs::unavailable(file_system) {
-            skip(why);
-            continue;
-        }
-        // A machine that passes the checks may still refuse the mount (a container without
-        // the right to mount): that is a reason to skip as well, said the same way.
-        let scratch = match ScratchFs::mount(file_system, &dir, args.fs_image_mib) {
-            Ok(scratch) => scratch,
-            Err(MountError::Refused(why)) => {
-                skip(format!("cannot mount an image here: {why}"));
+        let scratch = match scratch_fs::prepare(file_system, &dir, args.fs_image_mib).map_err(|e| format!("crash run on {file_system}: {e}"))? {
+            Prepared::Mounted(scratch) => scratch,
+            Prepared::Unavailable(why) if fs.skips_unavailable() => {
+                skip(why);
                 continue;
             }
-            Err(e @ MountError::Files(_)) => return Err(format!("crash run on {file_system}: {e}").into()),
+            Prepared::Unavailable(why) => return Err(format!("crash run on {file_system}: {why}").into()),
         };
         // A failed run's store goes back to the disk the images are on before the image goes.
         let keep = |store: &Path| -> Result<PathBuf, Box<dyn std::error::Error>> {

@@ -49,11 +49,11 @@ impl Mode {
     }
 
     /// How the store commits in this mode (a split-phase commit is `Async`).
-    pub fn commit(self) -> crate::Commit {
+    pub fn commit(self) -> tusk::Commit {
         match self {
-            Mode::Sync => crate::Commit::Sync,
-            Mode::Async | Mode::Split => crate::Commit::Async,
-            Mode::Partition => crate::Commit::Partition,
+            Mode::Sync => tusk::Commit::Sync,
+            Mode::Async | Mode::Split => tusk::Commit::Async,
+            Mode::Partition => tusk::Commit::Partition,
         }
     }
 }

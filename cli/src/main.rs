@@ -1,13 +1,7 @@
 //! The `tusk` command: the demo, benchmarks, and helpers for crash tests.
 
-mod cli;
-
 use clap::Parser;
-
-/// Counts live allocator bytes, so `tusk bench index` can report the peers' memory per key.
-/// One relaxed atomic add per allocation; tusk's own hot paths reuse their buffers.
-#[global_allocator]
-static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+use tusk_cli as cli;
 
 fn main() {
     let args = cli::Cli::parse();

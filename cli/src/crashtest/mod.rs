@@ -142,7 +142,7 @@ pub enum CrashtestError {
     /// recovered words, or the child opening, using or closing its store (a failed
     /// recovery is a violation in the cycle's verdict, not this).
     #[error(transparent)]
-    Store(#[from] crate::Error),
+    Store(#[from] tusk::Error),
     /// A storage error while applying a fault: listing log partitions or segments, or
     /// replaying the power cut's journal.
     #[error("{0}")]

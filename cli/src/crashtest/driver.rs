@@ -23,7 +23,7 @@ use super::protocol::parse_output;
 use super::verify::{bank_total, check, CycleLog, Strictness, Verdict};
 use super::workload::{self, read_all};
 use super::{CommitChoice, Config, CrashtestError, Fault, Workload};
-use crate::{Commit, Error, RecoveryReport, Store};
+use tusk::{Commit, Error, RecoveryReport, Store};
 
 /// Threads committing in each child.
 const CHILD_THREADS: u32 = 2;

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::protocol::{Event, Mode};
 use super::workload::{self, MARKS};
 use super::{CommitChoice, CrashtestError, Workload};
-use crate::{Error, FaultPlan, Io, Options, RecordConfig, Store};
+use tusk::{Error, FaultPlan, Io, Options, RecordConfig, Store};
 
 /// Heap of a crash-run store (the parent opens it with the same).
 pub const HEAP_CAPACITY: u64 = 64 << 20;
@@ -186,7 +186,7 @@ pub fn run(config: &ChildConfig) -> Result<(), CrashtestError> {
         ..store_options()
     };
     let store = open_when_released(&config.dir, options)?;
-    let ((p, seq0), _) = store.transact(crate::Commit::Async, |tx| {
+    let ((p, seq0), _) = store.transact(tusk::Commit::Async, |tx| {
         let p = tx.root(workload::ROOT)?.ok_or_else(|| Error::LogFailed("the crash-run store has no workload root".into()))?;
         Ok((p, tx.read_u64_at(p, 0)?))
     })?;
@@ -230,7 +230,7 @@ pub fn run(config: &ChildConfig) -> Result<(), CrashtestError> {
 }
 
 /// One committing thread.
-fn worker(store: &Store, p: crate::HeapPtr, config: &ChildConfig, t: u32, last_seq: u64, reporter: &Reporter, stop: &AtomicBool) {
+fn worker(store: &Store, p: tusk::HeapPtr, config: &ChildConfig, t: u32, last_seq: u64, reporter: &Reporter, stop: &AtomicBool) {
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(t));
     let mut refusals = 0;
     while !stop.load(Ordering::SeqCst) {

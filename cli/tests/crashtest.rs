@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tusk::crashtest::{self, CommitChoice, Config, Fault, Workload};
+use tusk_cli::crashtest::{self, CommitChoice, Config, Fault, Workload};
 use tusk::{Commit, Io, Options, RecordConfig, Store};
 
 fn config(dir: &std::path::Path, seed: u64, workload: Workload, faults: Vec<Fault>, cycles: u64) -> Config {
@@ -108,7 +108,7 @@ fn power_cut_keeps_every_sync_commit() {
         }
         store.crash();
         let mut n = 0u64;
-        let cut = tusk::crashtest::faults::apply_power_cut(&journal, &mut <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(keep_some as u64)).unwrap();
+        let cut = tusk_cli::crashtest::faults::apply_power_cut(&journal, &mut <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(keep_some as u64)).unwrap();
         assert!(cut.writes > 0, "the journal recorded the log's writes");
         n += cut.writes;
         let store = Store::open(&store_dir, Options { io: Io::Auto, ..opts }).unwrap();

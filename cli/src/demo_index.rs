@@ -1,5 +1,5 @@
 //! The index part of `tusk demo`: loads a B-link tree of orders (u64 order id → amount) and
-//! an ART of customers ("cust/<region>/<id>" → balance), runs updates and queries (lookups,
+//! an ART of customers (`cust/<region>/<id>` → balance), runs updates and queries (lookups,
 //! range counts and sums, prefix counts) on all threads, and after the reopen verifies both
 //! trees key for key against in-memory models, with their validators.
 //!

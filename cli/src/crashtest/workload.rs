@@ -18,7 +18,7 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 
 use super::Workload;
-use crate::{Error, HeapPtr, Transaction};
+use tusk::{Error, HeapPtr, Transaction};
 
 /// The root naming the workload's words.
 pub const ROOT: &str = "crashtest";

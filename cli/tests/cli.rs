@@ -1,6 +1,7 @@
 //! The command line: demo end to end, and inspect / recover on a store with a checkpoint,
 //! a log after it and a torn tail.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
@@ -358,55 +359,4 @@ fn bench_dirs_are_created_and_io_errors_name_their_path() {
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains(blocker.to_str().unwrap()), "{err}");
-}
-
-/// `crashtest --fs all`: a summary for every file system this machine can mount (with no
-/// image or mount point left behind), and a one-line reason for every one it cannot.
-#[test]
-fn crashtest_on_every_file_system_runs_or_says_why_not() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&[
-        "crashtest", "--fs", "all", "--cycles", "2", "--faults", "all", "--seed", "11", "--max-run-ms", "60", "--json", "--dir",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert!(ok, "{out}\n{err}");
-    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
-    assert_eq!(lines.len(), 3, "one object a file system: {out}");
-    for (line, fs) in lines.iter().zip(["ext4", "xfs", "btrfs"]) {
-        assert_eq!(line["fs"], fs, "{line}");
-        match line["skipped"].as_str() {
-            Some(why) => assert!(!why.is_empty(), "{line}"),
-            None => {
-                assert_eq!(line["cycles"], 2, "{line}");
-                assert_eq!(line["lost_acknowledged"], 0, "{line}");
-                assert_eq!(line["invariant_violations"], 0, "{line}");
-            }
-        }
-    }
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "images and mount points are removed");
-}
-
-/// `tusk bench --fs all txn ...` runs the benchmark with its stores on a fresh ext4, XFS and
-/// btrfs in turn (where the machine can mount them), each one's JSON lines after a line
-/// naming it, and leaves nothing behind in --dir.
-#[test]
-fn bench_on_scratch_file_systems_leaves_nothing_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&[
-        "bench", "--fs", "all", "txn", "--commit", "sync", "--threads", "1", "--duration", "0.3", "--rounds", "1", "--heap-mib", "32",
-        "--json", "--dir", dir.path().to_str().unwrap(),
-    ]);
-    if !ok {
-        // Only a machine that cannot mount may refuse, and it says why.
-        assert!(err.contains("cannot run the benchmark on ext4"), "{out}\n{err}");
-        return;
-    }
-    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
-    let named: Vec<&str> = lines.iter().filter_map(|l| l["fs"].as_str()).collect();
-    assert_eq!(named, ["ext4", "xfs", "btrfs"], "{out}");
-    for (i, line) in lines.iter().enumerate().filter(|(_, l)| l["fs"].is_string()) {
-        let run = &lines[i + 1];
-        assert!(run["txn_per_s"].as_f64().is_some_and(|r| r > 0.0), "after {line}: {run}");
-    }
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "image and mount point are removed");
 }

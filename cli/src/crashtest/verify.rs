@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use super::protocol::{Event, Mode};
 use super::workload::{self, mark_index, Writes, ACCOUNTS, DATA, MARKS, TOTAL};
 use super::Workload;
-use crate::RecoveryReport;
+use tusk::RecoveryReport;
 
 /// A transaction the child announced.
 #[derive(Clone, Debug)]

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use tusk::{Commit, Options, Store};
 
-/// Must match the child's ring size (src/cli/crash_child.rs).
+/// Must match the child's ring size (cli/src/crash_child.rs).
 const SLOTS: u64 = 1 << 16;
 
 fn child_acks_then_kill(dir: &std::path::Path, kill_after: usize) -> Vec<(u64, u64)> {

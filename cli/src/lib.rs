@@ -1,4 +1,9 @@
-//! Command-line interface. Everything the user sees is printed here, nowhere below.
+//! The `tusk` command: the demo, benchmarks and their peers, inspect / recover, and crash
+//! runs. Everything the user sees is printed here, nowhere below (the library `tusk` and its
+//! crates print nothing).
+//!
+//! [`crashtest`] is the crash-run harness (child, fault models, verifier, scratch file
+//! systems) behind `tusk crashtest`, public for this package's tests.
 
 /// `println!` for the command's output. Rust's `println!` panics when stdout is closed
 /// (`tusk inspect DIR | head`); this ends the command quietly instead (see [`stdout_failed`]).
@@ -6,7 +11,7 @@ macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
         if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
-            $crate::cli::stdout_failed(e);
+            $crate::stdout_failed(e);
         }
     }};
 }
@@ -18,8 +23,10 @@ mod bench_snapshot;
 mod bench_store;
 mod bench_txn;
 mod crash_child;
-mod crashtest;
+pub mod crashtest;
+mod crashtest_command;
 mod demo;
+mod demo_bank;
 mod demo_gpu;
 mod demo_index;
 mod demo_snapshot;
@@ -31,8 +38,14 @@ mod svg_plot;
 
 use std::path::PathBuf;
 
+/// Counts live allocator bytes, so `tusk bench index` can report the peers' memory per key.
+/// One relaxed atomic add per allocation; tusk's own hot paths reuse their buffers. It is the
+/// allocator of every program linking this package (the `tusk` binary and its tests).
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
 use clap::{Parser, Subcommand, ValueEnum};
-use tusk::crashtest::scratch_fs::{self, FileSystem, ScratchFs};
+use crashtest::scratch_fs::{self, FileSystem, Prepared};
 
 #[derive(Parser)]
 #[command(name = "tusk", version, about = "Embedded, durable, transactional in-memory index store")]
@@ -54,6 +67,8 @@ enum Command {
         /// Run the benchmark on a fresh file system of this kind (`all`: on each in turn): an
         /// image in the bench's --dir (or the current directory), formatted, mounted through a
         /// loop device, with the stores inside it; unmounted and removed afterwards (needs root).
+        /// With `all`, a file system this machine cannot make or mount is skipped with its
+        /// reason; one named alone is then an error.
         #[arg(long, value_enum)]
         fs: Option<FsArg>,
         /// Size of the --fs image in MiB (sparse: only what the benchmark writes takes space).
@@ -63,13 +78,13 @@ enum Command {
         bench: Bench,
     },
     /// Crash-recovery runs: crash a child under fault models, recover, verify, repeat.
-    Crashtest(crashtest::CrashtestArgs),
+    Crashtest(crashtest_command::CrashtestArgs),
     /// Child process of the kill tests: commits and reports acknowledgements on stdout.
     #[command(hide = true)]
     CrashChild(crash_child::ChildArgs),
     /// Child process of `tusk crashtest`.
     #[command(hide = true)]
-    CrashtestChild(crashtest::CrashtestChildArgs),
+    CrashtestChild(crashtest_command::CrashtestChildArgs),
     /// Child process of `tusk bench peers` (reopen-kill): writes to a store until killed.
     #[command(hide = true)]
     PeersChild(bench_peers::ChildArgs),
@@ -111,6 +126,12 @@ impl FsArg {
             FsArg::Btrfs => vec![FileSystem::Btrfs],
             FsArg::All => FileSystem::ALL.to_vec(),
         }
+    }
+
+    /// Whether a file system this machine cannot make or mount is skipped, with its reason
+    /// (`all`: the others still run), rather than an error (one named by the user).
+    pub fn skips_unavailable(self) -> bool {
+        matches!(self, FsArg::All)
     }
 }
 
@@ -156,36 +177,44 @@ impl Bench {
 
 /// Runs `bench` with its stores on a fresh file system of each of `fs`, one after the other
 /// (each prints its own figures): the image goes where the bench's `--dir` points (or the
-/// current directory), the bench's `--dir` becomes the mount point.
+/// current directory), the bench's `--dir` becomes the mount point. With `all`, a file system
+/// this machine cannot make or mount is skipped with its one-line reason, as `tusk crashtest
+/// --fs all` does; a file system named alone is an error then.
 fn bench_on(fs: FsArg, image_mib: u64, bench: Bench) -> CliResult {
     if matches!(&bench, Bench::Recovery(a) if a.prepare_only) {
         return Err("--prepare-only keeps its store in --dir, which --fs unmounts and removes afterwards: use one or the other".into());
     }
     for file_system in fs.file_systems() {
+        let mut run = bench.clone();
+        let dir = run.dir_mut();
+        let parent = dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        std::fs::create_dir_all(&parent).at(&parent)?;
+        let images = tempfile::Builder::new().prefix("tusk-bench-fs-").tempdir_in(&parent).at(&parent)?;
+        let cannot = |why: &dyn std::fmt::Display| format!("cannot run the benchmark on {file_system}: {why}");
+        let scratch = match scratch_fs::prepare(file_system, images.path(), image_mib).map_err(|e| cannot(&e))? {
+            Prepared::Mounted(scratch) => scratch,
+            Prepared::Unavailable(why) if fs.skips_unavailable() => {
+                if bench.json() {
+                    outln!("{}", serde_json::json!({ "fs": file_system.name(), "skipped": why }));
+                } else {
+                    outln!("file system: {file_system}: skipped: {why}");
+                }
+                continue;
+            }
+            Prepared::Unavailable(why) => return Err(cannot(&why).into()),
+        };
         // What follows is on this file system: a line of the table, or of the JSON lines.
         if bench.json() {
             outln!("{}", serde_json::json!({ "fs": file_system.name() }));
         } else {
             outln!("file system: {file_system}");
         }
-        bench_on_one(file_system, image_mib, bench.clone())?;
+        *dir = Some(scratch.path().to_path_buf());
+        let result = run.run();
+        scratch.remove().map_err(|e| format!("{file_system}: cleaning up: {e}"))?;
+        result?;
     }
     Ok(())
-}
-
-fn bench_on_one(fs: FileSystem, image_mib: u64, mut bench: Bench) -> CliResult {
-    if let Some(why) = scratch_fs::unavailable(fs) {
-        return Err(format!("cannot run the benchmark on {fs}: {why}").into());
-    }
-    let dir = bench.dir_mut();
-    let parent = dir.clone().unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent).at(&parent)?;
-    let images = tempfile::Builder::new().prefix("tusk-bench-fs-").tempdir_in(&parent).at(&parent)?;
-    let scratch = ScratchFs::mount(fs, images.path(), image_mib).map_err(|e| format!("cannot run the benchmark on {fs}: {e}"))?;
-    *dir = Some(scratch.path().to_path_buf());
-    let result = bench.run();
-    scratch.remove().map_err(|e| format!("{fs}: cleaning up: {e}"))?;
-    result
 }
 
 /// The I/O backend, as a command-line choice.
@@ -245,8 +274,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Bench { fs: None, bench, .. } => bench.run(),
         Command::Bench { fs: Some(fs), fs_image_mib, bench } => bench_on(fs, fs_image_mib, bench),
         Command::CrashChild(args) => crash_child::run(args),
-        Command::Crashtest(args) => crashtest::run(args),
-        Command::CrashtestChild(args) => crashtest::child(args),
+        Command::Crashtest(args) => crashtest_command::run(args),
+        Command::CrashtestChild(args) => crashtest_command::child(args),
         Command::PeersChild(args) => bench_peers::child(args),
     }
 }
@@ -298,8 +327,6 @@ impl std::ops::DerefMut for ChartedOutput {
     }
 }
 
-/// Every file of a store directory, recursively, in name order, but its `LOCK` (for tusk's
-/// stores: the checkpoint segments, manifests and log segments recovery reads).
 /// An O_DIRECT-aligned buffer of `len` bytes holding a fixed non-zero pattern: what the
 /// disk probes and streams of the benches write.
 pub fn patterned_buf(len: usize) -> tusk_storage::io::AlignedBuf {
@@ -311,6 +338,8 @@ pub fn patterned_buf(len: usize) -> tusk_storage::io::AlignedBuf {
     buf
 }
 
+/// Every file of a store directory, recursively, in name order, but its `LOCK` (for tusk's
+/// stores: the checkpoint segments, manifests and log segments recovery reads).
 pub fn store_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         for entry in std::fs::read_dir(dir).at(dir)? {

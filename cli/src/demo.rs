@@ -12,17 +12,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use tusk::{Commit, HeapPtr, Options, Store};
+use tusk::{Commit, Options, Store};
 
 use super::report::{self, human_rate, table};
+use super::demo_bank::{Bank, ACCOUNTS_ROOT, INITIAL_BALANCE, STATS_ROOT};
 use super::{demo_gpu, demo_index, demo_snapshot, CliResult, IoAt};
 
-pub const INITIAL_BALANCE: u64 = 1_000;
-/// The root of the accounts (one u64 balance each) and of the per-thread transfer counts.
-pub const ACCOUNTS_ROOT: &str = "demo.accounts";
-pub const STATS_ROOT: &str = "demo.stats";
 const LOAD_BATCH: u64 = 8_192;
 
 #[derive(Args, Debug)]
@@ -136,7 +131,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let workers: Vec<_> = (0..threads)
         .map(|t| {
             let (store, committed, audits, stop) = (store.clone(), committed.clone(), audits.clone(), stop.clone());
-            std::thread::spawn(move || work(&store, bank, stats, accounts, t, t as u64 + 1, &committed, &audits, &stop))
+            std::thread::spawn(move || Bank { ptr: bank, stats, accounts }.work(&store, t, t as u64 + 1, &committed, &audits, &stop))
         })
         .collect();
     let spinner = ProgressBar::new_spinner();
@@ -179,7 +174,7 @@ pub fn run(args: DemoArgs) -> CliResult {
         index_writers: half,
     };
     let (model, snapshots) = if args.snapshot_seconds > 0.0 {
-        let bank = demo_snapshot::Bank { ptr: bank, stats, accounts };
+        let bank = Bank { ptr: bank, stats, accounts };
         let (model, summary) = demo_snapshot::run(&store, &bank, &mut per_thread, model, &settings)?;
         (model, Some(summary))
     } else {
@@ -296,57 +291,4 @@ fn yes_no(ok: bool) -> &'static str {
     } else {
         "FAIL"
     }
-}
-
-/// One worker: transfers (every 4096th with Sync commit), counting its own transfers in the
-/// heap in the same transaction (slot `thread` of `stats`); every 64th iteration a read-only
-/// audit of 256 accounts. Returns the transfers it committed once `stop` is set.
-#[allow(clippy::too_many_arguments)]
-pub fn work(
-    store: &Store,
-    bank: HeapPtr,
-    stats: HeapPtr,
-    accounts: u64,
-    thread: usize,
-    seed: u64,
-    committed: &AtomicU64,
-    audits: &AtomicU64,
-    stop: &AtomicBool,
-) -> Result<u64, tusk::Error> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut mine = 0u64;
-    let mut i = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        i += 1;
-        if i.is_multiple_of(64) {
-            let start = rng.random_range(0..accounts.saturating_sub(256).max(1));
-            store.transact(Commit::Async, |tx| {
-                let mut sum = 0u64;
-                for a in start..(start + 256).min(accounts) {
-                    sum += tx.read_u64_at(bank, a * 8)?;
-                }
-                Ok(sum)
-            })?;
-            audits.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let (from, to) = (rng.random_range(0..accounts), rng.random_range(0..accounts));
-        let amount = rng.random_range(1..=50);
-        // Offset from the audits' iterations (every 64th), which `continue` above: a Sync
-        // commit on those would never happen.
-        let mode = if (i + 2048).is_multiple_of(4096) { Commit::Sync } else { Commit::Async };
-        store.transact(mode, |tx| {
-            let a = tx.read_u64_at(bank, from * 8)?;
-            if a >= amount && from != to {
-                tx.write_u64_at(bank, from * 8, a - amount)?;
-                let b = tx.read_u64_at(bank, to * 8)?;
-                tx.write_u64_at(bank, to * 8, b + amount)?;
-            }
-            let n = tx.read_u64_at(stats, thread as u64 * 8)?;
-            tx.write_u64_at(stats, thread as u64 * 8, n + 1)
-        })?;
-        mine += 1;
-        committed.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(mine)
 }

@@ -11,6 +11,11 @@
 //!   damaged sectors, replayed as files on that file system;
 //! - not a block-level power cut of the file system itself (that needs `dm-log-writes` or
 //!   similar, which this harness does not use).
+//!
+//! Where a machine lacks what a file system needs (root, loop devices, the kernel's support,
+//! its `mkfs`), [`prepare`] says why in one line, and a run over several file systems skips
+//! that one. [`PROGRAM_PATH_VAR`] narrows where the programs are looked for, so CI can show a
+//! fresh machine's case (only e2fsprogs and mount) on a machine that has them all.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,11 @@ pub enum FileSystem {
 /// The smallest image `tusk crashtest --fs` makes: mkfs.xfs refuses file systems under
 /// 300 MiB, and a crash run's store needs room for its heap's checkpoint segments and logs.
 pub const MIN_IMAGE_MIB: u64 = 512;
+
+/// The environment variable that, when set, is the only search path (folders separated by
+/// `:`, as in `PATH`) for the programs a scratch file system needs (`mkfs.*`, `mount`,
+/// `umount`). Unset: `PATH`, then the sbin folders.
+pub const PROGRAM_PATH_VAR: &str = "TUSK_FS_PROGRAM_PATH";
 
 /// How often, and how long apart, an unmount that finds the file system busy is retried (a
 /// crashed child's descriptors close as the kernel reaps it) before a lazy unmount.
@@ -102,6 +112,30 @@ pub fn unavailable(fs: FileSystem) -> Option<String> {
     None
 }
 
+/// What [`prepare`] found: a mounted scratch file system, or why this machine cannot make one.
+#[derive(Debug)]
+pub enum Prepared {
+    /// Mounted and empty.
+    Mounted(ScratchFs),
+    /// The one-line reason this machine cannot make or mount it: [`unavailable`]'s, or the
+    /// refusal of `mkfs` or `mount` (a container without the right to mount, say).
+    Unavailable(String),
+}
+
+/// Makes and mounts a scratch `fs` in `parent` ([`ScratchFs::mount`]), or says why this
+/// machine cannot. An error is left only for what a run must report: the image or mount
+/// point could not be made (a leftover of an interrupted run, a full or read-only disk).
+pub fn prepare(fs: FileSystem, parent: &Path, mib: u64) -> Result<Prepared, MountError> {
+    if let Some(why) = unavailable(fs) {
+        return Ok(Prepared::Unavailable(why));
+    }
+    match ScratchFs::mount(fs, parent, mib) {
+        Ok(scratch) => Ok(Prepared::Mounted(scratch)),
+        Err(MountError::Refused(why)) => Ok(Prepared::Unavailable(format!("cannot mount an image here: {why}"))),
+        Err(e @ MountError::Files(_)) => Err(e),
+    }
+}
+
 /// The effective user id, from `/proc/self/status` (its `Uid:` line: real, effective, ...).
 fn effective_uid() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -109,14 +143,22 @@ fn effective_uid() -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
-/// `program`'s path on `PATH` or in the sbin folders (which a non-login root shell may lack
-/// on its `PATH`).
+/// `program`'s path: in the folders of [`PROGRAM_PATH_VAR`] where it is set, else on `PATH`
+/// or in the sbin folders (which a non-login root shell may lack on its `PATH`).
 fn find_program(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
+    let folders: Vec<PathBuf> = match std::env::var_os(PROGRAM_PATH_VAR) {
+        Some(only) => std::env::split_paths(&only).collect(),
+        None => {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            std::env::split_paths(&path).chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from)).collect()
+        }
+    };
+    folders.into_iter().map(|d| d.join(program)).find(|p| p.is_file())
+}
+
+/// [`find_program`], or the reason it is missing (for the package `mount`'s programs).
+fn mount_program(program: &str) -> Result<PathBuf, String> {
+    find_program(program).ok_or_else(|| format!("{program} is not installed (Debian package mount)"))
 }
 
 /// Runs `command`; its stderr is the error when it fails.
@@ -151,6 +193,8 @@ pub struct ScratchFs {
     fs: FileSystem,
     image: PathBuf,
     mount_point: PathBuf,
+    /// The `umount` found when it was mounted (the same search as `mount`'s).
+    umount: PathBuf,
     mounted: bool,
     image_exists: bool,
     mount_point_exists: bool,
@@ -162,8 +206,15 @@ impl ScratchFs {
     pub fn mount(fs: FileSystem, parent: &Path, mib: u64) -> Result<ScratchFs, MountError> {
         let image = parent.join(format!("{fs}.img"));
         let mount_point = parent.join(format!("{fs}.mnt"));
-        let mut scratch =
-            ScratchFs { fs, image: image.clone(), mount_point: mount_point.clone(), mounted: false, image_exists: false, mount_point_exists: false };
+        let mut scratch = ScratchFs {
+            fs,
+            image: image.clone(),
+            mount_point: mount_point.clone(),
+            umount: PathBuf::from("umount"),
+            mounted: false,
+            image_exists: false,
+            mount_point_exists: false,
+        };
         let files = |path: &Path, e: std::io::Error| MountError::Files(format!("{}: {e}", path.display()));
         std::fs::create_dir_all(parent).map_err(|e| files(parent, e))?;
         let file = match OpenOptions::new().write(true).create_new(true).open(&image) {
@@ -187,7 +238,9 @@ impl ScratchFs {
         let mut format = Command::new(program);
         format.args(args).arg(&image);
         run(format).map_err(MountError::Refused)?;
-        let mut mount = Command::new("mount");
+        let mount = mount_program("mount").map_err(MountError::Refused)?;
+        scratch.umount = mount_program("umount").map_err(MountError::Refused)?;
+        let mut mount = Command::new(mount);
         mount.args(["-t", fs.name(), "-o", "loop"]).arg(&image).arg(&mount_point);
         run(mount).map_err(MountError::Refused)?;
         scratch.mounted = true;
@@ -213,7 +266,7 @@ impl ScratchFs {
         if self.mounted {
             let mut last = Ok(());
             for _ in 0..UMOUNT_TRIES {
-                let mut umount = Command::new("umount");
+                let mut umount = Command::new(&self.umount);
                 umount.arg(&self.mount_point);
                 last = run(umount);
                 if last.is_ok() {
@@ -223,7 +276,7 @@ impl ScratchFs {
             }
             if let Err(why) = last {
                 // Detach it now, so the image can go; the kernel finishes once it is idle.
-                let mut lazy = Command::new("umount");
+                let mut lazy = Command::new(&self.umount);
                 lazy.arg("-l").arg(&self.mount_point);
                 run(lazy).map_err(|lazy_why| format!("{why}; then {lazy_why}"))?;
             }

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{HeapPtr, Snapshot, SnapshotInfo, SnapshotMode, Store};
+use tusk::{Snapshot, SnapshotInfo, SnapshotMode, Store};
 
-use super::demo::{self, ACCOUNTS_ROOT, INITIAL_BALANCE};
+use super::demo_bank::{Bank, ACCOUNTS_ROOT, INITIAL_BALANCE};
 use super::demo_index::{self, Model, CUSTOMERS, ORDERS, REGIONS};
 use super::report::human_rate;
 
@@ -30,13 +30,6 @@ const REFRESHES: usize = 3;
 const WARM_UP: Duration = Duration::from_millis(25);
 /// Width of a B-link range query: about 1/4096 of the u64 key space.
 const RANGE_WIDTH: u64 = 1 << 52;
-
-/// The bank of `demo.rs`: `accounts` balances at `ptr`, per-thread transfer counts at `stats`.
-pub struct Bank {
-    pub ptr: HeapPtr,
-    pub stats: HeapPtr,
-    pub accounts: u64,
-}
 
 /// How the phase runs.
 pub struct Settings {
@@ -151,7 +144,7 @@ fn run_mode(
         let bank_handles: Vec<_> = (0..settings.bank_writers)
             .map(|t| {
                 let (transfers, audits, stop) = (&transfers, &audits, &stop);
-                s.spawn(move || demo::work(store, bank.ptr, bank.stats, bank.accounts, t, seed + t as u64, transfers, audits, stop))
+                s.spawn(move || bank.work(store, t, seed + t as u64, transfers, audits, stop))
             })
             .collect();
         let index_handles: Vec<_> = taken
