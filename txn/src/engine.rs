@@ -8,10 +8,11 @@ use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
+use crate::in_place::InPlace;
 use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
-use crate::sync::{AtomicBool, AtomicU64};
+use crate::sync::{AtomicBool, AtomicU64, Mutex};
 use crate::transaction::Transaction;
 use crate::TxnError;
 
@@ -33,6 +34,9 @@ pub struct Engine {
     closed: AtomicBool,
     /// Commit write-back passes it; snapshots close it (see [`crate::snapshot::gate`]).
     pub(crate) gate: CommitGate,
+    /// The in-place token and its buffers: `None` while a transaction runs in place (see
+    /// [`crate::in_place`]).
+    pub(crate) in_place: Mutex<Option<Box<InPlace>>>,
 }
 
 /// Rounds of an optimistic chunk copy (each copies again only the lines that changed)
@@ -57,6 +61,7 @@ impl Engine {
             Some(log) => Some(LogManager::start(log, clock.clone(), config.existing_segments)?),
             None => None,
         };
+        let in_place = InPlace::new(1u64 << config.stripes_log2, heap.capacity());
         Ok(Engine {
             heap,
             stripes: Stripes::new(config.stripes_log2)?,
@@ -65,6 +70,7 @@ impl Engine {
             dirty_epoch: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             gate: CommitGate::new(),
+            in_place: Mutex::new(Some(Box::new(in_place))),
         })
     }
 
@@ -252,7 +258,7 @@ impl Engine {
     }
 
     /// Takes the next LSN for a record without writes (logged when durability is on).
-    fn draw_empty_lsn(&self) -> u64 {
+    pub(crate) fn draw_empty_lsn(&self) -> u64 {
         match &self.log {
             Some(log) => {
                 let partition = self.partition_of_current_thread();

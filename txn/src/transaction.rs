@@ -27,9 +27,13 @@ use tusk_storage::line_record::{encode_lines, LineWrites};
 use tusk_storage::log_format::{RecordHeader, FLAG_PARTITION};
 use tusk_storage::HeapPtr;
 
+use tusk_storage::log_format::RecordEncoder;
+
 use crate::engine::Engine;
+use crate::in_place::{before_image, InPlace, LockWait, IN_PLACE_FROM};
+use crate::snapshot::gate::Pass;
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
-use crate::write_set::{Sorted, WriteSet, LINE_BYTES};
+use crate::write_set::{LineWrite, Sorted, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
 
 /// A log sequence number: the commit order of update transactions, from 1, without gaps.
@@ -69,6 +73,17 @@ pub struct Transaction<'e> {
     bounds_next: usize,
     /// Set once a conflict was seen: every later operation fails (opacity).
     doomed: bool,
+    /// In-place mode (see [`crate::in_place`]): the token's buffers and the gate pass.
+    in_place: Option<InPlaceRun<'e>>,
+    /// Write-set lines at which the next try for the in-place token is made.
+    in_place_from: usize,
+}
+
+/// A transaction running in place: the engine's in-place buffers (its token) and the commit
+/// gate pass it holds until it ends.
+struct InPlaceRun<'e> {
+    state: Box<InPlace>,
+    pass: Pass<'e>,
 }
 
 /// A transaction's growable buffers, reused by the next transaction of the same thread.
@@ -99,6 +114,7 @@ thread_local! {
 
 impl Drop for Transaction<'_> {
     fn drop(&mut self) {
+        self.abandon_in_place();
         let mut bufs = std::mem::take(&mut self.bufs);
         if bufs.worth_keeping() {
             bufs.clear();
@@ -118,11 +134,15 @@ impl<'e> Transaction<'e> {
             bounds: [(0, 0); BOUNDS_CACHE],
             bounds_next: 0,
             doomed: false,
+            in_place: None,
+            in_place_from: IN_PLACE_FROM,
         }
     }
 
     /// Starts over (after a conflict), keeping allocated buffers.
     pub fn restart(&mut self) {
+        self.abandon_in_place();
+        self.in_place_from = IN_PLACE_FROM;
         (self.rv, self.clock_mode) = self.engine.read_version();
         self.bufs.reads.clear();
         self.bufs.writes.clear();
@@ -142,7 +162,12 @@ impl<'e> Transaction<'e> {
 
     /// Whether the transaction has buffered writes.
     pub fn is_read_only(&self) -> bool {
-        self.bufs.writes.is_empty()
+        self.bufs.writes.is_empty() && self.in_place.is_none()
+    }
+
+    /// Whether the transaction runs in place (see [`crate::in_place`]).
+    pub fn is_in_place(&self) -> bool {
+        self.in_place.is_some()
     }
 
     fn conflict<T>(&mut self) -> Result<T, TxnError> {
@@ -192,10 +217,13 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        if self.in_place.is_some() {
+            return self.store_words_in_place(off, values);
+        }
         let lines = self.bufs.writes.len();
         self.bufs.writes.put_words(off, values);
         self.prefetch_new_lines(lines);
-        Ok(())
+        self.maybe_in_place()
     }
 
     /// Fetches the stripe words (and page stamps) of the lines written since the write set
@@ -213,10 +241,14 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        if self.in_place.is_some() {
+            return self.store_in_place(off, value, mask);
+        }
         let lines = self.bufs.writes.len();
         self.bufs.writes.put(off, value, mask);
         if self.bufs.writes.len() != lines {
             self.prefetch_new_lines(lines);
+            return self.maybe_in_place();
         }
         Ok(())
     }
@@ -289,6 +321,9 @@ impl<'e> Transaction<'e> {
     /// against the stripe (seqlock style) and recorded in the read set once.
     #[inline]
     fn load_run_shared(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        if self.in_place.is_some() {
+            return self.load_in_place(off, out);
+        }
         let engine = self.engine;
         let stripes = &engine.stripes;
         let s = stripes.index_of(off);
@@ -534,6 +569,9 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        if self.in_place.is_some() {
+            return self.commit_in_place(mode);
+        }
         if self.bufs.writes.is_empty() {
             // The transaction may be used again: it starts over as a new one.
             self.restart();
@@ -590,7 +628,12 @@ impl<'e> Transaction<'e> {
         // The transaction may be used again: it starts over as a new one, re-checking every
         // allocation it touches (its bounds cache may name blocks freed since).
         self.restart();
-        if let Some(log) = &engine.log {
+        self.wait_for(mode, partition, lsn, over_bound)
+    }
+
+    /// What `mode` waits for after the commit of `lsn` in `partition`.
+    fn wait_for(&self, mode: Commit, partition: usize, lsn: Lsn, over_bound: bool) -> Result<Option<Lsn>, TxnError> {
+        if let Some(log) = &self.engine.log {
             match mode {
                 Commit::Sync => log.wait_durable(lsn)?,
                 Commit::Partition => log.wait_partition(partition, lsn)?,
@@ -656,6 +699,236 @@ impl<'e> Transaction<'e> {
         self.bufs.locked.clear();
     }
 
+    // ---- in-place mode (see `crate::in_place`) ----
+
+    /// Changes to in-place mode once the write set has outgrown the threshold.
+    #[inline]
+    fn maybe_in_place(&mut self) -> Result<(), TxnError> {
+        if self.bufs.writes.len() <= self.in_place_from {
+            return Ok(());
+        }
+        self.try_in_place()
+    }
+
+    #[cold]
+    fn try_in_place(&mut self) -> Result<(), TxnError> {
+        let engine = self.engine;
+        let Some(state) = engine.in_place.lock().take() else {
+            // Another transaction runs in place: keep buffering, try again at twice the size.
+            self.in_place_from = self.bufs.writes.len() * 2;
+            return Ok(());
+        };
+        let pass = engine.gate.enter(engine.thread_slot());
+        // The clock moves: a clock-mode reader that could see an in-place store finds it moved
+        // and turns to the stripes, which this transaction holds (pairs with the acquire fence
+        // of `Engine::clock_still`, as a commit's LSN does).
+        engine.draw_empty_lsn();
+        crate::sync::fence(std::sync::atomic::Ordering::Release);
+        self.clock_mode = false;
+        self.in_place = Some(InPlaceRun { state, pass });
+        // Every stripe read so far: held from now on, and still at a version this transaction
+        // may read (the check commit would make).
+        let reads = std::mem::take(&mut self.bufs.reads);
+        let mut valid = true;
+        for &s in &reads {
+            match self.hold(s) {
+                Some(Some(seen)) if version(seen) <= self.rv => {}
+                Some(None) => {}
+                _ => {
+                    valid = false;
+                    break;
+                }
+            }
+        }
+        self.bufs.reads = reads;
+        self.bufs.reads.clear();
+        if !valid {
+            return self.in_place_conflict();
+        }
+        let mut writes = std::mem::take(&mut self.bufs.writes);
+        let applied = writes.iter().all(|e| self.apply_in_place(e));
+        writes.clear();
+        self.bufs.writes = writes;
+        if !applied {
+            return self.in_place_conflict();
+        }
+        Ok(())
+    }
+
+    /// Locks stripe `s` for the in-place run unless it holds it: `Some(Some(word seen))` when
+    /// newly locked, `Some(None)` when held already, `None` when the wait timed out.
+    #[inline]
+    fn hold(&mut self, s: u32) -> Option<Option<u64>> {
+        let run = self.in_place.as_mut().expect("in place");
+        if run.state.is_held(s) {
+            return Some(None);
+        }
+        let stripes = &self.engine.stripes;
+        let mut wait = LockWait::new();
+        loop {
+            let seen = stripes.load(s);
+            if !is_locked(seen) && stripes.try_lock(s, seen) {
+                run.state.note_held(s, seen);
+                return Some(Some(seen));
+            }
+            if !wait.again() {
+                return None;
+            }
+        }
+    }
+
+    /// Makes the line at `line` writable in place: its stripe held, its before-image saved.
+    #[inline]
+    fn writable(&mut self, line: u64) -> bool {
+        let s = self.engine.stripes.index_of(line);
+        if self.hold(s).is_none() {
+            return false;
+        }
+        let state = &mut self.in_place.as_mut().expect("in place").state;
+        state.note_written(s);
+        if state.first_write(line) {
+            let mut words = [0u64; LINE_WORDS];
+            self.engine.heap().load_words(line, &mut words);
+            state.undo.push(before_image(line, words));
+        }
+        true
+    }
+
+    /// Applies a buffered line write in place (entering in-place mode).
+    fn apply_in_place(&mut self, e: &LineWrite) -> bool {
+        if !self.writable(e.line) {
+            return false;
+        }
+        let heap = self.engine.heap();
+        for (off, value, mask) in e.written() {
+            heap.store_word_masked(off, value, mask);
+        }
+        true
+    }
+
+    fn load_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        if self.hold(self.engine.stripes.index_of(off)).is_none() {
+            return self.in_place_conflict();
+        }
+        self.engine.heap().load_words(off, out);
+        Ok(())
+    }
+
+    fn store_in_place(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
+        if !self.writable(off & !(LINE_BYTES - 1)) {
+            return self.in_place_conflict();
+        }
+        self.engine.heap().store_word_masked(off, value, mask);
+        Ok(())
+    }
+
+    fn store_words_in_place(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
+        let heap = self.engine.heap();
+        let mut i = 0;
+        while i < values.len() {
+            let at = off + 8 * i as u64;
+            let line = at & !(LINE_BYTES - 1);
+            if !self.writable(line) {
+                return self.in_place_conflict();
+            }
+            let n = (((line + LINE_BYTES - at) / 8) as usize).min(values.len() - i);
+            for (j, &v) in values[i..i + n].iter().enumerate() {
+                heap.store_word(at + 8 * j as u64, v);
+            }
+            i += n;
+        }
+        Ok(())
+    }
+
+    fn in_place_conflict<T>(&mut self) -> Result<T, TxnError> {
+        self.abandon_in_place();
+        self.conflict()
+    }
+
+    /// Ends an in-place run without committing: every written line gets its before-image
+    /// back, the gate is left, every held stripe gets the word it had (nobody could read the
+    /// lines meanwhile, so nothing saw the writes).
+    fn abandon_in_place(&mut self) {
+        let Some(InPlaceRun { mut state, pass }) = self.in_place.take() else { return };
+        let engine = self.engine;
+        let heap = engine.heap();
+        for e in &state.undo {
+            for (w, &value) in e.words.iter().enumerate() {
+                heap.store_word(e.line + 8 * w as u64, value);
+            }
+        }
+        drop(pass);
+        for &(s, seen) in &state.held {
+            engine.stripes.unlock_restore(s, seen);
+        }
+        state.reset();
+        *engine.in_place.lock() = Some(state);
+    }
+
+    /// Commits an in-place run: the changed words of the written lines are its redo record;
+    /// the LSN is drawn while every stripe is held.
+    fn commit_in_place(&mut self, mode: Commit) -> Result<Option<Lsn>, TxnError> {
+        let engine = self.engine;
+        if let Err(e) = engine.check_open() {
+            self.abandon_in_place();
+            return Err(e);
+        }
+        let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
+        let heap = engine.heap();
+        // Before-images become after-images, masked to the words that changed.
+        for e in state.undo.iter_mut() {
+            let mut now = [0u64; LINE_WORDS];
+            heap.load_words(e.line, &mut now);
+            e.masks = (0..LINE_WORDS).filter(|&w| now[w] != e.words[w]).fold(0, |m, w| m | 0xFF << (8 * w));
+            e.words = now;
+        }
+        state.sort_undo();
+        let partition = engine.partition_of_current_thread();
+        let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
+        let (lsn, over_bound) = match &engine.log {
+            Some(log) => {
+                let changed: Vec<&LineWrite> = state.in_line_order().filter(|e| e.masks != 0).collect();
+                log.append(partition, |buf, lsn| encode_changed_lines(buf, lsn, partition as u32, flags, &changed))
+            }
+            None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
+        };
+        crate::sync::fence(std::sync::atomic::Ordering::Release);
+        let epoch = engine.dirty_epoch();
+        let mut stamped = u64::MAX;
+        for e in state.in_line_order().filter(|e| e.masks != 0) {
+            let page = e.line / tusk_storage::heap::PAGE_SIZE;
+            if page != stamped {
+                heap.stamp_dirty(e.line, LINE_BYTES, epoch);
+                stamped = page;
+            }
+        }
+        drop(pass);
+        for &(s, seen) in &state.held {
+            if state.was_written(s) {
+                engine.stripes.unlock_with(s, lsn);
+            } else {
+                engine.stripes.unlock_restore(s, seen);
+            }
+        }
+        state.reset();
+        *engine.in_place.lock() = Some(state);
+        self.restart();
+        self.wait_for(mode, partition, lsn, over_bound)
+    }
+}
+
+/// Encodes the redo record of an in-place run: the lines that changed, ascending, each with
+/// the words that changed (none changed: an empty record, which still takes the LSN).
+fn encode_changed_lines(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, changed: &[&LineWrite]) {
+    let header = RecordHeader { lsn, partition, flags, void: None };
+    if changed.is_empty() {
+        RecordEncoder::begin(buf, header).finish(buf);
+        return;
+    }
+    encode_lines(buf, header, changed.len(), |k| {
+        let e = changed[k];
+        LineWrites { line: e.line, masks: e.masks, words: &e.words }
+    });
 }
 
 /// Encodes the redo record of the sorted write set (see [`tusk_storage::line_record`]).

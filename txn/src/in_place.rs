@@ -1,0 +1,417 @@
+//! Large transactions write in place.
+//!
+//! A transaction buffers its writes in its write set, and every read looks its line up there
+//! (read-your-writes). Past [`IN_PLACE_FROM`] lines that lookup outgrows the caches, and every
+//! access of the transaction pays for it. So a transaction whose write set grows that large
+//! changes mode, once: it takes the engine's one in-place token, and from then on it holds a
+//! stripe lock on every line it reads or writes (strict two-phase locking on the same stripe
+//! words committers lock), writes straight into the heap after saving the line's before-image
+//! in an undo log, and reads the heap directly. Its per-access cost is then a bit test in a
+//! bitmap of held stripes: flat in the transaction's size.
+//!
+//! - **Entering** (`Transaction::try_in_place`): enter the commit gate (held until the end, so
+//!   snapshots, which close it, see none of the in-place writes, and new transactions start in
+//!   stripe mode), draw an empty LSN (the clock moves, so clock-mode readers re-validate
+//!   against stripes before they could see an in-place store), lock the stripes of the read
+//!   set and check that each still carries a version ≤ the read version (else: conflict, as at
+//!   commit), lock the write set's stripes, and apply the write set in place.
+//! - **Others** find those stripes locked: a reader spins, then conflicts and retries; a
+//!   committer's try-lock fails and it retries. They never see an in-place store (the seqlock
+//!   protocol of the stripe words).
+//! - **Waiting**: the in-place transaction waits for a locked stripe (a commit's write-back
+//!   is short), but only for [`LOCK_WAIT`]: a commit waiting at a closed gate holds its locks
+//!   while the snapshot closing the gate waits for this transaction's pass, so a long wait is
+//!   a cycle, broken by aborting (the undo log restores every line, every stripe gets its old
+//!   word back) and retrying.
+//! - **Commit**: the after-images of the written lines (only the words that changed) form the
+//!   redo record; the LSN is drawn while every lock is held, pages are stamped dirty, the gate
+//!   is left, and the written stripes are unlocked with the LSN as their version (stripes only
+//!   read get their old word back). So LSNs keep their rules: drawn once the transaction can no
+//!   longer abort, while it holds its write locks.
+//!
+//! One transaction at a time runs in place (the token); another large one keeps buffering
+//! until the token is free.
+
+use std::time::{Duration, Instant};
+
+use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
+
+/// Write-set lines beyond which a transaction changes to in-place mode (one under loom, so
+/// that a model's second line changes it).
+#[cfg(not(loom))]
+pub const IN_PLACE_FROM: usize = 4096;
+#[cfg(loom)]
+pub const IN_PLACE_FROM: usize = 1;
+
+/// Longest wait for one stripe lock before the in-place transaction aborts (see the module
+/// docs: a longer wait is a cycle through the commit gate).
+pub const LOCK_WAIT: Duration = Duration::from_millis(20);
+
+/// Spins between looks at the clock while waiting for a lock.
+#[cfg(not(loom))]
+const SPINS_PER_CLOCK_LOOK: u32 = 1024;
+
+/// What an in-place transaction keeps: held stripes, the undo log and their bitmaps. The
+/// engine owns one (the token); its buffers are kept between transactions, cleared by the
+/// bits that were set.
+pub struct InPlace {
+    /// Stripes held, with the word seen before locking.
+    pub(crate) held: Vec<(u32, u64)>,
+    /// One bit per stripe: held.
+    held_bits: Vec<u64>,
+    /// One bit per stripe: a line under it was written.
+    written_bits: Vec<u64>,
+    /// One bit per heap line: its before-image is in `undo`.
+    saved_bits: Vec<u64>,
+    /// Before-images (`masks` unused), one per written line, in the order first written;
+    /// turned into after-images at commit.
+    pub(crate) undo: Vec<LineWrite>,
+    /// (line, position in `undo`) in line order, made by [`InPlace::sort_undo`].
+    order: Vec<(u64, u32)>,
+}
+
+#[inline]
+fn test_and_set(bits: &mut [u64], i: u64) -> bool {
+    let (word, bit) = ((i / 64) as usize, 1u64 << (i % 64));
+    let was = bits[word] & bit != 0;
+    bits[word] |= bit;
+    was
+}
+
+#[inline]
+fn clear(bits: &mut [u64], i: u64) {
+    bits[(i / 64) as usize] &= !(1u64 << (i % 64));
+}
+
+impl InPlace {
+    /// For `stripes` stripe words and a heap of `heap_capacity` bytes. The bitmaps are zeroed
+    /// lazily by the system (a calloc'd reservation): only the parts a transaction touches
+    /// take memory.
+    pub fn new(stripes: u64, heap_capacity: u64) -> InPlace {
+        let lines = heap_capacity.div_ceil(LINE_BYTES);
+        InPlace {
+            held: Vec::new(),
+            held_bits: vec![0; stripes.div_ceil(64) as usize],
+            written_bits: vec![0; stripes.div_ceil(64) as usize],
+            saved_bits: vec![0; lines.div_ceil(64) as usize],
+            undo: Vec::new(),
+            order: Vec::new(),
+        }
+    }
+
+    #[inline]
+    pub fn is_held(&self, s: u32) -> bool {
+        self.held_bits[(s / 64) as usize] & (1u64 << (s % 64)) != 0
+    }
+
+    /// Records that stripe `s` is held, locked from word `seen`.
+    #[inline]
+    pub fn note_held(&mut self, s: u32, seen: u64) {
+        let was = test_and_set(&mut self.held_bits, u64::from(s));
+        debug_assert!(!was, "stripe {s} held twice");
+        self.held.push((s, seen));
+    }
+
+    #[inline]
+    pub fn note_written(&mut self, s: u32) {
+        test_and_set(&mut self.written_bits, u64::from(s));
+    }
+
+    #[inline]
+    pub fn was_written(&self, s: u32) -> bool {
+        self.written_bits[(s / 64) as usize] & (1u64 << (s % 64)) != 0
+    }
+
+    /// Whether the line at `line` needs its before-image saved (the first write to it);
+    /// marks it saved.
+    #[inline]
+    pub fn first_write(&mut self, line: u64) -> bool {
+        !test_and_set(&mut self.saved_bits, line / LINE_BYTES)
+    }
+
+    /// Puts the positions of the undo log's entries in line order (sorted as (line,
+    /// position) pairs: 16 bytes moved instead of a whole entry), into [`InPlace::order`].
+    pub fn sort_undo(&mut self) {
+        self.order.clear();
+        self.order.extend(self.undo.iter().enumerate().map(|(i, e)| (e.line, i as u32)));
+        self.order.sort_unstable();
+    }
+
+    /// The undo log's entries in line order, as of [`InPlace::sort_undo`].
+    pub fn in_line_order(&self) -> impl Iterator<Item = &LineWrite> + '_ {
+        self.order.iter().map(|&(_, i)| &self.undo[i as usize])
+    }
+
+    /// Clears every bit set and empties the lists, keeping their memory.
+    pub fn reset(&mut self) {
+        for &(s, _) in &self.held {
+            clear(&mut self.held_bits, u64::from(s));
+            clear(&mut self.written_bits, u64::from(s));
+        }
+        for e in &self.undo {
+            clear(&mut self.saved_bits, e.line / LINE_BYTES);
+        }
+        self.held.clear();
+        self.undo.clear();
+        self.order.clear();
+    }
+
+    /// Bytes the transaction's lists take (its bitmaps are touched sparsely).
+    pub fn bytes(&self) -> usize {
+        self.held.capacity() * std::mem::size_of::<(u32, u64)>()
+            + self.undo.capacity() * std::mem::size_of::<LineWrite>()
+            + self.order.capacity() * std::mem::size_of::<(u64, u32)>()
+    }
+}
+
+/// A wait for a stripe lock, bounded by [`LOCK_WAIT`] (under loom: by a few spins).
+pub struct LockWait {
+    spins: u32,
+    #[cfg_attr(loom, allow(dead_code))]
+    since: Option<Instant>,
+}
+
+impl Default for LockWait {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockWait {
+    pub fn new() -> LockWait {
+        LockWait { spins: 0, since: None }
+    }
+
+    /// One more spin; false once the wait has lasted [`LOCK_WAIT`].
+    #[cfg(loom)]
+    pub fn again(&mut self) -> bool {
+        self.spins += 1;
+        crate::sync::spin_loop();
+        self.spins < 4
+    }
+
+    /// One more spin; false once the wait has lasted [`LOCK_WAIT`].
+    #[cfg(not(loom))]
+    #[inline]
+    pub fn again(&mut self) -> bool {
+        self.spins += 1;
+        if self.spins.is_multiple_of(SPINS_PER_CLOCK_LOOK) {
+            let since = *self.since.get_or_insert_with(Instant::now);
+            if since.elapsed() > LOCK_WAIT {
+                return false;
+            }
+            std::thread::yield_now();
+        } else {
+            crate::sync::spin_loop();
+        }
+        true
+    }
+}
+
+/// The words of a line, to be saved as its before-image.
+pub fn before_image(line: u64, words: [u64; LINE_WORDS]) -> LineWrite {
+    LineWrite { line, masks: 0, words }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_are_set_once_and_cleared_by_reset() {
+        let mut ip = InPlace::new(1 << 12, 1 << 20);
+        assert!(!ip.is_held(5));
+        ip.note_held(5, 10);
+        ip.note_written(5);
+        assert!(ip.is_held(5) && ip.was_written(5));
+        assert!(ip.first_write(4096));
+        assert!(!ip.first_write((4096 + 8 * 3) & !(LINE_BYTES - 1)));
+        ip.undo.push(before_image(4096, [0; LINE_WORDS]));
+        ip.reset();
+        assert!(!ip.is_held(5) && !ip.was_written(5));
+        assert!(ip.first_write(4096), "saved bit cleared");
+        assert!(ip.held_bits.iter().chain(&ip.written_bits).all(|&w| w == 0));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod engine_tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use tusk_storage::Heap;
+
+    use super::IN_PLACE_FROM;
+    use crate::write_set::LINE_BYTES;
+    use crate::{Commit, Engine, EngineConfig, Transaction, TxnError};
+
+    const BASE: u64 = 1 << 16;
+
+    fn engine(heap: u64) -> Engine {
+        let config = EngineConfig { stripes_log2: 14, log: None, existing_segments: Vec::new() };
+        Engine::start(config, Heap::new(heap).unwrap(), 0).unwrap()
+    }
+
+    fn line(i: u64) -> u64 {
+        BASE + i * LINE_BYTES
+    }
+
+    /// Runs `body` until it commits.
+    fn transact(engine: &Engine, mut body: impl FnMut(&mut Transaction<'_>) -> Result<(), TxnError>) -> Option<u64> {
+        let mut tx = engine.begin();
+        loop {
+            match body(&mut tx).and_then(|()| tx.commit(Commit::Async)) {
+                Ok(lsn) => return lsn,
+                Err(TxnError::Conflict) => tx.restart(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Past the threshold a transaction runs in place, reads its own writes (whole words,
+    /// partial words, runs), and its commit publishes exactly them under one LSN.
+    #[test]
+    fn a_large_transaction_runs_in_place_and_commits_its_writes() {
+        let engine = engine(8 << 20);
+        let n = IN_PLACE_FROM as u64 * 2;
+        transact(&engine, |tx| (0..n).try_for_each(|i| tx.store(line(i) + 8, 1)));
+        let before = engine.last_lsn();
+        let mut tx = engine.begin();
+        for i in 0..n {
+            tx.store(line(i), i + 100).unwrap();
+            assert_eq!(tx.is_in_place(), i as usize >= IN_PLACE_FROM, "line {i}");
+        }
+        for i in 0..n {
+            assert_eq!(tx.load(line(i)).unwrap(), i + 100, "reads its writes");
+            assert_eq!(tx.load(line(i) + 8).unwrap(), 1, "and the committed words beside them");
+        }
+        tx.write_raw(line(3) + 17, &[0xAB]).unwrap();
+        tx.store_words(line(n) - 16, &[7, 8, 9, 10]).unwrap();
+        let mut run = [0u64; 4];
+        tx.load_words(line(n) - 16, &mut run).unwrap();
+        assert_eq!(run, [7, 8, 9, 10]);
+        let lsn = tx.commit(Commit::Async).unwrap().unwrap();
+        assert!(lsn > before + 1, "an empty LSN marked the change to in-place mode");
+        assert!(!tx.is_in_place());
+        drop(tx);
+        let mut check = engine.begin();
+        for i in 0..n - 1 {
+            assert_eq!(check.load(line(i)).unwrap(), i + 100);
+        }
+        assert_eq!(check.load(line(3) + 16).unwrap(), 0xAB << 8);
+        assert_eq!(check.load(line(n)).unwrap(), 9);
+        assert!(engine.stripes.load(engine.stripes.index_of(line(0))) >> 1 == lsn, "written stripes carry the LSN");
+        assert!(engine.in_place.lock().is_some(), "the token is back");
+    }
+
+    /// An in-place transaction that ends without committing (dropped, or restarted) leaves
+    /// the heap and the stripe words as they were; others then write the same lines.
+    #[test]
+    fn an_abandoned_in_place_run_restores_every_line_and_stripe() {
+        let engine = engine(8 << 20);
+        let n = IN_PLACE_FROM as u64 + 500;
+        transact(&engine, |tx| (0..n).try_for_each(|i| tx.store(line(i), i)));
+        let words: Vec<u64> = (0..n).map(|i| engine.stripes.load(engine.stripes.index_of(line(i)))).collect();
+        for restart in [false, true] {
+            let mut tx = engine.begin();
+            for i in 0..n {
+                tx.store(line(i), 999).unwrap();
+            }
+            assert!(tx.is_in_place());
+            assert_eq!(engine.heap().load_word(line(0)), 999, "written in place");
+            if restart {
+                tx.restart();
+                assert!(!tx.is_in_place());
+            }
+            drop(tx);
+            for i in 0..n {
+                assert_eq!(engine.heap().load_word(line(i)), i, "line {i} restored");
+                assert_eq!(engine.stripes.load(engine.stripes.index_of(line(i))), words[i as usize], "stripe of line {i}");
+            }
+        }
+        transact(&engine, |tx| tx.store(line(0), 5));
+        assert_eq!(engine.heap().load_word(line(0)), 5);
+    }
+
+    /// A large transaction whose earlier reads were overwritten before it changed mode
+    /// conflicts at the change, as it would at commit.
+    #[test]
+    fn the_change_to_in_place_validates_earlier_reads() {
+        let engine = engine(8 << 20);
+        let mut tx = engine.begin();
+        assert_eq!(tx.load(line(0)).unwrap(), 0);
+        transact(&engine, |w| w.store(line(0), 1));
+        let result = (1..=IN_PLACE_FROM as u64 + 1).try_for_each(|i| tx.store(line(i), i));
+        assert!(matches!(result, Err(TxnError::Conflict)), "{result:?}");
+        assert!(!tx.is_in_place());
+        drop(tx);
+        assert_eq!(engine.heap().load_word(line(1)), 0, "nothing of it stayed");
+    }
+
+    /// Transfers between 16,384 accounts (a line each) by large transactions (thousands of
+    /// transfers each, in place) and by small ones at once, with readers summing every
+    /// account: the total never changes, and both kinds commit.
+    #[test]
+    fn large_and_small_transfers_conserve_money() {
+        const ACCOUNTS: u64 = 1 << 14;
+        let engine = engine(16 << 20);
+        transact(&engine, |tx| (0..ACCOUNTS).try_for_each(|a| tx.store(line(a), 100)));
+        let stop = AtomicBool::new(false);
+        let (large, small, sums) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        let transfer = |tx: &mut Transaction<'_>, from: u64, to: u64| -> Result<(), TxnError> {
+            let a = tx.load(line(from))?;
+            if a > 0 && from != to {
+                tx.store(line(from), a - 1)?;
+                let b = tx.load(line(to))?;
+                tx.store(line(to), b + 1)?;
+            }
+            Ok(())
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut x = 1u64;
+                for _ in 0..6 {
+                    let mut ran_in_place = false;
+                    transact(&engine, |tx| {
+                        for _ in 0..6000 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            transfer(tx, (x >> 20) % ACCOUNTS, (x >> 40) % ACCOUNTS)?;
+                        }
+                        ran_in_place |= tx.is_in_place();
+                        Ok(())
+                    });
+                    assert!(ran_in_place, "a transaction of 6000 transfers runs in place");
+                    large.fetch_add(1, Ordering::Relaxed);
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            s.spawn(|| {
+                let mut x = 7u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    transact(&engine, |tx| transfer(tx, (x >> 20) % ACCOUNTS, (x >> 40) % ACCOUNTS));
+                    small.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut total = 0;
+                    transact(&engine, |tx| {
+                        total = (0..ACCOUNTS).map(|a| tx.load(line(a))).sum::<Result<u64, _>>()?;
+                        Ok(())
+                    });
+                    assert_eq!(total, 100 * ACCOUNTS, "a reader saw money appear or vanish");
+                    sums.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        });
+        let mut total = 0;
+        transact(&engine, |tx| {
+            total = (0..ACCOUNTS).map(|a| tx.load(line(a))).sum::<Result<u64, _>>()?;
+            Ok(())
+        });
+        assert_eq!(total, 100 * ACCOUNTS);
+        assert_eq!(large.load(Ordering::Relaxed), 6);
+        assert!(small.load(Ordering::Relaxed) > 0 && sums.load(Ordering::Relaxed) > 0);
+    }
+}
+
