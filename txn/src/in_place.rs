@@ -130,7 +130,7 @@ impl InPlace {
     }
 
     /// Puts the positions of the undo log's entries in line order (sorted as (line,
-    /// position) pairs: 16 bytes moved instead of a whole entry), into [`InPlace::order`].
+    /// position) pairs: 16 bytes moved instead of a whole entry), into `order`.
     pub fn sort_undo(&mut self) {
         self.order.clear();
         self.order.extend(self.undo.iter().enumerate().map(|(i, e)| (e.line, i as u32)));
