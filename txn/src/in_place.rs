@@ -156,12 +156,6 @@ impl InPlace {
         self.order.clear();
     }
 
-    /// Bytes the transaction's lists take (its bitmaps are touched sparsely).
-    pub fn bytes(&self) -> usize {
-        self.held.capacity() * std::mem::size_of::<(u32, u64)>()
-            + self.undo.capacity() * std::mem::size_of::<LineWrite>()
-            + self.order.capacity() * std::mem::size_of::<(u64, u32)>()
-    }
 }
 
 /// A wait for a stripe lock, bounded by [`LOCK_WAIT`] (under loom: by a few spins).

@@ -24,16 +24,14 @@
 
 use tusk_storage::layout::{BlockHeader, CLASS_LARGE, DATA_START, HEADER_SIZE, STATE_ALLOCATED};
 use tusk_storage::line_record::{encode_lines, LineWrites};
-use tusk_storage::log_format::{RecordHeader, FLAG_PARTITION};
-use tusk_storage::HeapPtr;
-
-use tusk_storage::log_format::RecordEncoder;
+use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
+use tusk_storage::{Heap, HeapPtr};
 
 use crate::engine::Engine;
 use crate::in_place::{before_image, InPlace, LockWait, IN_PLACE_FROM};
 use crate::snapshot::gate::Pass;
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
-use crate::write_set::{LineWrite, Sorted, WriteSet, LINE_BYTES, LINE_WORDS};
+use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
 
 /// A log sequence number: the commit order of update transactions, from 1, without gaps.
@@ -592,7 +590,7 @@ impl<'e> Transaction<'e> {
         let (lsn, over_bound) = match &engine.log {
             Some(log) => {
                 let lines = self.bufs.writes.sorted();
-                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines))
+                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| lines.get(k)))
             }
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
@@ -601,8 +599,7 @@ impl<'e> Transaction<'e> {
         // compiler-only barrier on x86.
         crate::sync::fence(std::sync::atomic::Ordering::Release);
         let heap = engine.heap();
-        let epoch = engine.dirty_epoch();
-        let mut stamped = u64::MAX;
+        let mut stamps = PageStamps::new(heap, engine.dirty_epoch());
         for e in self.bufs.writes.iter() {
             if e.masks == u64::MAX {
                 for (w, &value) in e.words.iter().enumerate() {
@@ -613,12 +610,7 @@ impl<'e> Transaction<'e> {
                     heap.store_word_masked(off, value, mask);
                 }
             }
-            // A line lies in one page: stamp it once per run of lines in that page.
-            let page = e.line / tusk_storage::heap::PAGE_SIZE;
-            if page != stamped {
-                heap.stamp_dirty(e.line, LINE_BYTES, epoch);
-                stamped = page;
-            }
+            stamps.line(e.line);
         }
         drop(pass);
         for &(s, _) in &self.bufs.locked {
@@ -713,6 +705,11 @@ impl<'e> Transaction<'e> {
     #[cold]
     fn try_in_place(&mut self) -> Result<(), TxnError> {
         let engine = self.engine;
+        // A closed store draws no LSN (the change draws one); commit reports the closure.
+        if engine.check_open().is_err() {
+            self.in_place_from = usize::MAX;
+            return Ok(());
+        }
         let Some(state) = engine.in_place.lock().take() else {
             // Another transaction runs in place: keep buffering, try again at twice the size.
             self.in_place_from = self.bufs.writes.len() * 2;
@@ -888,19 +885,14 @@ impl<'e> Transaction<'e> {
         let (lsn, over_bound) = match &engine.log {
             Some(log) => {
                 let changed: Vec<&LineWrite> = state.in_line_order().filter(|e| e.masks != 0).collect();
-                log.append(partition, |buf, lsn| encode_changed_lines(buf, lsn, partition as u32, flags, &changed))
+                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, changed.len(), |k| changed[k]))
             }
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         crate::sync::fence(std::sync::atomic::Ordering::Release);
-        let epoch = engine.dirty_epoch();
-        let mut stamped = u64::MAX;
+        let mut stamps = PageStamps::new(heap, engine.dirty_epoch());
         for e in state.in_line_order().filter(|e| e.masks != 0) {
-            let page = e.line / tusk_storage::heap::PAGE_SIZE;
-            if page != stamped {
-                heap.stamp_dirty(e.line, LINE_BYTES, epoch);
-                stamped = page;
-            }
+            stamps.line(e.line);
         }
         drop(pass);
         for &(s, seen) in &state.held {
@@ -917,25 +909,40 @@ impl<'e> Transaction<'e> {
     }
 }
 
-/// Encodes the redo record of an in-place run: the lines that changed, ascending, each with
-/// the words that changed (none changed: an empty record, which still takes the LSN).
-fn encode_changed_lines(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, changed: &[&LineWrite]) {
+/// Stamps the pages of written lines dirty: a line lies in one page, so a run of lines in one
+/// page stamps it once.
+struct PageStamps<'h> {
+    heap: &'h Heap,
+    epoch: u64,
+    page: u64,
+}
+
+impl<'h> PageStamps<'h> {
+    fn new(heap: &'h Heap, epoch: u64) -> PageStamps<'h> {
+        PageStamps { heap, epoch, page: u64::MAX }
+    }
+
+    #[inline]
+    fn line(&mut self, line: u64) {
+        let page = line / tusk_storage::heap::PAGE_SIZE;
+        if page != self.page {
+            self.heap.stamp_dirty(line, LINE_BYTES, self.epoch);
+            self.page = page;
+        }
+    }
+}
+
+/// Encodes a redo record of `count` line writes, `line(k)` the k-th in ascending line order
+/// (see [`tusk_storage::line_record`]); with none (an in-place run that changed nothing in
+/// the end), an empty record, which still takes the LSN.
+fn encode_record<'a>(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, count: usize, line: impl Fn(usize) -> &'a LineWrite) {
     let header = RecordHeader { lsn, partition, flags, void: None };
-    if changed.is_empty() {
+    if count == 0 {
         RecordEncoder::begin(buf, header).finish(buf);
         return;
     }
-    encode_lines(buf, header, changed.len(), |k| {
-        let e = changed[k];
-        LineWrites { line: e.line, masks: e.masks, words: &e.words }
-    });
-}
-
-/// Encodes the redo record of the sorted write set (see [`tusk_storage::line_record`]).
-fn encode_record(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, lines: Sorted<'_>) {
-    let header = RecordHeader { lsn, partition, flags, void: None };
-    encode_lines(buf, header, lines.len(), |k| {
-        let e = lines.get(k);
+    encode_lines(buf, header, count, |k| {
+        let e = line(k);
         LineWrites { line: e.line, masks: e.masks, words: &e.words }
     });
 }
@@ -1043,7 +1050,8 @@ mod tests {
             }
             ws.sort();
             let mut buf = Vec::new();
-            super::encode_record(&mut buf, 7, 1, 0, ws.sorted());
+            let lines = ws.sorted();
+            super::encode_record(&mut buf, 7, 1, 0, lines.len(), |k| lines.get(k));
             let lines: Vec<_> = ws.sorted().iter().copied().collect();
             let Frame::Record(view, _) = decode_frame(&buf, 0) else { panic!("record does not decode") };
             let mut got = vec![0u8; model.len()];

@@ -104,12 +104,7 @@ pub fn unavailable(fs: FileSystem) -> Option<String> {
     if find_program(mkfs).is_none() {
         return Some(format!("{mkfs} is not installed (Debian package {})", fs.package()));
     }
-    for program in ["mount", "umount"] {
-        if find_program(program).is_none() {
-            return Some(format!("{program} is not installed (Debian package mount)"));
-        }
-    }
-    None
+    ["mount", "umount"].into_iter().find_map(|program| mount_program(program).err())
 }
 
 /// What [`prepare`] found: a mounted scratch file system, or why this machine cannot make one.
