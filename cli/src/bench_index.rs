@@ -80,9 +80,10 @@ pub struct IndexArgs {
     /// Measure only tusk's inserts (no peer, no lookups, scans, aggregates or bulk load).
     #[arg(long)]
     inserts_only: bool,
-    /// Inserts per transaction.
-    #[arg(long, default_value_t = 1)]
-    txn_keys: usize,
+    /// Inserts per transaction; a comma-separated list measures a row per size (with
+    /// `--inserts-only` the table gives each row's rate against the smallest size's).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    txn_keys: Vec<usize>,
     /// Point lookups measured (default: as many as distinct keys, at most 2 M).
     #[arg(long)]
     lookups: Option<usize>,
@@ -118,6 +119,8 @@ struct Row {
     keys: usize,
     distinct: usize,
     threads: usize,
+    /// Inserts per transaction.
+    txn_keys: usize,
     /// Rounds the figures are the medians of.
     rounds: usize,
     insert_per_s: f64,
@@ -188,7 +191,7 @@ fn art_key(k: u64) -> [u8; 8] {
 }
 
 impl TuskIndex<'_> {
-    fn create<'s>(store: &'s Store, kind: IndexChoice, name: &str, args: &IndexArgs) -> Result<TuskIndex<'s>, tusk::Error> {
+    fn create<'s>(store: &'s Store, kind: IndexChoice, name: &str, args: &IndexArgs, txn_keys: usize) -> Result<TuskIndex<'s>, tusk::Error> {
         let (tree, _) = store.transact(Commit::Sync, |tx| match kind {
             IndexChoice::Btree => Ok(tx.btree(name)?.ptr()),
             IndexChoice::Art => Ok(tx.art(name)?.ptr()),
@@ -197,7 +200,7 @@ impl TuskIndex<'_> {
             store,
             kind,
             tree,
-            txn_keys: args.txn_keys.max(1),
+            txn_keys,
             lookups_per_txn: args.lookups_per_txn.max(1),
             insert_attempts: AtomicU64::new(0),
             insert_txns: AtomicU64::new(0),
@@ -467,7 +470,7 @@ fn measure(c: &dyn Contender, args: &IndexArgs, t: usize, ops: &[(u64, u64)], pr
     Ok([insert, lookup, scan, aggs])
 }
 
-fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize) -> Result<Row, Box<dyn std::error::Error>> {
+fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize, txn_keys: usize) -> Result<Row, Box<dyn std::error::Error>> {
     let ops = order.generate(args.keys, args.seed);
     let pairs = final_pairs(&ops);
     if pairs.len() < 2 {
@@ -481,6 +484,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize)
         keys: ops.len(),
         distinct: pairs.len(),
         threads,
+        txn_keys,
         rounds: 1,
         ..Row::default()
     };
@@ -491,7 +495,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize)
     let options = Options { heap_capacity: heap, io: args.io.to_io(), ..Options::default() };
     let store = Store::open(dir.path(), options)?;
     store.prefault();
-    let index = TuskIndex::create(&store, kind, "bench", args)?;
+    let index = TuskIndex::create(&store, kind, "bench", args, txn_keys)?;
     let settle = || {
         store.is_stable(store.last_lsn(), true);
         Ok(())
@@ -557,8 +561,8 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize)
 }
 
 pub fn run(args: IndexArgs) -> CliResult {
-    if args.threads.contains(&0) || args.keys < 2 || args.rounds == 0 {
-        return Err("--threads must be ≥ 1, --keys ≥ 2 and --rounds ≥ 1".into());
+    if args.threads.contains(&0) || args.txn_keys.contains(&0) || args.keys < 2 || args.rounds == 0 {
+        return Err("--threads and --txn-keys must be ≥ 1, --keys ≥ 2 and --rounds ≥ 1".into());
     }
     if args.agg_width > 4096 {
         return Err("--agg-width is at most 4096 (congee's scan buffer)".into());
@@ -567,18 +571,27 @@ pub fn run(args: IndexArgs) -> CliResult {
     for &kind in &args.index {
         for &order in &args.order {
             for &threads in &args.threads {
-                cells.push((kind, order, threads));
+                for &txn_keys in &args.txn_keys {
+                    cells.push((kind, order, threads, txn_keys));
+                }
             }
         }
     }
     // measured[i]: the rounds of cell i, interleaved so that load changes hit every cell.
     let mut measured: Vec<Vec<Row>> = cells.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds {
-        for (i, &(kind, order, threads)) in cells.iter().enumerate() {
+        for (i, &(kind, order, threads, txn_keys)) in cells.iter().enumerate() {
             if !args.out.json {
-                eprintln!("measuring {} / {} ({} keys, {threads} threads, round {} of {})...", kind.name(), order.name(), args.keys, round + 1, args.rounds);
+                eprintln!(
+                    "measuring {} / {} ({} keys, {threads} threads, {txn_keys} keys per txn, round {} of {})...",
+                    kind.name(),
+                    order.name(),
+                    args.keys,
+                    round + 1,
+                    args.rounds
+                );
             }
-            measured[i].push(run_row(&args, kind, order, threads)?);
+            measured[i].push(run_row(&args, kind, order, threads, txn_keys)?);
         }
     }
     let rows: Vec<Row> = measured.into_iter().map(median_row).collect();
@@ -609,6 +622,7 @@ fn median_row(rounds: Vec<Row>) -> Row {
         keys: first.keys,
         distinct: first.distinct,
         threads: first.threads,
+        txn_keys: first.txn_keys,
         rounds: rounds.len(),
         insert_per_s: m(|r| r.insert_per_s),
         insert_retries_per_txn: m(|r| r.insert_retries_per_txn),
@@ -628,11 +642,35 @@ fn median_row(rounds: Vec<Row>) -> Row {
 }
 
 fn print_insert_table(rows: &[Row]) {
-    outln!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14}", "index", "order", "keys", "threads", "rounds", "insert/s", "retries/txn");
+    outln!(
+        "{:<6} {:<13} {:>10} {:>8} {:>9} {:>7} {:>12} {:>9} {:>14}",
+        "index", "order", "keys", "threads", "txn keys", "rounds", "insert/s", "vs small", "retries/txn"
+    );
     for r in rows {
-        outln!("{:<6} {:<13} {:>10} {:>8} {:>7} {:>12} {:>14.4}", r.index, r.order, r.keys, r.threads, r.rounds, rate(r.insert_per_s), r.insert_retries_per_txn);
+        outln!(
+            "{:<6} {:<13} {:>10} {:>8} {:>9} {:>7} {:>12} {:>9.2} {:>14.4}",
+            r.index,
+            r.order,
+            r.keys,
+            r.threads,
+            r.txn_keys,
+            r.rounds,
+            rate(r.insert_per_s),
+            r.insert_per_s / smallest_txn_rate(rows, r),
+            r.insert_retries_per_txn
+        );
     }
     outln!("insert/s: durable inserts (Async commits, the clock stops at the last LSN durable), medians of the rounds");
+    outln!("vs small: insert/s against the row of the same index, order and threads with the fewest keys per transaction");
+}
+
+/// The insert rate of the row like `r` (index, order, threads) with the fewest keys per
+/// transaction.
+fn smallest_txn_rate(rows: &[Row], r: &Row) -> f64 {
+    rows.iter()
+        .filter(|o| o.index == r.index && o.order == r.order && o.threads == r.threads)
+        .min_by_key(|o| o.txn_keys)
+        .map_or(f64::NAN, |o| o.insert_per_s)
 }
 
 /// The row as JSON; with `inserts_only`, the phases not measured are null.
@@ -645,6 +683,7 @@ fn row_json(r: &Row, inserts_only: bool) -> serde_json::Value {
         "keys": r.keys,
         "distinct_keys": r.distinct,
         "threads": r.threads,
+        "txn_keys": r.txn_keys,
         "rounds": r.rounds,
         "inserts_only": inserts_only,
         "insert_per_s": r.insert_per_s,

@@ -360,3 +360,28 @@ fn bench_dirs_are_created_and_io_errors_name_their_path() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains(blocker.to_str().unwrap()), "{err}");
 }
+
+/// `bench index --txn-keys` takes a list: a row per transaction size, each naming its size,
+/// and the table gives each row's rate against the smallest size's (1.00 for that one).
+#[test]
+fn bench_index_measures_a_row_per_transaction_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["bench", "index", "--index", "btree,art", "--order", "shuffled", "--inserts-only", "--keys", "20000", "--txn-keys", "1,100,20000", "--dir"];
+    let mut args: Vec<&str> = base.to_vec();
+    args.push(dir.path().to_str().unwrap());
+    let (ok, table, err) = tusk(&args);
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("btree") || l.starts_with("art")).collect();
+    assert_eq!(rows.len(), 6, "{table}");
+    for row in rows.iter().filter(|r| r.split_whitespace().nth(4) == Some("1")) {
+        assert_eq!(row.split_whitespace().nth(7), Some("1.00"), "the smallest size is the base: {row}");
+    }
+    args.push("--json");
+    let (ok, out, err) = tusk(&args);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let sizes: Vec<(String, u64)> = lines.iter().map(|l| (l["index"].as_str().unwrap().to_string(), l["txn_keys"].as_u64().unwrap())).collect();
+    let expected: Vec<(String, u64)> = ["btree", "art"].iter().flat_map(|i| [1, 100, 20000].map(|n| (i.to_string(), n))).collect();
+    assert_eq!(sizes, expected);
+    assert!(lines.iter().all(|l| l["insert_per_s"].as_f64().is_some_and(|r| r > 0.0)), "{out}");
+}
