@@ -47,6 +47,10 @@ pub const IN_PLACE_FROM: usize = 1;
 /// docs: a longer wait is a cycle through the commit gate).
 pub const LOCK_WAIT: Duration = Duration::from_millis(20);
 
+/// Bitmap words scanned per written line at most, when the written lines are read off the
+/// saved-lines bitmap rather than sorted (a word covers 64 lines, 4 KiB of heap).
+const BITMAP_SCAN_PER_LINE: usize = 4;
+
 /// Spins between looks at the clock while waiting for a lock.
 #[cfg(not(loom))]
 const SPINS_PER_CLOCK_LOOK: u32 = 1024;
@@ -63,11 +67,14 @@ pub struct InPlace {
     written_bits: Vec<u64>,
     /// One bit per heap line: its before-image is in `undo`.
     saved_bits: Vec<u64>,
-    /// Before-images (`masks` unused), one per written line, in the order first written;
-    /// turned into after-images at commit.
+    /// Before-images (`masks` unused), one per written line, in the order first written.
     pub(crate) undo: Vec<LineWrite>,
-    /// (line, position in `undo`) in line order, made by [`InPlace::sort_undo`].
-    order: Vec<(u64, u32)>,
+    /// The lowest and highest line written (byte offsets), while any is.
+    written_range: (u64, u64),
+    /// The written lines in ascending order, made at commit by [`InPlace::lines_in_order`].
+    pub(crate) lines: Vec<u64>,
+    /// Their contents at commit, in the same order: the redo record's after-images.
+    pub(crate) after: Vec<[u64; LINE_WORDS]>,
 }
 
 #[inline]
@@ -95,7 +102,9 @@ impl InPlace {
             written_bits: vec![0; stripes.div_ceil(64) as usize],
             saved_bits: vec![0; lines.div_ceil(64) as usize],
             undo: Vec::new(),
-            order: Vec::new(),
+            written_range: (u64::MAX, 0),
+            lines: Vec::new(),
+            after: Vec::new(),
         }
     }
 
@@ -126,20 +135,37 @@ impl InPlace {
     /// marks it saved.
     #[inline]
     pub fn first_write(&mut self, line: u64) -> bool {
-        !test_and_set(&mut self.saved_bits, line / LINE_BYTES)
+        if test_and_set(&mut self.saved_bits, line / LINE_BYTES) {
+            return false;
+        }
+        self.written_range = (self.written_range.0.min(line), self.written_range.1.max(line));
+        true
     }
 
-    /// Puts the positions of the undo log's entries in line order (sorted as (line,
-    /// position) pairs: 16 bytes moved instead of a whole entry), into `order`.
-    pub fn sort_undo(&mut self) {
-        self.order.clear();
-        self.order.extend(self.undo.iter().enumerate().map(|(i, e)| (e.line, i as u32)));
-        self.order.sort_unstable();
-    }
-
-    /// The undo log's entries in line order, as of [`InPlace::sort_undo`].
-    pub fn in_line_order(&self) -> impl Iterator<Item = &LineWrite> + '_ {
-        self.order.iter().map(|&(_, i)| &self.undo[i as usize])
+    /// The written lines in ascending order. Where they lie densely (the bitmap words between
+    /// the lowest and the highest are at most `BITMAP_SCAN_PER_LINE` per line) they are
+    /// read off the bitmap, in address order for free; elsewhere their offsets are sorted.
+    pub fn lines_in_order(&mut self) -> &[u64] {
+        self.lines.clear();
+        if self.undo.is_empty() {
+            return &self.lines;
+        }
+        let (lo, hi) = (self.written_range.0 / LINE_BYTES, self.written_range.1 / LINE_BYTES);
+        let words = (lo / 64) as usize..=(hi / 64) as usize;
+        if words.clone().count() <= BITMAP_SCAN_PER_LINE * self.undo.len() {
+            for w in words {
+                let mut bits = self.saved_bits[w];
+                while bits != 0 {
+                    self.lines.push((w as u64 * 64 + u64::from(bits.trailing_zeros())) * LINE_BYTES);
+                    bits &= bits - 1;
+                }
+            }
+        } else {
+            self.lines.extend(self.undo.iter().map(|e| e.line));
+            self.lines.sort_unstable();
+        }
+        debug_assert_eq!(self.lines.len(), self.undo.len());
+        &self.lines
     }
 
     /// Clears every bit set and empties the lists, keeping their memory.
@@ -153,7 +179,9 @@ impl InPlace {
         }
         self.held.clear();
         self.undo.clear();
-        self.order.clear();
+        self.written_range = (u64::MAX, 0);
+        self.lines.clear();
+        self.after.clear();
     }
 
 }

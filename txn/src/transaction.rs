@@ -590,7 +590,12 @@ impl<'e> Transaction<'e> {
         let (lsn, over_bound) = match &engine.log {
             Some(log) => {
                 let lines = self.bufs.writes.sorted();
-                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| lines.get(k)))
+                log.append(partition, |buf, lsn| {
+                    encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| {
+                        let e = lines.get(k);
+                        LineWrites { line: e.line, masks: e.masks, words: &e.words }
+                    })
+                })
             }
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
@@ -872,27 +877,29 @@ impl<'e> Transaction<'e> {
         }
         let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
         let heap = engine.heap();
-        // Before-images become after-images, masked to the words that changed.
-        for e in state.undo.iter_mut() {
-            let mut now = [0u64; LINE_WORDS];
-            heap.load_words(e.line, &mut now);
-            e.masks = (0..LINE_WORDS).filter(|&w| now[w] != e.words[w]).fold(0, |m, w| m | 0xFF << (8 * w));
-            e.words = now;
+        // The record holds the written lines whole, as they are now, in line order: every
+        // word of a held line is the committed state or this transaction's write, so no
+        // before-image needs comparing, and the lines are read in address order.
+        let mut after = std::mem::take(&mut state.after);
+        for &line in state.lines_in_order() {
+            let mut words = [0u64; LINE_WORDS];
+            heap.load_words(line, &mut words);
+            after.push(words);
         }
-        state.sort_undo();
+        state.after = after;
         let partition = engine.partition_of_current_thread();
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
+        let (lines, after) = (&state.lines, &state.after);
         let (lsn, over_bound) = match &engine.log {
-            Some(log) => {
-                let changed: Vec<&LineWrite> = state.in_line_order().filter(|e| e.masks != 0).collect();
-                log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, changed.len(), |k| changed[k]))
-            }
+            Some(log) => log.append(partition, |buf, lsn| {
+                encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| LineWrites { line: lines[k], masks: u64::MAX, words: &after[k] })
+            }),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         crate::sync::fence(std::sync::atomic::Ordering::Release);
         let mut stamps = PageStamps::new(heap, engine.dirty_epoch());
-        for e in state.in_line_order().filter(|e| e.masks != 0) {
-            stamps.line(e.line);
+        for &line in lines {
+            stamps.line(line);
         }
         drop(pass);
         for &(s, seen) in &state.held {
@@ -933,18 +940,15 @@ impl<'h> PageStamps<'h> {
 }
 
 /// Encodes a redo record of `count` line writes, `line(k)` the k-th in ascending line order
-/// (see [`tusk_storage::line_record`]); with none (an in-place run that changed nothing in
-/// the end), an empty record, which still takes the LSN.
-fn encode_record<'a>(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, count: usize, line: impl Fn(usize) -> &'a LineWrite) {
+/// (see [`tusk_storage::line_record`]); with none (an in-place run that wrote nothing in the
+/// end), an empty record, which still takes the LSN.
+fn encode_record<'a>(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, count: usize, line: impl Fn(usize) -> LineWrites<'a>) {
     let header = RecordHeader { lsn, partition, flags, void: None };
     if count == 0 {
         RecordEncoder::begin(buf, header).finish(buf);
         return;
     }
-    encode_lines(buf, header, count, |k| {
-        let e = line(k);
-        LineWrites { line: e.line, masks: e.masks, words: &e.words }
-    });
+    encode_lines(buf, header, count, line);
 }
 
 #[cfg(test)]
@@ -1051,7 +1055,10 @@ mod tests {
             ws.sort();
             let mut buf = Vec::new();
             let lines = ws.sorted();
-            super::encode_record(&mut buf, 7, 1, 0, lines.len(), |k| lines.get(k));
+            super::encode_record(&mut buf, 7, 1, 0, lines.len(), |k| {
+                let e = lines.get(k);
+                super::LineWrites { line: e.line, masks: e.masks, words: &e.words }
+            });
             let lines: Vec<_> = ws.sorted().iter().copied().collect();
             let Frame::Record(view, _) = decode_frame(&buf, 0) else { panic!("record does not decode") };
             let mut got = vec![0u8; model.len()];
