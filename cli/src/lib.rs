@@ -16,6 +16,7 @@ macro_rules! outln {
     }};
 }
 
+mod bench_batch;
 mod bench_gpu;
 mod bench_index;
 mod bench_peers;
@@ -107,6 +108,8 @@ enum Bench {
     Gpu(bench_gpu::GpuArgs),
     /// tusk against SQLite, LMDB, redb and fjall on the same work, durability matched.
     Peers(bench_peers::PeersArgs),
+    /// B-link `apply_batch` of random upserts into a loaded tree, a transaction per batch.
+    Batch(bench_batch::BatchArgs),
 }
 
 /// The file systems of `--fs` (`tusk crashtest`, `tusk bench`).
@@ -146,6 +149,7 @@ impl Bench {
             Bench::Snapshot(a) => &mut a.out.dir,
             Bench::Gpu(a) => &mut a.out.dir,
             Bench::Peers(a) => &mut a.out.dir,
+            Bench::Batch(a) => &mut a.out.dir,
         }
     }
 
@@ -159,6 +163,7 @@ impl Bench {
             Bench::Snapshot(a) => a.out.json,
             Bench::Gpu(a) => a.out.json,
             Bench::Peers(a) => a.out.json,
+            Bench::Batch(a) => a.out.json,
         }
     }
 
@@ -171,6 +176,7 @@ impl Bench {
             Bench::Snapshot(args) => bench_snapshot::run(args),
             Bench::Gpu(args) => bench_gpu::run(args),
             Bench::Peers(args) => bench_peers::run(args),
+            Bench::Batch(args) => bench_batch::run(args),
         }
     }
 }
