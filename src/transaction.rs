@@ -107,4 +107,11 @@ impl Transaction<'_> {
     pub fn abort(self) {
         self.inner.abort()
     }
+
+    /// Whether the transaction runs in place: once it has written more than 4096 lines of
+    /// 64 bytes it locks what it touches and writes the heap directly (README, "Transactions
+    /// of any size").
+    pub fn is_in_place(&self) -> bool {
+        self.inner.is_in_place()
+    }
 }

@@ -57,6 +57,10 @@ pub struct CrashtestArgs {
     /// Longest time a child runs before it is crashed, in milliseconds.
     #[arg(long, default_value_t = 250)]
     max_run_ms: u64,
+    /// Hathi: words each transaction reads and rewrites (8000 of the array's 65,536 touch
+    /// about 5,000 lines: large transactions, which run in place).
+    #[arg(long, default_value_t = crate::crashtest::workload::HATHI_TOUCH)]
+    txn_words: usize,
     /// Print one JSON object instead of the table (with --fs: one a file system).
     #[arg(long)]
     json: bool,
@@ -194,9 +198,23 @@ fn run_in(
         FaultArg::Eio => vec![Fault::Eio],
         FaultArg::All => Fault::ALL.to_vec(),
     };
+    if args.txn_words != crate::crashtest::workload::HATHI_TOUCH && workload != Workload::Hathi {
+        return Err("--txn-words is for the hathi workload".into());
+    }
+    if args.txn_words == 0 {
+        return Err("--txn-words must be ≥ 1".into());
+    }
     let exe = std::env::current_exe()?;
-    let config =
-        Config { cycles: args.cycles, seed: args.seed, workload, commit, faults, max_run_ms: args.max_run_ms, ..Config::new(exe, dir.to_path_buf()) };
+    let config = Config {
+        cycles: args.cycles,
+        seed: args.seed,
+        workload,
+        commit,
+        faults,
+        max_run_ms: args.max_run_ms,
+        txn_words: args.txn_words,
+        ..Config::new(exe, dir.to_path_buf())
+    };
 
     let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(args.cycles) };
     let on = fs.map_or(String::new(), |fs| format!("{fs} "));

@@ -63,6 +63,8 @@ pub struct ChildConfig {
     /// Power: the recording backend's pause between writing a batch and syncing it, in
     /// microseconds (it widens the window in which the kill finds writes not yet durable).
     pub window_us: u64,
+    /// Hathi: words each transaction reads and rewrites.
+    pub txn_words: usize,
 }
 
 fn workload_name(w: Workload) -> &'static str {
@@ -96,6 +98,7 @@ impl ChildConfig {
             "eio_after": self.eio_after,
             "journal": self.journal.as_ref().map(|j| j.to_string_lossy().into_owned()),
             "window_us": self.window_us,
+            "txn_words": self.txn_words,
         })
         .to_string()
     }
@@ -130,6 +133,7 @@ impl ChildConfig {
             eio_after: v["eio_after"].as_u64(),
             journal: v["journal"].as_str().map(PathBuf::from),
             window_us: num("window_us")?,
+            txn_words: num("txn_words")? as usize,
         })
     }
 }
@@ -234,7 +238,7 @@ fn worker(store: &Store, p: tusk::HeapPtr, config: &ChildConfig, t: u32, last_se
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(t));
     let mut refusals = 0;
     while !stop.load(Ordering::SeqCst) {
-        let draw = workload::draw(config.workload, &mut rng);
+        let draw = workload::draw(config.workload, config.txn_words, &mut rng);
         let mode = mode(config.commit, config.workload, &mut rng);
         let mut tx = store.begin();
         let outcome = loop {

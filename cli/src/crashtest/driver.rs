@@ -268,6 +268,7 @@ fn cycle(config: &Config, k: u64, baseline: &[u64]) -> Result<(CycleOutcome, Opt
         eio_after: (fault == Fault::Eio).then(|| rng.random_range(0..40)),
         journal: (fault == Fault::Power).then(|| journal.clone()),
         window_us: rng.random_range(0..=2000),
+        txn_words: config.txn_words,
     };
     let run_ms = rng.random_range(20..=config.max_run_ms.max(20));
     let mut fault_rng = SmallRng::seed_from_u64(rng.random());

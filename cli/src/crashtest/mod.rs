@@ -108,6 +108,9 @@ pub struct Config {
     pub faults: Vec<Fault>,
     /// Longest time a child runs before its crash, in milliseconds (at least 20).
     pub max_run_ms: u64,
+    /// Hathi: words each transaction reads and rewrites (thousands: large transactions,
+    /// which run in place).
+    pub txn_words: usize,
 }
 
 impl Config {
@@ -122,6 +125,7 @@ impl Config {
             commit: CommitChoice::Mixed,
             faults: Fault::ALL.to_vec(),
             max_run_ms: 250,
+            txn_words: workload::HATHI_TOUCH,
         }
     }
 }

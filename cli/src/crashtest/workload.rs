@@ -35,7 +35,8 @@ pub const INITIAL: u64 = 1_000;
 pub const TOTAL: u64 = ACCOUNTS * INITIAL;
 /// Words of the hathi array, and how many each transaction reads and rewrites.
 pub const HATHI_WORDS: u64 = 1 << 16;
-/// Words of the hathi array each transaction reads and rewrites.
+/// Words of the hathi array each transaction reads and rewrites, unless the run says otherwise
+/// (`--txn-words`: thousands make transactions large enough to run in place).
 pub const HATHI_TOUCH: usize = 6;
 /// Keys per tree of the index workload, and the index operations per transaction.
 pub const INDEX_KEYS: u64 = 2048;
@@ -163,7 +164,7 @@ pub enum Draw {
     /// Hathi: words of the array read and rewritten, each new value from the old one.
     Touch {
         /// Indexes into the array (from 0) of the words touched, in order; one may repeat.
-        words: [u64; HATHI_TOUCH],
+        words: Vec<u64>,
         /// Odd value mixed into every new value.
         salt: u64,
     },
@@ -174,8 +175,8 @@ pub enum Draw {
     },
 }
 
-/// Draws what the next transaction of workload `w` does.
-pub fn draw(w: Workload, rng: &mut SmallRng) -> Draw {
+/// Draws what the next transaction of workload `w` does (hathi: touching `txn_words` words).
+pub fn draw(w: Workload, txn_words: usize, rng: &mut SmallRng) -> Draw {
     match w {
         Workload::Bank => {
             let from = rng.random_range(0..ACCOUNTS);
@@ -191,10 +192,7 @@ pub fn draw(w: Workload, rng: &mut SmallRng) -> Draw {
             Draw::Index { ops }
         }
         Workload::Hathi => {
-            let mut words = [0; HATHI_TOUCH];
-            for word in &mut words {
-                *word = rng.random_range(0..HATHI_WORDS);
-            }
+            let words = (0..txn_words).map(|_| rng.random_range(0..HATHI_WORDS)).collect();
             Draw::Touch { words, salt: rng.random::<u64>() | 1 }
         }
     }
@@ -216,16 +214,19 @@ pub fn attempt(tx: &mut Transaction<'_>, p: HeapPtr, d: &Draw) -> Result<(u64, W
             writes.push((fi, a - amount));
             writes.push((ti, b + amount));
         }
-        Draw::Touch { words, salt } => {
+        Draw::Touch { ref words, salt } => {
+            // Each word's latest value in this transaction, where a word repeats.
+            let mut latest: std::collections::HashMap<u64, u64> = std::collections::HashMap::with_capacity(words.len());
             for (k, &word) in words.iter().enumerate() {
                 let i = DATA + word;
                 // The new value depends on the old one: replaying in another order than the
                 // commit order gives other values.
-                let old = match writes.iter().rev().find(|&&(j, _)| j == i) {
-                    Some(&(_, v)) => v,
+                let old = match latest.get(&i) {
+                    Some(&v) => v,
                     None => tx.read_u64_at(p, 8 * i)?,
                 };
                 let new = old.rotate_left(7) ^ salt.wrapping_mul(k as u64 + 1);
+                latest.insert(i, new);
                 writes.push((i, new));
             }
         }
@@ -261,7 +262,28 @@ pub fn apply(words: &mut [u64], seq: u64, writes: &[(u64, u64)]) {
 
 #[cfg(test)]
 mod tests {
+    use rand::SeedableRng;
+
     use super::*;
+
+    /// `--txn-words 8000` makes hathi transactions large enough to run in place, so the crash
+    /// runs that use it test the in-place commit's durability.
+    #[test]
+    fn eight_thousand_hathi_words_run_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = tusk::Store::open(dir.path(), tusk::Options { heap_capacity: 64 << 20, ..tusk::Options::default() }).unwrap();
+        let (p, _) = store.transact(tusk::Commit::Sync, |tx| setup(tx, Workload::Hathi)).unwrap();
+        let mut rng = SmallRng::seed_from_u64(3);
+        for (words, in_place) in [(HATHI_TOUCH, false), (8000, true)] {
+            let draw = draw(Workload::Hathi, words, &mut rng);
+            let mut tx = store.begin();
+            let (_, writes) = attempt(&mut tx, p, &draw).unwrap();
+            assert_eq!(writes.len(), words);
+            assert_eq!(tx.is_in_place(), in_place, "{words} words");
+            tx.commit(tusk::Commit::Async).unwrap();
+        }
+        store.close().unwrap();
+    }
 
     #[test]
     fn art_keys_are_distinct_and_parse_back() {
