@@ -808,6 +808,8 @@ impl<'e> Transaction<'e> {
         true
     }
 
+    #[cold]
+    #[inline(never)]
     fn load_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
         if self.hold(self.engine.stripes.index_of(off)).is_none() {
             return self.in_place_conflict();
@@ -816,6 +818,8 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
+    #[cold]
+    #[inline(never)]
     fn store_in_place(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
         if !self.writable(off & !(LINE_BYTES - 1)) {
             return self.in_place_conflict();
@@ -824,6 +828,8 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
+    #[cold]
+    #[inline(never)]
     fn store_words_in_place(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
         let heap = self.engine.heap();
         let mut i = 0;
@@ -869,6 +875,8 @@ impl<'e> Transaction<'e> {
 
     /// Commits an in-place run: the changed words of the written lines are its redo record;
     /// the LSN is drawn while every stripe is held.
+    #[cold]
+    #[inline(never)]
     fn commit_in_place(&mut self, mode: Commit) -> Result<Option<Lsn>, TxnError> {
         let engine = self.engine;
         if let Err(e) = engine.check_open() {
