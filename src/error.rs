@@ -58,6 +58,13 @@ pub enum Error {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// The transaction wrote more 64-byte lines than one redo record holds (about 780 MiB of
+    /// changed heap); nothing of it was written. Split the work into several transactions.
+    #[error("transaction too large: it wrote more than {max} lines of 64 bytes, the most one redo record holds")]
+    TransactionTooLarge {
+        /// The most lines a transaction may write.
+        max: u64,
+    },
     /// The store path exists and is not a directory.
     #[error("{0}: not a directory")]
     NotADirectory(PathBuf),
@@ -216,6 +223,7 @@ impl From<TxnError> for Error {
             TxnError::RootTableFull(n) => Error::RootTableFull(n),
             TxnError::LogFailed(why) => Error::LogFailed(why),
             TxnError::Closed => Error::Closed,
+            TxnError::TooLarge { max } => Error::TransactionTooLarge { max },
             TxnError::Storage(s) => s.into(),
         }
     }

@@ -47,6 +47,14 @@ pub fn word_bits(masks: u64) -> (u8, u8) {
 /// each with its gap varint (or, for whole words, a run's two varints and eight bytes).
 const LINE_MAX: usize = LINE_WORDS * (4 * (MAX_VARINT + 1) + 8);
 
+/// The most lines of any masks one record can hold: its payload stays within
+/// [`crate::log_format::MAX_PAYLOAD`].
+pub const MAX_LINES: usize = (crate::log_format::MAX_PAYLOAD - FIXED_MAX) / LINE_MAX;
+
+/// The most whole lines (every word written) one record can hold: a run of whole lines costs
+/// its 64 bytes a line and one (offset, length) header.
+pub const MAX_WHOLE_LINES: usize = (crate::log_format::MAX_PAYLOAD - FIXED_MAX) / (LINE_BYTES as usize + 2 * MAX_VARINT);
+
 /// Number of ones from bit `from` of `bits` up (to the first zero).
 #[inline]
 fn ones_from(bits: u8, from: u32) -> u32 {

@@ -33,6 +33,10 @@ pub enum TxnError {
     /// The store is closed.
     #[error("the store is closed")]
     Closed,
+    /// The transaction wrote more 64-byte lines than one redo record holds; nothing of it
+    /// was written.
+    #[error("transaction too large: it wrote more than {max} lines of 64 bytes, the most one redo record holds")]
+    TooLarge { max: u64 },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

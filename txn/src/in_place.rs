@@ -34,6 +34,8 @@
 
 use std::time::{Duration, Instant};
 
+use tusk_storage::line_record::MAX_WHOLE_LINES;
+
 use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
 
 /// Write-set lines beyond which a transaction changes to in-place mode (one under loom, so
@@ -75,6 +77,8 @@ pub struct InPlace {
     pub(crate) lines: Vec<u64>,
     /// Their contents at commit, in the same order: the redo record's after-images.
     pub(crate) after: Vec<[u64; LINE_WORDS]>,
+    /// The most lines a run may write: its record (whole lines) must fit one record.
+    pub(crate) max_lines: usize,
 }
 
 #[inline]
@@ -105,6 +109,7 @@ impl InPlace {
             written_range: (u64::MAX, 0),
             lines: Vec::new(),
             after: Vec::new(),
+            max_lines: MAX_WHOLE_LINES,
         }
     }
 
@@ -140,6 +145,13 @@ impl InPlace {
         }
         self.written_range = (self.written_range.0.min(line), self.written_range.1.max(line));
         true
+    }
+
+    /// Whether a write to `line` would add a before-image (its first write).
+    #[inline]
+    pub fn first_write_would_add(&self, line: u64) -> bool {
+        let i = line / LINE_BYTES;
+        self.saved_bits[(i / 64) as usize] & (1u64 << (i % 64)) == 0
     }
 
     /// The written lines in ascending order. Where they lie densely (the bitmap words between
@@ -367,6 +379,30 @@ mod engine_tests {
         assert!(!tx.is_in_place());
         drop(tx);
         assert_eq!(engine.heap().load_word(line(1)), 0, "nothing of it stayed");
+    }
+
+    /// A run that would write more lines than one record holds fails with `TooLarge`, and
+    /// leaves nothing behind: every line and stripe word as before, the token free again.
+    /// (The real limit, `MAX_WHOLE_LINES`, is about 12.8 M lines; the test lowers it.)
+    #[test]
+    fn a_run_past_the_record_limit_fails_whole() {
+        let engine = engine(8 << 20);
+        let n = IN_PLACE_FROM as u64 + 100;
+        transact(&engine, |tx| (0..n).try_for_each(|i| tx.store(line(i), i)));
+        engine.in_place.lock().as_mut().unwrap().max_lines = IN_PLACE_FROM + 50;
+        let mut tx = engine.begin();
+        let result = (0..n).try_for_each(|i| tx.store(line(i), 7));
+        assert!(matches!(result, Err(TxnError::TooLarge { max }) if max == IN_PLACE_FROM as u64 + 50), "{result:?}");
+        assert!(!tx.is_in_place());
+        assert!(matches!(tx.commit(Commit::Async), Err(TxnError::Conflict)), "the transaction stays failed");
+        drop(tx);
+        for i in 0..n {
+            assert_eq!(engine.heap().load_word(line(i)), i, "line {i}");
+        }
+        let mut tx = engine.begin();
+        (0..IN_PLACE_FROM as u64 + 10).try_for_each(|i| tx.store(line(i), 9)).unwrap();
+        assert!(tx.is_in_place(), "the token is free again");
+        tx.commit(Commit::Async).unwrap();
     }
 
     /// Transfers between 16,384 accounts (a line each) by large transactions (thousands of

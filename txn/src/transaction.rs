@@ -23,7 +23,7 @@
 //! validation: a false conflict at worst).
 
 use tusk_storage::layout::{BlockHeader, CLASS_LARGE, DATA_START, HEADER_SIZE, STATE_ALLOCATED};
-use tusk_storage::line_record::{encode_lines, LineWrites};
+use tusk_storage::line_record::{encode_lines, LineWrites, MAX_LINES};
 use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
 use tusk_storage::{Heap, HeapPtr};
 
@@ -577,6 +577,12 @@ impl<'e> Transaction<'e> {
         }
         let engine = self.engine;
         engine.check_open()?;
+        if self.bufs.writes.len() > MAX_LINES {
+            // Its record would not fit (a large transaction that found the in-place token
+            // taken all along): nothing is written.
+            self.doomed = true;
+            return Err(TxnError::TooLarge { max: MAX_LINES as u64 });
+        }
         self.lock_write_set()?;
         if !self.reads_valid() {
             self.unlock_restore();
@@ -748,13 +754,10 @@ impl<'e> Transaction<'e> {
             return self.in_place_conflict();
         }
         let mut writes = std::mem::take(&mut self.bufs.writes);
-        let applied = writes.iter().all(|e| self.apply_in_place(e));
+        let applied = writes.iter().try_for_each(|e| self.apply_in_place(e));
         writes.clear();
         self.bufs.writes = writes;
-        if !applied {
-            return self.in_place_conflict();
-        }
-        Ok(())
+        applied.or_else(|e| self.in_place_fail(e))
     }
 
     /// Locks stripe `s` for the in-place run unless it holds it: `Some(Some(word seen))` when
@@ -779,33 +782,35 @@ impl<'e> Transaction<'e> {
         }
     }
 
-    /// Makes the line at `line` writable in place: its stripe held, its before-image saved.
+    /// Makes the line at `line` writable in place: its stripe held (else a conflict), its
+    /// before-image saved (unless the run already writes the most lines a record holds).
     #[inline]
-    fn writable(&mut self, line: u64) -> bool {
+    fn writable(&mut self, line: u64) -> Result<(), TxnError> {
         let s = self.engine.stripes.index_of(line);
         if self.hold(s).is_none() {
-            return false;
+            return Err(TxnError::Conflict);
         }
         let state = &mut self.in_place.as_mut().expect("in place").state;
         state.note_written(s);
+        if state.undo.len() >= state.max_lines && state.first_write_would_add(line) {
+            return Err(TxnError::TooLarge { max: state.max_lines as u64 });
+        }
         if state.first_write(line) {
             let mut words = [0u64; LINE_WORDS];
             self.engine.heap().load_words(line, &mut words);
             state.undo.push(before_image(line, words));
         }
-        true
+        Ok(())
     }
 
     /// Applies a buffered line write in place (entering in-place mode).
-    fn apply_in_place(&mut self, e: &LineWrite) -> bool {
-        if !self.writable(e.line) {
-            return false;
-        }
+    fn apply_in_place(&mut self, e: &LineWrite) -> Result<(), TxnError> {
+        self.writable(e.line)?;
         let heap = self.engine.heap();
         for (off, value, mask) in e.written() {
             heap.store_word_masked(off, value, mask);
         }
-        true
+        Ok(())
     }
 
     #[cold]
@@ -821,8 +826,8 @@ impl<'e> Transaction<'e> {
     #[cold]
     #[inline(never)]
     fn store_in_place(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
-        if !self.writable(off & !(LINE_BYTES - 1)) {
-            return self.in_place_conflict();
+        if let Err(e) = self.writable(off & !(LINE_BYTES - 1)) {
+            return self.in_place_fail(e);
         }
         self.engine.heap().store_word_masked(off, value, mask);
         Ok(())
@@ -836,8 +841,8 @@ impl<'e> Transaction<'e> {
         while i < values.len() {
             let at = off + 8 * i as u64;
             let line = at & !(LINE_BYTES - 1);
-            if !self.writable(line) {
-                return self.in_place_conflict();
+            if let Err(e) = self.writable(line) {
+                return self.in_place_fail(e);
             }
             let n = (((line + LINE_BYTES - at) / 8) as usize).min(values.len() - i);
             for (j, &v) in values[i..i + n].iter().enumerate() {
@@ -849,8 +854,14 @@ impl<'e> Transaction<'e> {
     }
 
     fn in_place_conflict<T>(&mut self) -> Result<T, TxnError> {
+        self.in_place_fail(TxnError::Conflict)
+    }
+
+    /// Ends the in-place run on `error` (restoring everything) and dooms the transaction.
+    fn in_place_fail<T>(&mut self, error: TxnError) -> Result<T, TxnError> {
         self.abandon_in_place();
-        self.conflict()
+        self.doomed = true;
+        Err(error)
     }
 
     /// Ends an in-place run without committing: every written line gets its before-image
