@@ -23,8 +23,10 @@
 //!   while the snapshot closing the gate waits for this transaction's pass, so a long wait is
 //!   a cycle, broken by aborting (the undo log restores every line, every stripe gets its old
 //!   word back) and retrying.
-//! - **Commit**: the after-images of the written lines (only the words that changed) form the
-//!   redo record; the LSN is drawn while every lock is held, pages are stamped dirty, the gate
+//! - **Commit**: the written bytes of the written lines, as they are now, form the redo
+//!   record (whole words marked in a byte per line, partial words listed: a record holds what
+//!   its transaction wrote and nothing else, since a `Partition` record may be replayed beyond
+//!   an LSN gap, where words of the line that others wrote must not come with it); the LSN is drawn while every lock is held, pages are stamped dirty, the gate
 //!   is left, and the written stripes are unlocked with the LSN as their version (stripes only
 //!   read get their old word back). So LSNs keep their rules: drawn once the transaction can no
 //!   longer abort, while it holds its write locks.
@@ -69,6 +71,10 @@ pub struct InPlace {
     written_bits: Vec<u64>,
     /// One bit per heap line: its before-image is in `undo`.
     saved_bits: Vec<u64>,
+    /// One byte per heap line: bit `w` set when word `w` of the line was written whole.
+    whole_words: Vec<u8>,
+    /// Words written in part: (offset, byte mask), in the order written.
+    partial: Vec<(u64, u8)>,
     /// Before-images (`masks` unused), one per written line, in the order first written.
     pub(crate) undo: Vec<LineWrite>,
     /// The lowest and highest line written (byte offsets), while any is.
@@ -77,9 +83,28 @@ pub struct InPlace {
     pub(crate) lines: Vec<u64>,
     /// Their contents at commit, in the same order: the redo record's after-images.
     pub(crate) after: Vec<[u64; LINE_WORDS]>,
+    /// Their written bytes, in the same order (byte `w` the mask of word `w`).
+    pub(crate) masks: Vec<u64>,
     /// The most lines a run may write: its record (whole lines) must fit one record.
     pub(crate) max_lines: usize,
 }
+
+/// The byte mask of the words a whole-word bitmap names (bit `w` → byte `w` all ones).
+const WHOLE_WORD_BYTES: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut bits = 0;
+    while bits < 256 {
+        let mut w = 0;
+        while w < LINE_WORDS {
+            if bits & (1 << w) != 0 {
+                table[bits] |= 0xFF << (8 * w);
+            }
+            w += 1;
+        }
+        bits += 1;
+    }
+    table
+};
 
 #[inline]
 fn test_and_set(bits: &mut [u64], i: u64) -> bool {
@@ -105,10 +130,13 @@ impl InPlace {
             held_bits: vec![0; stripes.div_ceil(64) as usize],
             written_bits: vec![0; stripes.div_ceil(64) as usize],
             saved_bits: vec![0; lines.div_ceil(64) as usize],
+            whole_words: vec![0; lines as usize],
+            partial: Vec::new(),
             undo: Vec::new(),
             written_range: (u64::MAX, 0),
             lines: Vec::new(),
             after: Vec::new(),
+            masks: Vec::new(),
             max_lines: MAX_WHOLE_LINES,
         }
     }
@@ -147,6 +175,24 @@ impl InPlace {
         true
     }
 
+    /// Notes that `words` words from `off` (inside one line) were written whole.
+    #[inline]
+    pub fn note_whole(&mut self, off: u64, words: usize) {
+        debug_assert!(words >= 1 && (off % LINE_BYTES) / 8 + words as u64 <= LINE_WORDS as u64);
+        let bits = (((1u32 << words) - 1) << ((off % LINE_BYTES) / 8)) as u8;
+        self.whole_words[(off / LINE_BYTES) as usize] |= bits;
+    }
+
+    /// Notes a write of the bytes `mask` of the word at `off`.
+    #[inline]
+    pub fn note_bytes(&mut self, off: u64, mask: u8) {
+        if mask == 0xFF {
+            self.note_whole(off, 1);
+        } else {
+            self.partial.push((off, mask));
+        }
+    }
+
     /// Whether a write to `line` would add a before-image (its first write).
     #[inline]
     pub fn first_write_would_add(&self, line: u64) -> bool {
@@ -180,6 +226,18 @@ impl InPlace {
         &self.lines
     }
 
+    /// The written bytes of each line of [`InPlace::lines_in_order`] (called after it), in
+    /// `masks`.
+    pub fn masks_in_order(&mut self) {
+        self.masks.clear();
+        self.masks.extend(self.lines.iter().map(|&line| WHOLE_WORD_BYTES[usize::from(self.whole_words[(line / LINE_BYTES) as usize])]));
+        for &(off, mask) in &self.partial {
+            let k = self.lines.binary_search(&(off & !(LINE_BYTES - 1))).expect("a partial write's line is saved");
+            self.masks[k] |= u64::from(mask) << (8 * ((off % LINE_BYTES) / 8));
+        }
+        debug_assert!(self.masks.iter().all(|&m| m != 0), "every saved line was written");
+    }
+
     /// Clears every bit set and empties the lists, keeping their memory.
     pub fn reset(&mut self) {
         for &(s, _) in &self.held {
@@ -188,7 +246,10 @@ impl InPlace {
         }
         for e in &self.undo {
             clear(&mut self.saved_bits, e.line / LINE_BYTES);
+            self.whole_words[(e.line / LINE_BYTES) as usize] = 0;
         }
+        self.partial.clear();
+        self.masks.clear();
         self.held.clear();
         self.undo.clear();
         self.written_range = (u64::MAX, 0);

@@ -807,8 +807,10 @@ impl<'e> Transaction<'e> {
     fn apply_in_place(&mut self, e: &LineWrite) -> Result<(), TxnError> {
         self.writable(e.line)?;
         let heap = self.engine.heap();
+        let state = &mut self.in_place.as_mut().expect("in place").state;
         for (off, value, mask) in e.written() {
             heap.store_word_masked(off, value, mask);
+            state.note_bytes(off, mask);
         }
         Ok(())
     }
@@ -830,6 +832,7 @@ impl<'e> Transaction<'e> {
             return self.in_place_fail(e);
         }
         self.engine.heap().store_word_masked(off, value, mask);
+        self.in_place.as_mut().expect("in place").state.note_bytes(off, mask);
         Ok(())
     }
 
@@ -848,6 +851,7 @@ impl<'e> Transaction<'e> {
             for (j, &v) in values[i..i + n].iter().enumerate() {
                 heap.store_word(at + 8 * j as u64, v);
             }
+            self.in_place.as_mut().expect("in place").state.note_whole(at, n);
             i += n;
         }
         Ok(())
@@ -884,7 +888,7 @@ impl<'e> Transaction<'e> {
         *engine.in_place.lock() = Some(state);
     }
 
-    /// Commits an in-place run: the changed words of the written lines are its redo record;
+    /// Commits an in-place run: the bytes it wrote are its redo record;
     /// the LSN is drawn while every stripe is held.
     #[cold]
     #[inline(never)]
@@ -896,9 +900,10 @@ impl<'e> Transaction<'e> {
         }
         let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
         let heap = engine.heap();
-        // The record holds the written lines whole, as they are now, in line order: every
-        // word of a held line is the committed state or this transaction's write, so no
-        // before-image needs comparing, and the lines are read in address order.
+        // The record holds the bytes this transaction wrote, read from the heap (where they
+        // are its last values) in line order, the lines in address order. Only those: a
+        // `Partition` record may be replayed beyond an LSN gap, and the other words of its
+        // lines may hold writes of transactions lost in that gap.
         let mut after = std::mem::take(&mut state.after);
         for &line in state.lines_in_order() {
             let mut words = [0u64; LINE_WORDS];
@@ -906,12 +911,13 @@ impl<'e> Transaction<'e> {
             after.push(words);
         }
         state.after = after;
+        state.masks_in_order();
         let partition = engine.partition_of_current_thread();
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
-        let (lines, after) = (&state.lines, &state.after);
+        let (lines, after, masks) = (&state.lines, &state.after, &state.masks);
         let (lsn, over_bound) = match &engine.log {
             Some(log) => log.append(partition, |buf, lsn| {
-                encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| LineWrites { line: lines[k], masks: u64::MAX, words: &after[k] })
+                encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| LineWrites { line: lines[k], masks: masks[k], words: &after[k] })
             }),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
