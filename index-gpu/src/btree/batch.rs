@@ -51,42 +51,114 @@ pub struct BatchOutcome {
     pub absent: u64,
 }
 
+/// One leaf's entries while a batch changes them: its keys and values, as read and as changed.
+struct LeafEntries {
+    keys: [u64; CAPACITY],
+    values: [u64; CAPACITY],
+    count: usize,
+    original_keys: [u64; CAPACITY],
+    original_values: [u64; CAPACITY],
+    original_count: usize,
+}
+
+impl LeafEntries {
+    fn new() -> LeafEntries {
+        LeafEntries { keys: [0; CAPACITY], values: [0; CAPACITY], count: 0, original_keys: [0; CAPACITY], original_values: [0; CAPACITY], original_count: 0 }
+    }
+
+    /// Reads the `count` entries of `leaf`: its keys and its values, one run each.
+    fn read<H: HeapWrite>(&mut self, heap: &mut H, leaf: u64, count: usize) -> Result<(), TxnError> {
+        heap.load_words(layout::key_off(leaf, 0), &mut self.keys[..count])?;
+        heap.load_words(layout::value_off(leaf, 0), &mut self.values[..count])?;
+        self.original_keys[..count].copy_from_slice(&self.keys[..count]);
+        self.original_values[..count].copy_from_slice(&self.values[..count]);
+        (self.count, self.original_count) = (count, count);
+        Ok(())
+    }
+
+    fn insert(&mut self, i: usize, key: u64, value: u64) {
+        debug_assert!(self.count < CAPACITY);
+        self.keys.copy_within(i..self.count, i + 1);
+        self.values.copy_within(i..self.count, i + 1);
+        (self.keys[i], self.values[i]) = (key, value);
+        self.count += 1;
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.keys.copy_within(i + 1..self.count, i);
+        self.values.copy_within(i + 1..self.count, i);
+        self.count -= 1;
+    }
+
+    /// Writes the entries back into `leaf`: only the slots that changed (each run of them as
+    /// one write), and the count if it did, so a batch dirties and logs no more of the node
+    /// than it must.
+    fn write_back<H: HeapWrite>(&self, heap: &mut H, leaf: u64, level: u32) -> Result<(), TxnError> {
+        let n = self.count;
+        write_changed_runs(heap, layout::key_off(leaf, 0), &self.keys[..n], &self.original_keys[..self.original_count])?;
+        write_changed_runs(heap, layout::value_off(leaf, 0), &self.values[..n], &self.original_values[..self.original_count])?;
+        if n != self.original_count {
+            layout::write_level_count(heap, leaf, level, n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Stores the words of `new` that differ from `old` (or lie beyond it) at `base`, each run of
+/// neighbouring ones in one `store_words`.
+fn write_changed_runs<H: HeapWrite>(heap: &mut H, base: u64, new: &[u64], old: &[u64]) -> Result<(), TxnError> {
+    let changed = |i: usize| old.get(i) != Some(&new[i]);
+    let mut i = 0;
+    while i < new.len() {
+        if !changed(i) {
+            i += 1;
+            continue;
+        }
+        let mut end = i + 1;
+        while end < new.len() && changed(end) {
+            end += 1;
+        }
+        heap.store_words(base + 8 * i as u64, &new[i..end])?;
+        i = end;
+    }
+    Ok(())
+}
+
 /// Applies `ops` to the tree described at `meta` (see the module doc).
 pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<BatchOutcome, TxnError> {
-    let mut order: Vec<usize> = (0..ops.len()).collect();
-    order.sort_by_key(|&i| ops[i].key()); // stable: equal keys keep batch order
+    // (key, position): sorting the pairs keeps operations on one key in batch order, and
+    // sorts without chasing each key through `ops`.
+    let mut order: Vec<(u64, usize)> = ops.iter().enumerate().map(|(i, op)| (op.key(), i)).collect();
+    order.sort_unstable();
     let mut out = BatchOutcome::default();
     let mut key_delta = 0i64;
+    let mut leaf_entries = LeafEntries::new();
+    let e = &mut leaf_entries;
     let mut pos = 0;
     while pos < order.len() {
         let root = heap.load(meta + ROOT_OFF)?;
-        let first = ops[order[pos]].key();
-        let (leaf, h) = search::descend(heap, root, first, None)?;
+        let (leaf, h) = search::descend(heap, root, order[pos].0, None)?;
         let min = if leaf == root { 0 } else { MIN_FILL };
-        let mut entries = Vec::with_capacity(CAPACITY);
-        for i in 0..h.count {
-            entries.push((layout::key(heap, leaf, i)?, layout::value(heap, leaf, i)?));
-        }
-        let original = entries.clone();
+        e.read(heap, leaf, h.count)?;
         let mut fallback = None;
         while pos < order.len() {
-            let op = ops[order[pos]];
+            let op = ops[order[pos].1];
             if h.must_move_right(op.key()) {
                 break;
             }
-            let at = entries.binary_search_by_key(&op.key(), |&(k, _)| k);
+            let at = e.keys[..e.count].binary_search(&op.key());
             match (op, at) {
                 (Op::Upsert { value, .. }, Ok(i)) => {
-                    entries[i].1 = value;
+                    e.values[i] = value;
                     out.updated += 1;
                 }
-                (Op::Upsert { key, value }, Err(i)) if entries.len() < CAPACITY => {
-                    entries.insert(i, (key, value));
+                (Op::Upsert { key, value }, Err(i)) if e.count < CAPACITY => {
+                    e.insert(i, key, value);
                     out.inserted += 1;
                     key_delta += 1;
                 }
-                (Op::Remove { .. }, Ok(i)) if entries.len() > min => {
-                    entries.remove(i);
+                (Op::Remove { .. }, Ok(i)) if e.count > min => {
+                    e.remove(i);
                     out.removed += 1;
                     key_delta -= 1;
                 }
@@ -99,7 +171,7 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
             }
             pos += 1;
         }
-        write_back(heap, leaf, h.level, &original, &entries)?;
+        e.write_back(heap, leaf, h.level)?;
         match fallback {
             Some(Op::Upsert { key, value }) => {
                 let old = insert::insert(heap, meta, key, value)?;
@@ -119,26 +191,4 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
         meta::add_keys(heap, meta, key_delta)?;
     }
     Ok(out)
-}
-
-/// Writes `entries` into `leaf`, which held `original`: only the slots that changed, and the
-/// count if it did, so a batch dirties no more of the node than it must.
-fn write_back<H: HeapWrite>(heap: &mut H, leaf: u64, level: u32, original: &[(u64, u64)], entries: &[(u64, u64)]) -> Result<(), TxnError> {
-    for (i, &(k, v)) in entries.iter().enumerate() {
-        match original.get(i) {
-            Some(&(ok, ov)) => {
-                if ok != k {
-                    heap.store(layout::key_off(leaf, i), k)?;
-                }
-                if ov != v {
-                    heap.store(layout::value_off(leaf, i), v)?;
-                }
-            }
-            None => layout::write_entry(heap, leaf, i, k, v)?,
-        }
-    }
-    if entries.len() != original.len() {
-        layout::write_level_count(heap, leaf, level, entries.len())?;
-    }
-    Ok(())
 }
