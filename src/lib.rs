@@ -39,7 +39,7 @@ mod store;
 mod transaction;
 
 pub use error::Error;
-pub use index::{Art, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
+pub use index::{Art, ArtOp, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 pub use mirror::{Answers, GpuBackend, GpuMirror, GpuOptions, MirrorArt, MirrorBTree, SyncReport};
 pub use options::{Durability, Options};
 pub use snapshot::{

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use tusk::{BTreeOp, Commit, Error, Options, Store};
+use tusk::{ArtOp, BTreeOp, BatchOutcome, Commit, Error, Options, Store};
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -26,6 +26,7 @@ enum Op {
     Batch(Vec<(u64, Option<u64>)>),
     ArtUpsert(Vec<u8>, u64),
     ArtRemove(Vec<u8>),
+    ArtBatch(Vec<(Vec<u8>, Option<u64>)>),
     RemoveAll,
 }
 
@@ -54,6 +55,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop::collection::vec((key(), prop::option::of(any::<u64>())), 0..64).prop_map(Op::Batch),
         6 => (art_key(), any::<u64>()).prop_map(|(k, v)| Op::ArtUpsert(k, v)),
         3 => art_key().prop_map(Op::ArtRemove),
+        1 => prop::collection::vec((art_key(), prop::option::of(any::<u64>())), 0..64).prop_map(Op::ArtBatch),
         1 => Just(Op::RemoveAll),
     ]
 }
@@ -101,6 +103,29 @@ fn apply(tx: &mut tusk::Transaction<'_>, ops: &[Op], model: &mut Model) -> Resul
             }
             Op::ArtUpsert(k, v) => assert_eq!(tx.art("a")?.insert(k, *v)?, model.art.insert(k.clone(), *v)),
             Op::ArtRemove(k) => assert_eq!(tx.art("a")?.remove(k)?, model.art.remove(k)),
+            Op::ArtBatch(ops) => {
+                let ops: Vec<ArtOp<'_>> = ops
+                    .iter()
+                    .map(|(key, v)| match *v {
+                        Some(value) => ArtOp::Upsert { key, value },
+                        None => ArtOp::Remove { key },
+                    })
+                    .collect();
+                let mut want = BatchOutcome::default();
+                for op in &ops {
+                    match *op {
+                        ArtOp::Upsert { key, value } => match model.art.insert(key.to_vec(), value) {
+                            Some(_) => want.updated += 1,
+                            None => want.inserted += 1,
+                        },
+                        ArtOp::Remove { key } => match model.art.remove(key) {
+                            Some(_) => want.removed += 1,
+                            None => want.absent += 1,
+                        },
+                    }
+                }
+                assert_eq!(tx.art("a")?.apply_batch(&ops)?, want, "the outcome of one by one, in batch order");
+            }
             Op::RemoveAll => {
                 for k in std::mem::take(&mut model.tree).into_keys() {
                     assert!(tx.btree("t")?.remove(k)?.is_some());
@@ -233,6 +258,16 @@ fn typed_errors() {
     let err = store.transact(Commit::Async, |tx| tx.art("a")?.insert(&long, 1)).unwrap_err();
     assert!(matches!(err, Error::KeyTooLong { len, max } if len == long.len() && max == tusk::ART_MAX_KEY_LEN), "{err}");
     store.transact(Commit::Async, |tx| tx.art("a")?.insert(&long[1..], 1)).unwrap();
+    // A batch with a key too long fails before it changes anything, in the same transaction.
+    store
+        .transact(Commit::Async, |tx| {
+            let ops = [ArtOp::Upsert { key: b"first", value: 1 }, ArtOp::Upsert { key: &long, value: 2 }];
+            let err = tx.art("a")?.apply_batch(&ops).unwrap_err();
+            assert!(matches!(err, Error::KeyTooLong { len, .. } if len == long.len()), "{err}");
+            assert_eq!(tx.art("a")?.get(b"first")?, None, "nothing of the batch applied");
+            Ok(())
+        })
+        .unwrap();
     // A root of one kind is not the other.
     let err = store.transact(Commit::Async, |tx| tx.btree("a").map(drop)).unwrap_err();
     assert!(matches!(err, Error::NotAnIndex { .. }), "{err}");

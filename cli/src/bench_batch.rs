@@ -1,8 +1,10 @@
-//! `tusk bench batch`: B-link `apply_batch` of random upserts into a loaded tree, one
-//! transaction per batch (Async), as users apply batches of updates before a GPU mirror sync.
+//! `tusk bench batch`: `apply_batch` of random upserts into a loaded tree (B-link, or the ART
+//! with 8-byte big-endian keys), one transaction per batch (Async), as users apply batches of
+//! updates before a GPU mirror sync.
 //!
-//! The tree is bulk loaded with `--keys` distinct random keys in one transaction (its rate is
-//! reported too). Each round then applies `--ops` upserts — half to keys present, half to new
+//! The tree is loaded with `--keys` distinct random keys in one transaction (its rate is
+//! reported too): the B-link tree by `bulk_load`, the ART (which has no bulk load) by one
+//! `apply_batch` of them all. Each round then applies `--ops` upserts — half to keys present, half to new
 //! random keys — in one transaction, timed from its start until its LSN is durable, with the
 //! log bytes flushed meanwhile. Rounds are measured one after another on the same tree (it
 //! grows by the new keys); the figures are their medians. The process's peak resident memory
@@ -13,13 +15,17 @@ use std::time::Instant;
 use clap::Args;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{BTreeOp, Commit, Options, Store};
+use tusk::{ArtOp, BTreeOp, BatchOutcome, Commit, Options, Store};
 
+use super::bench_index::IndexChoice;
 use super::report::{median, rate, table};
 use super::{BenchDir, BenchOutput, CliResult, IoChoice};
 
 #[derive(Args, Debug, Clone)]
 pub struct BatchArgs {
+    /// The tree.
+    #[arg(long, value_enum, default_value = "btree")]
+    index: IndexChoice,
     /// Keys bulk loaded before the batches (distinct, random).
     #[arg(long, default_value_t = 16_000_000)]
     keys: u64,
@@ -62,7 +68,16 @@ pub fn run(args: BatchArgs) -> CliResult {
     let mut pairs: Vec<(u64, u64)> = (0..args.keys).map(|i| (key(i), i)).collect();
     pairs.sort_unstable();
     let started = Instant::now();
-    store.transact(Commit::Async, |tx| tx.btree("t")?.bulk_load(pairs.iter().copied(), 1.0))?;
+    match args.index {
+        IndexChoice::Btree => {
+            store.transact(Commit::Async, |tx| tx.btree("t")?.bulk_load(pairs.iter().copied(), 1.0))?;
+        }
+        IndexChoice::Art => {
+            let keys: Vec<[u8; 8]> = pairs.iter().map(|&(k, _)| k.to_be_bytes()).collect();
+            let ops: Vec<ArtOp<'_>> = keys.iter().zip(&pairs).map(|(key, &(_, value))| ArtOp::Upsert { key, value }).collect();
+            store.transact(Commit::Async, |tx| tx.art("t")?.apply_batch(&ops))?;
+        }
+    }
     store.is_stable(store.last_lsn(), true);
     let load_per_s = args.keys as f64 / started.elapsed().as_secs_f64();
     drop(pairs);
@@ -70,15 +85,23 @@ pub fn run(args: BatchArgs) -> CliResult {
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let (mut per_s, mut log_bytes_per_op, mut inserted) = (Vec::new(), Vec::new(), 0u64);
     for _ in 0..args.rounds {
-        let ops: Vec<BTreeOp> = (0..args.ops)
-            .map(|i| {
-                let k = if i % 2 == 0 { key(rng.random_range(0..args.keys)) } else { rng.random() };
-                BTreeOp::Upsert { key: k, value: i as u64 }
-            })
-            .collect();
+        let keys: Vec<u64> = (0..args.ops).map(|i| if i % 2 == 0 { key(rng.random_range(0..args.keys)) } else { rng.random() }).collect();
         let (_, flushed_before) = store.log_flush_totals();
-        let started = Instant::now();
-        let (outcome, lsn) = store.transact(Commit::Async, |tx| tx.btree("t")?.apply_batch(&ops))?;
+        let (outcome, lsn, started);
+        match args.index {
+            IndexChoice::Btree => {
+                let ops: Vec<BTreeOp> = keys.iter().enumerate().map(|(i, &key)| BTreeOp::Upsert { key, value: i as u64 }).collect();
+                started = Instant::now();
+                (outcome, lsn) = store.transact(Commit::Async, |tx| tx.btree("t")?.apply_batch(&ops))?;
+            }
+            IndexChoice::Art => {
+                let bytes: Vec<[u8; 8]> = keys.iter().map(|k| k.to_be_bytes()).collect();
+                let ops: Vec<ArtOp<'_>> = bytes.iter().enumerate().map(|(i, key)| ArtOp::Upsert { key, value: i as u64 }).collect();
+                started = Instant::now();
+                (outcome, lsn) = store.transact(Commit::Async, |tx| tx.art("t")?.apply_batch(&ops))?;
+            }
+        }
+        let outcome: BatchOutcome = outcome;
         if let Some(lsn) = lsn {
             store.is_stable(lsn, true);
         }
@@ -87,9 +110,17 @@ pub fn run(args: BatchArgs) -> CliResult {
         log_bytes_per_op.push((flushed_after - flushed_before) as f64 / args.ops as f64);
         inserted += outcome.inserted;
     }
-    let (stats, _) = store.transact(Commit::Async, |tx| tx.btree("t")?.check())?;
-    assert_eq!(stats.keys, args.keys + inserted, "every upsert of a new key is in the tree");
-    let tree_bytes = stats.nodes * tusk_index::btree::layout::NODE_SIZE;
+    let (keys, tree_bytes) = match args.index {
+        IndexChoice::Btree => {
+            let (stats, _) = store.transact(Commit::Async, |tx| tx.btree("t")?.check())?;
+            (stats.keys, stats.nodes * tusk_index::btree::layout::NODE_SIZE)
+        }
+        IndexChoice::Art => {
+            let (stats, _) = store.transact(Commit::Async, |tx| tx.art("t")?.check())?;
+            (stats.keys, stats.bytes)
+        }
+    };
+    assert_eq!(keys, args.keys + inserted, "every upsert of a new key is in the tree");
     let rss = peak_rss();
     store.close()?;
     drop(dir);
@@ -100,6 +131,7 @@ pub fn run(args: BatchArgs) -> CliResult {
             "{}",
             serde_json::json!({
                 "bench": "batch",
+                "index": args.index.name(),
                 "keys": args.keys,
                 "ops": args.ops,
                 "rounds": args.rounds,
@@ -112,9 +144,24 @@ pub fn run(args: BatchArgs) -> CliResult {
         );
     } else {
         table(
-            &format!("tusk bench batch: apply_batch of {} random upserts into a {}-key B-link tree, medians of {} rounds", args.ops, args.keys, args.rounds),
+            &format!(
+                "tusk bench batch: apply_batch of {} random upserts into a {}-key {}, medians of {} rounds",
+                args.ops,
+                args.keys,
+                match args.index {
+                    IndexChoice::Btree => "B-link tree",
+                    IndexChoice::Art => "ART (8-byte keys)",
+                },
+                args.rounds
+            ),
             &[
-                ("bulk load keys/s", rate(load_per_s)),
+                (
+                    match args.index {
+                        IndexChoice::Btree => "bulk load keys/s",
+                        IndexChoice::Art => "load (one batch) keys/s",
+                    },
+                    rate(load_per_s),
+                ),
                 ("batch ops/s", rate(ops_per_s)),
                 ("log bytes per op", format!("{bytes_per_op:.1}")),
                 ("tree bytes", format!("{} MiB", tree_bytes >> 20)),

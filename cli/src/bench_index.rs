@@ -44,7 +44,7 @@ pub enum IndexChoice {
 }
 
 impl IndexChoice {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             IndexChoice::Btree => "btree",
             IndexChoice::Art => "art",

@@ -386,17 +386,19 @@ fn bench_index_measures_a_row_per_transaction_size() {
     assert!(lines.iter().all(|l| l["insert_per_s"].as_f64().is_some_and(|r| r > 0.0)), "{out}");
 }
 
-/// `bench batch` loads a tree, applies its batches (checking that every new key landed) and
+/// `bench batch` loads a tree (B-link or ART), applies its batches (checking that every new key landed) and
 /// reports rates, log bytes per operation and memory, as a table or one JSON object.
 #[test]
 fn bench_batch_reports_rates_log_bytes_and_memory() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&["bench", "batch", "--keys", "50000", "--ops", "6000", "--rounds", "2", "--json", "--dir", dir.path().to_str().unwrap()]);
-    assert!(ok, "{err}");
-    let v = json(&out);
-    assert_eq!(v["bench"], "batch");
-    for field in ["bulk_load_per_s", "ops_per_s", "log_bytes_per_op", "tree_bytes", "peak_rss_bytes"] {
-        assert!(v[field].as_f64().is_some_and(|x| x > 0.0), "{field}: {v}");
+    for index in ["btree", "art"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ok, out, err) = tusk(&["bench", "batch", "--index", index, "--keys", "50000", "--ops", "6000", "--rounds", "2", "--json", "--dir", dir.path().to_str().unwrap()]);
+        assert!(ok, "{index}: {err}");
+        let v = json(&out);
+        assert_eq!((&v["bench"], &v["index"]), (&serde_json::json!("batch"), &serde_json::json!(index)));
+        for field in ["bulk_load_per_s", "ops_per_s", "log_bytes_per_op", "tree_bytes", "peak_rss_bytes"] {
+            assert!(v[field].as_f64().is_some_and(|x| x > 0.0), "{index} {field}: {v}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the store is removed");
     }
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the store is removed");
 }

@@ -24,7 +24,7 @@ pub mod mirror;
 pub mod named;
 pub mod stripe;
 
-pub use art::{Art, ArtIter, ArtStats, MAX_KEY_LEN};
+pub use art::{Art, ArtIter, ArtOp, ArtStats, MAX_KEY_LEN};
 pub use btree::BTree;
 pub use btree::{BatchOutcome, Op};
 pub use error::IndexError;

@@ -5,9 +5,9 @@ use std::ops::RangeBounds;
 use tusk_index::ArtIter;
 use tusk_storage::HeapPtr;
 
-use crate::{Error, Transaction};
+use crate::{BatchOutcome, Error, Transaction};
 
-pub use tusk_index::ArtStats;
+pub use tusk_index::{ArtOp, ArtStats};
 
 impl<'s> Transaction<'s> {
     /// The ART under the root `name`, created empty if the root does not exist yet. Fails with
@@ -84,6 +84,35 @@ impl<'s> Art<'_, 's> {
     /// Removes `key`; returns the value it had.
     pub fn remove(&mut self, key: &[u8]) -> Result<Option<u64>, Error> {
         Ok(self.tree.remove(&mut self.tx.inner, key)?)
+    }
+
+    /// Applies a batch of upserts and removes of byte keys, in key order (sorted stably, so
+    /// the last operation on a key wins): consecutive operations share the upper part of
+    /// their paths while it is in cache. Equals applying them one by one; a key longer than
+    /// [`crate::ART_MAX_KEY_LEN`] fails the batch with [`Error::KeyTooLong`] before anything
+    /// changes.
+    ///
+    /// ```
+    /// # use tusk::{ArtOp, Commit, Options, Store};
+    /// # fn main() -> Result<(), tusk::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path(), Options::default())?;
+    /// store.transact(Commit::Sync, |tx| {
+    ///     let mut names = tx.art("names")?;
+    ///     names.insert(b"ada", 1)?;
+    ///     let outcome = names.apply_batch(&[
+    ///         ArtOp::Upsert { key: b"bob", value: 2 },
+    ///         ArtOp::Upsert { key: b"ada", value: 3 },
+    ///         ArtOp::Remove { key: b"eve" },
+    ///     ])?;
+    ///     assert_eq!((outcome.inserted, outcome.updated, outcome.absent), (1, 1, 1));
+    ///     assert_eq!(names.get(b"ada")?, Some(3));
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn apply_batch(&mut self, ops: &[ArtOp<'_>]) -> Result<BatchOutcome, Error> {
+        Ok(self.tree.apply_batch(&mut self.tx.inner, ops)?)
     }
 
     /// The entries with keys in `range`, in key order. Bounds are anything that views as bytes

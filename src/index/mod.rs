@@ -9,7 +9,7 @@
 mod art;
 mod btree;
 
-pub use art::{Art, ArtRange, ArtStats};
+pub use art::{Art, ArtOp, ArtRange, ArtStats};
 pub use btree::{BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 
 use tusk_index::IndexError;

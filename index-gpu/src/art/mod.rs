@@ -18,6 +18,7 @@
 //! checkpoints and recovery cover the tree with no code of its own. [`Art`] is a plain handle
 //! (the descriptor's offset); operations take the heap (transaction) as an argument.
 
+pub mod batch;
 pub mod check;
 pub mod insert;
 pub mod leaf;
@@ -36,6 +37,7 @@ use tusk_txn::Transaction;
 
 use crate::heap::{HeapRead, HeapWrite};
 use crate::IndexError;
+pub use batch::Op as ArtOp;
 pub use check::ArtStats;
 pub use link::MAX_KEY_LEN;
 pub use range::ArtIter;
@@ -103,6 +105,12 @@ impl Art {
     /// Removes `key`; returns the value it had.
     pub fn remove<H: HeapWrite>(&self, heap: &mut H, key: &[u8]) -> Result<Option<u64>, IndexError> {
         remove::remove(heap, self.meta, key)
+    }
+
+    /// Applies a batch of upserts and removes in key order (see `batch.rs`); equals applying
+    /// them one by one. A key too long fails the batch before anything changes.
+    pub fn apply_batch<H: HeapWrite>(&self, heap: &mut H, ops: &[ArtOp<'_>]) -> Result<crate::btree::BatchOutcome, IndexError> {
+        batch::apply_batch(heap, self.meta, ops)
     }
 
     /// The entries with keys in `range`, in key order (a key before its extensions).

@@ -1,0 +1,67 @@
+//! Batched updates of the ART: upserts and removes of byte keys, applied in key order.
+//!
+//! A batch is sorted by key (stably, so operations on one key apply in batch order and the
+//! last one wins), then applied operation by operation through `insert` and `remove`. In key
+//! order, consecutive operations share the upper part of their paths: those nodes are still
+//! in cache (and, in a large transaction running in place, already locked), and a node that
+//! several operations touch is changed while it is hot, so each node's lines are fetched and
+//! dirtied once per run of operations under it rather than once per operation. Every key is
+//! checked before anything changes, so a batch with a key too long changes nothing. The
+//! result and the outcome counts equal applying the operations one by one in batch order.
+
+use super::{insert, remove, MAX_KEY_LEN};
+use crate::btree::BatchOutcome;
+use crate::heap::HeapWrite;
+use crate::IndexError;
+
+/// One operation of an ART batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op<'k> {
+    /// Sets `key` to `value`, inserting it if absent.
+    Upsert { key: &'k [u8], value: u64 },
+    /// Removes `key` if present.
+    Remove { key: &'k [u8] },
+}
+
+impl<'k> Op<'k> {
+    pub fn key(&self) -> &'k [u8] {
+        match *self {
+            Op::Upsert { key, .. } | Op::Remove { key } => key,
+        }
+    }
+}
+
+/// Applies `ops` to the tree described at `meta` (see the module doc).
+pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op<'_>]) -> Result<BatchOutcome, IndexError> {
+    if let Some(op) = ops.iter().find(|op| op.key().len() > MAX_KEY_LEN) {
+        return Err(IndexError::KeyTooLong { len: op.key().len(), max: MAX_KEY_LEN });
+    }
+    // Sorted by (first 8 key bytes, whole key, position): the prefix word decides most
+    // comparisons without touching the keys, the position keeps one key's operations in
+    // batch order.
+    let mut order: Vec<(u64, usize)> = ops.iter().enumerate().map(|(i, op)| (prefix_word(op.key()), i)).collect();
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| ops[a.1].key().cmp(ops[b.1].key())).then(a.1.cmp(&b.1)));
+    let mut out = BatchOutcome::default();
+    for (_, i) in order {
+        match ops[i] {
+            Op::Upsert { key, value } => match insert::insert(heap, meta, key, value)? {
+                Some(_) => out.updated += 1,
+                None => out.inserted += 1,
+            },
+            Op::Remove { key } => match remove::remove(heap, meta, key)? {
+                Some(_) => out.removed += 1,
+                None => out.absent += 1,
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// The first 8 bytes of `key` as a big-endian word, zero-padded: ordered as the keys are
+/// (where two words are equal, the keys may still differ).
+fn prefix_word(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = key.len().min(8);
+    bytes[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(bytes)
+}
