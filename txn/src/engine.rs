@@ -13,7 +13,6 @@ use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
-use crate::transaction::Transaction;
 use crate::TxnError;
 
 pub struct EngineConfig {
@@ -76,11 +75,6 @@ impl Engine {
 
     pub fn heap(&self) -> &Heap {
         &self.heap
-    }
-
-    /// Starts a transaction.
-    pub fn begin(&self) -> Transaction<'_> {
-        Transaction::new(self)
     }
 
     /// The LSN of the last committed update transaction.
@@ -383,77 +377,6 @@ mod tests {
         copies_are_consistent_at_their_lsn(|e, buf| {
             let stripes = (0..SPAN / STRIPE_BYTES).map(|i| e.stripes.index_of(i * STRIPE_BYTES)).collect();
             e.copy_locked(0, buf, stripes)
-        });
-    }
-}
-
-/// Loom models of the protocols the engine owns (run by .ci/loom), and the small engine the
-/// other models in this crate run their transactions on.
-#[cfg(all(test, loom))]
-pub(crate) mod loom_models {
-    use std::sync::Arc;
-
-    use loom::thread;
-
-    use super::*;
-    use crate::transaction::Commit;
-
-    /// An engine without a log, over one page of heap and two stripes: heap lines 64 and 128
-    /// map to different stripes, 64 and 72 to the same one.
-    pub(crate) fn engine() -> Arc<Engine> {
-        let config = EngineConfig { stripes_log2: 1, log: None, existing_segments: Vec::new() };
-        Arc::new(Engine::start(config, Heap::new(tusk_storage::PAGE_SIZE).unwrap(), 0).unwrap())
-    }
-
-    /// Runs `body` as one transaction, retrying on conflict like `Store::transact`. Returns
-    /// its value and its LSN.
-    pub(crate) fn transact<T>(engine: &Engine, body: impl Fn(&mut Transaction<'_>) -> Result<T, TxnError>) -> (T, Option<u64>) {
-        let mut t = engine.begin();
-        loop {
-            match body(&mut t).and_then(|v| t.commit(Commit::Async).map(|lsn| (v, lsn))) {
-                Ok(done) => return done,
-                Err(TxnError::Conflict) => {
-                    t.restart();
-                    thread::yield_now();
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-
-    /// The dirty-epoch contract the checkpointer relies on: after `advance_dirty_epoch`
-    /// returned `ended`, a chunk copy made by `copy_consistent` holds every commit ordered
-    /// before it (LSN below the copy's), and every commit it misses (LSN above) stamped its
-    /// pages with an epoch above `ended`, so the next checkpoint sees the chunk dirty. The
-    /// copy itself is consistent: a commit is in it whole or not at all.
-    #[test]
-    fn loom_dirty_epochs_and_consistent_copies() {
-        loom::model(|| {
-            let engine = engine();
-            let committer = {
-                let engine = engine.clone();
-                thread::spawn(move || {
-                    transact(&engine, |t| {
-                        t.store(64, 1)?;
-                        t.store(128, 1)
-                    })
-                    .1
-                    .unwrap()
-                })
-            };
-            let ended = engine.advance_dirty_epoch();
-            let mut copy = [0u8; 192];
-            let copy_lsn = engine.copy_consistent(0, &mut copy).unwrap();
-            let commit_lsn = committer.join().unwrap();
-            let a = u64::from_le_bytes(copy[64..72].try_into().unwrap());
-            let b = u64::from_le_bytes(copy[128..136].try_into().unwrap());
-            assert_eq!(a, b, "the copy holds half a commit");
-            if a == 1 {
-                assert!(commit_lsn < copy_lsn, "the copy holds a commit ordered after it");
-            } else {
-                assert!(commit_lsn > copy_lsn, "the copy misses a commit ordered before it");
-                assert!(engine.heap().page_epoch(0) > ended, "a commit the copy missed left its page looking clean");
-            }
         });
     }
 }

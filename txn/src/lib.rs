@@ -16,6 +16,8 @@ pub mod engine;
 pub mod error;
 pub mod in_place;
 pub mod log;
+#[cfg(all(test, loom))]
+mod loom_models;
 pub mod roots;
 pub mod snapshot;
 pub mod stripes;

@@ -941,6 +941,14 @@ impl<'e> Transaction<'e> {
     }
 }
 
+impl Engine {
+    /// Starts a transaction. (Defined here, not in `engine.rs`: the engine sits below the
+    /// transaction and does not know it.)
+    pub fn begin(&self) -> Transaction<'_> {
+        Transaction::new(self)
+    }
+}
+
 /// Stamps the pages of written lines dirty: a line lies in one page, so a run of lines in one
 /// page stamps it once.
 struct PageStamps<'h> {
@@ -1208,7 +1216,7 @@ mod tests {
 mod loom_models {
     use loom::thread;
 
-    use crate::engine::loom_models::{engine, transact};
+    use crate::loom_models::{engine, transact};
     use crate::{Commit, TxnError};
 
     /// A clock-mode reader concurrent with a commit of two words sees both old or both new
