@@ -58,7 +58,7 @@ pub enum Error {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
-    /// The transaction wrote more 64-byte lines than one redo record holds (about 780 MiB of
+    /// The transaction wrote more 64-byte lines than one redo record holds (about 2.4 GiB of
     /// changed heap); nothing of it was written. Split the work into several transactions.
     #[error("transaction too large: it wrote more than {max} lines of 64 bytes, the most one redo record holds")]
     TransactionTooLarge {

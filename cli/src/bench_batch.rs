@@ -4,8 +4,8 @@
 //!
 //! The tree is loaded with `--keys` distinct random keys in one transaction (its rate is
 //! reported too): the B-link tree by `bulk_load`, the ART (which has no bulk load) by one
-//! `apply_batch` of them all. Each round then applies `--ops` upserts — half to keys present, half to new
-//! random keys — in one transaction, timed from its start until its LSN is durable, with the
+//! `apply_batch` of them all. Each round then applies `--ops` upserts — a fraction `--updates` (half
+//! by default) to keys present, the others to new random keys — in one transaction, timed from its start until its LSN is durable, with the
 //! log bytes flushed meanwhile. Rounds are measured one after another on the same tree (it
 //! grows by the new keys); the figures are their medians. The process's peak resident memory
 //! is reported against the tree's bytes.
@@ -32,6 +32,10 @@ pub struct BatchArgs {
     /// Upserts per batch (one transaction each).
     #[arg(long, default_value_t = 1_000_000)]
     ops: usize,
+    /// Fraction of a batch's upserts that update a loaded key; the others insert new random
+    /// keys (0: a batch of new keys only, as a load by `apply_batch`).
+    #[arg(long, default_value_t = 0.5)]
+    updates: f64,
     /// Batches measured; the figures are their medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -59,8 +63,11 @@ pub fn run(args: BatchArgs) -> CliResult {
     if args.keys == 0 || args.ops == 0 || args.rounds == 0 {
         return Err("--keys, --ops and --rounds must be ≥ 1".into());
     }
+    if !(0.0..=1.0).contains(&args.updates) {
+        return Err("--updates must be a fraction from 0 to 1".into());
+    }
     let dir = BenchDir::new(args.out.dir.clone())?;
-    let grown = args.keys + (args.ops as u64 / 2) * args.rounds as u64;
+    let grown = args.keys + ((args.ops as f64 * (1.0 - args.updates)).ceil() as u64) * args.rounds as u64;
     let heap = (grown * 160 + (256 << 20)).next_multiple_of(1 << 20);
     let store = Store::open(dir.path(), Options { heap_capacity: heap, io: args.io.to_io(), ..Options::default() })?;
     store.prefault();
@@ -85,7 +92,7 @@ pub fn run(args: BatchArgs) -> CliResult {
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let (mut per_s, mut log_bytes_per_op, mut inserted) = (Vec::new(), Vec::new(), 0u64);
     for _ in 0..args.rounds {
-        let keys: Vec<u64> = (0..args.ops).map(|i| if i % 2 == 0 { key(rng.random_range(0..args.keys)) } else { rng.random() }).collect();
+        let keys: Vec<u64> = (0..args.ops).map(|_| if rng.random_bool(args.updates) { key(rng.random_range(0..args.keys)) } else { rng.random() }).collect();
         let (_, flushed_before) = store.log_flush_totals();
         let (outcome, lsn, started);
         match args.index {
@@ -134,6 +141,7 @@ pub fn run(args: BatchArgs) -> CliResult {
                 "index": args.index.name(),
                 "keys": args.keys,
                 "ops": args.ops,
+                "updates": args.updates,
                 "rounds": args.rounds,
                 "bulk_load_per_s": load_per_s,
                 "ops_per_s": ops_per_s,

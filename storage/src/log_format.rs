@@ -52,8 +52,11 @@ pub const FRAME_HEADER_SIZE: usize = 16;
 const PAYLOAD_FIXED: usize = 8 + 1 + 1 + 1;
 /// Largest encoding of a u64 varint.
 pub(crate) const MAX_VARINT: usize = 10;
-/// Largest payload a record may have.
-pub const MAX_PAYLOAD: usize = 1 << 30;
+/// Largest payload a record may have: 3 GiB, within the frame's u32 length with room to
+/// spare. One record is one transaction, so this bounds a transaction's writes: about 38 M
+/// whole lines (2.4 GiB of heap), enough for a 64 M-key B-link load in one transaction.
+pub const MAX_PAYLOAD: usize = 3 << 30;
+const _: () = assert!(MAX_PAYLOAD <= u32::MAX as usize, "the frame stores the payload length as a u32");
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TUSKLOG\0";
 /// 2: delta-encoded writes (version 1: fixed-size fields).

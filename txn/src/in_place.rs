@@ -444,7 +444,7 @@ mod engine_tests {
 
     /// A run that would write more lines than one record holds fails with `TooLarge`, and
     /// leaves nothing behind: every line and stripe word as before, the token free again.
-    /// (The real limit, `MAX_WHOLE_LINES`, is about 12.8 M lines; the test lowers it.)
+    /// (The real limit, `MAX_WHOLE_LINES`, is about 38 M lines; the test lowers it.)
     #[test]
     fn a_run_past_the_record_limit_fails_whole() {
         let engine = engine(8 << 20);

@@ -103,6 +103,14 @@ impl SegmentCatalog {
         segs.push(SegmentInfo { partition, seq, path, min_lsn: 0, max_lsn: 0, bytes: 0, open: true });
     }
 
+    /// The open segment of `partition` was closed (full): trimming may delete it.
+    pub(crate) fn closed(&self, partition: u32) {
+        let mut segs = self.segments.lock();
+        for s in segs.iter_mut().filter(|s| s.partition == partition) {
+            s.open = false;
+        }
+    }
+
     pub(crate) fn flushed(&self, partition: u32, first: u64, last: u64, bytes: u64) {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);

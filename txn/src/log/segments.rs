@@ -99,15 +99,34 @@ impl SegmentFile {
         self.open.as_ref().map_or_else(|| partition_dir(&self.dir, self.partition), |s| s.path.clone())
     }
 
-    fn roll(&mut self) -> Result<(), StorageError> {
-        // Only a partition's last segment may end in zeros (recovery reads zeros anywhere
-        // else as damage): cut them off, durably, before the next segment exists.
+    /// Closes the open segment once a flush has filled it to `segment_bytes` (or past it: a
+    /// record larger than a segment is alone in one), instead of at the next flush: a closed
+    /// segment may be deleted once checkpoints cover its records, and a partition that
+    /// flushes nothing after a huge record would otherwise keep it open, and on disk, for
+    /// good (its bytes over `max_log_bytes` stalled every committer: a 64 M-key load did).
+    pub fn close_if_full(&mut self, catalog: &SegmentCatalog) -> Result<(), StorageError> {
+        if self.open.as_ref().is_some_and(|seg| seg.len >= self.segment_bytes) {
+            self.close_open()?;
+            catalog.closed(self.partition);
+        }
+        Ok(())
+    }
+
+    /// Takes the open segment out of use. Only a partition's last segment may end in zeros
+    /// (recovery reads zeros anywhere else as damage): they are cut off, durably, before a
+    /// next segment can exist.
+    fn close_open(&mut self) -> Result<(), StorageError> {
         if let Some(seg) = self.open.take() {
             if seg.allocated > seg.len {
                 seg.file.set_len(seg.len).map_err(|e| StorageError::io(&seg.path, e))?;
                 seg.file.sync_data().map_err(|e| StorageError::io(&seg.path, e))?;
             }
         }
+        Ok(())
+    }
+
+    fn roll(&mut self) -> Result<(), StorageError> {
+        self.close_open()?;
         let pdir = partition_dir(&self.dir, self.partition);
         if !pdir.exists() {
             std::fs::create_dir_all(&pdir).map_err(|e| StorageError::io(&pdir, e))?;

@@ -59,7 +59,7 @@ impl Flush for PartitionWriter {
             Ok(()) => {
                 self.file.advance(len, zeros);
                 self.catalog.flushed(self.partition, taken.first, taken.last, len as u64);
-                Ok(())
+                self.file.close_if_full(&self.catalog).map_err(|e| e.to_string())
             }
             Err(e) => Err(format!("{}: {e}", self.file.path().display())),
         }
