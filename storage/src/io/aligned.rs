@@ -36,6 +36,11 @@ impl AlignedBuf {
         self.len == 0
     }
 
+    /// Bytes allocated.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
     pub fn clear(&mut self) {
         self.len = 0;
     }

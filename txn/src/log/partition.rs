@@ -6,6 +6,12 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicU64, HerdCondvar, HerdGuard, HerdMutex, Mutex};
 
+/// Largest log buffer kept for reuse after its flush (bytes). A transaction's record goes into
+/// its partition's buffer whole, so one huge transaction grows a buffer to its record's size
+/// (gigabytes for a 64 M-key load); such a buffer, and the writer's staging copy of it, are
+/// freed after the flush instead of staying allocated for the store's life.
+pub const MAX_KEPT_BUFFER: usize = 64 << 20;
+
 /// Each partition on cache lines of its own: partitions sit side by side in a `Vec`, and
 /// one thread's appends must not pull in the line another partition's committer holds.
 #[derive(Default)]
@@ -176,7 +182,8 @@ impl Partition {
         s.inflight_first = 0;
         self.durable.fetch_max(taken.last, Ordering::SeqCst);
         taken.data.clear();
-        if s.spare.capacity() < taken.data.capacity() {
+        // A buffer grown by a huge record is freed, not kept as the spare for good.
+        if s.spare.capacity() < taken.data.capacity() && taken.data.capacity() <= MAX_KEPT_BUFFER {
             s.spare = taken.data;
         }
     }
@@ -226,5 +233,22 @@ mod tests {
         assert_eq!(p.generation_for(11), None);
         assert_eq!(p.first_pending(), Some(lsn2));
         assert_eq!(p.last_generation(), 1);
+    }
+
+    /// A buffer that a small record grew is kept as the spare; one a huge record grew past
+    /// `MAX_KEPT_BUFFER` is freed once written.
+    #[test]
+    fn a_huge_records_buffer_is_not_kept() {
+        let clock = AtomicU64::new(0);
+        let p = Partition::default();
+        for (bytes, kept) in [(4096, true), (MAX_KEPT_BUFFER + 8, false)] {
+            p.append(&clock, |buf, _| buf.resize(buf.len() + bytes, 0));
+            let taken = p.take().unwrap();
+            let cap = taken.data.capacity();
+            p.written(taken);
+            let spare = p.state.lock().spare.capacity();
+            assert_eq!(spare == cap, kept, "{bytes}-byte record: buffer of {cap} bytes, spare {spare}");
+            assert!(spare <= MAX_KEPT_BUFFER);
+        }
     }
 }

@@ -12,7 +12,7 @@ use tusk_storage::io::{AlignedBuf, IoBackend, WriteSync};
 use tusk_storage::log_format::{pad_frame, FLUSH_ALIGN};
 
 use super::catalog::SegmentCatalog;
-use super::partition::Taken;
+use super::partition::{Taken, MAX_KEPT_BUFFER};
 use super::progress::Flush;
 use super::segments::SegmentFile;
 use super::Shared;
@@ -55,6 +55,9 @@ impl Flush for PartitionWriter {
         let zeros = self.file.zeros_after(offset, len);
         stage.extend_zeros(zeros);
         let result = self.backend.write_and_sync(&[WriteSync { fd, offset, data: stage.as_slice() }]).pop();
+        if stage.capacity() > MAX_KEPT_BUFFER {
+            *stage = AlignedBuf::new();
+        }
         match result.expect("one result per request") {
             Ok(()) => {
                 self.file.advance(len, zeros);
