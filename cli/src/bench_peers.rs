@@ -92,6 +92,14 @@ pub struct PeersArgs {
     /// Keys loaded one per write transaction into a fresh store, `nosync` class (0: none).
     #[arg(long, default_value_t = 100_000)]
     load1_keys_nosync: u64,
+    /// Keys per write transaction of the `txn` workload (comma-separated): for each size,
+    /// `--txn-total` distinct random keys go into a fresh store, that many per transaction.
+    #[arg(long, value_delimiter = ',', default_value = "100,10000,100000")]
+    txn_keys: Vec<u64>,
+    /// Keys inserted per size of the `txn` workload (0: none); rounded up to whole
+    /// transactions.
+    #[arg(long, default_value_t = 200_000)]
+    txn_total: u64,
     /// Scans of 100 consecutive keys from random starts per store and class, one per read
     /// transaction (0: none).
     #[arg(long, default_value_t = 100_000)]
@@ -201,6 +209,9 @@ trait Session {
     fn hathi(&mut self, keys: &[u64]) -> Result<(), AnyError>;
     /// One write transaction inserting `key` (value 0), committed in the class's durability.
     fn insert(&mut self, key: u64) -> Result<(), AnyError>;
+    /// One write transaction inserting every key of `keys` (value 0), one by one, committed
+    /// in the class's durability.
+    fn insert_many(&mut self, keys: &[u64]) -> Result<(), AnyError>;
     /// One read transaction of point lookups; returns the sum of the values found.
     fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError>;
     /// One read transaction reading the first `n` entries with keys from `lo` on, in key
@@ -259,6 +270,14 @@ impl Session for TuskSession<'_> {
 
     fn insert(&mut self, key: u64) -> Result<(), AnyError> {
         self.peer.store.transact(self.peer.commit, |tx| tx.btree(TUSK_ROOT)?.insert(key, 0))?;
+        Ok(())
+    }
+
+    fn insert_many(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        self.peer.store.transact(self.peer.commit, |tx| {
+            let mut tree = tx.btree(TUSK_ROOT)?;
+            keys.iter().try_for_each(|&k| tree.insert(k, 0).map(drop))
+        })?;
         Ok(())
     }
 
@@ -352,6 +371,18 @@ impl Session for SqliteSession {
     fn insert(&mut self, key: u64) -> Result<(), AnyError> {
         // Autocommit: the statement is its own write transaction.
         self.conn.prepare_cached("INSERT INTO kv (k, v) VALUES (?1, 0)")?.execute([key as i64])?;
+        Ok(())
+    }
+
+    fn insert_many(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached("INSERT INTO kv (k, v) VALUES (?1, 0)")?;
+            for &k in keys {
+                insert.execute([k as i64])?;
+            }
+        }
+        tx.commit()?;
         Ok(())
     }
 
@@ -459,6 +490,15 @@ impl Session for RedbSession<'_> {
         })
     }
 
+    fn insert_many(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        self.peer.write(self.peer.durability, |table| {
+            for &k in keys {
+                table.insert(k, 0)?;
+            }
+            Ok(())
+        })
+    }
+
     fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
         let tx = self.peer.db.begin_read()?;
         let table = tx.open_table(REDB_TABLE)?;
@@ -559,6 +599,15 @@ impl Session for LmdbSession<'_> {
         Ok(())
     }
 
+    fn insert_many(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        let mut w = self.peer.env.write_txn()?;
+        for k in keys {
+            self.peer.db.put(&mut w, k, &0)?;
+        }
+        w.commit()?;
+        Ok(())
+    }
+
     fn lookups(&mut self, keys: &[u64]) -> Result<u64, AnyError> {
         let r = self.peer.env.read_txn()?;
         let mut sum = 0;
@@ -642,6 +691,15 @@ impl Session for FjallSession<'_> {
     fn insert(&mut self, key: u64) -> Result<(), AnyError> {
         let mut w = self.peer.keyspace.write_tx().durability(self.peer.durability);
         w.insert(&self.peer.kv, key.to_be_bytes(), 0u64.to_le_bytes());
+        w.commit()?;
+        Ok(())
+    }
+
+    fn insert_many(&mut self, keys: &[u64]) -> Result<(), AnyError> {
+        let mut w = self.peer.keyspace.write_tx().durability(self.peer.durability);
+        for k in keys {
+            w.insert(&self.peer.kv, k.to_be_bytes(), 0u64.to_le_bytes());
+        }
         w.commit()?;
         Ok(())
     }
@@ -792,6 +850,23 @@ fn load1(peer: &dyn Peer, n: u64) -> Result<(f64, Histogram<u64>), AnyError> {
     timed(n, |k| session.insert(k))
 }
 
+/// `--txn-total` distinct random keys, `size` per write transaction, into the fresh store
+/// `peer`; keys/s and per-transaction latency.
+fn insert_txns(peer: &dyn Peer, args: &PeersArgs, size: u64) -> Result<(f64, Histogram<u64>), AnyError> {
+    let mut session = peer.session()?;
+    let txns = args.txn_total.div_ceil(size);
+    // Distinct keys: a bijection of the position (odd multiplier), spread over the u64 range.
+    let salt = SmallRng::seed_from_u64(args.seed ^ size).random::<u64>();
+    let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt;
+    let mut keys = Vec::with_capacity(size as usize);
+    let (txns_per_s, latency) = timed(txns, |t| {
+        keys.clear();
+        keys.extend((t * size..(t + 1) * size).map(key));
+        session.insert_many(&keys)
+    })?;
+    Ok((txns_per_s * size as f64, latency))
+}
+
 /// `--scans` scans of `SCAN_KEYS` consecutive keys from random starts, one per read
 /// transaction; scans/s and per-scan latency.
 fn scans(peer: &dyn Peer, args: &PeersArgs) -> Result<(f64, Histogram<u64>), AnyError> {
@@ -924,6 +999,13 @@ fn measure(store: StoreChoice, class: Class, args: &PeersArgs, out: &mut Vec<Fig
         let (ops, latency) = load1(open(store, &load1_path, class, n)?.as_ref(), n)?;
         out.push(fig("load1", 1, ops, Some(&latency), None));
     }
+    if args.txn_total > 0 {
+        for &size in &args.txn_keys {
+            let txn_path = dir.path().join(format!("{}-txn{size}", store.name()));
+            let (ops, latency) = insert_txns(open(store, &txn_path, class, args.txn_total)?.as_ref(), args, size)?;
+            out.push(fig(&txn_workload(size), 1, ops, Some(&latency), None));
+        }
+    }
     for &threads in &args.threads {
         let (ops, latency) = hathi(peer.as_ref(), args, threads)?;
         out.push(fig("hathi", threads, ops, Some(&latency), None));
@@ -949,9 +1031,14 @@ fn measure(store: StoreChoice, class: Class, args: &PeersArgs, out: &mut Vec<Fig
     Ok(())
 }
 
+/// The `txn` workload's name at `size` keys per transaction.
+fn txn_workload(size: u64) -> String {
+    format!("txn{size}")
+}
+
 pub fn run(args: PeersArgs) -> CliResult {
-    if args.keys == 0 || args.words == 0 || args.threads.contains(&0) {
-        return Err("--keys, --words and --threads take counts of at least 1".into());
+    if args.keys == 0 || args.words == 0 || args.threads.contains(&0) || args.txn_keys.contains(&0) {
+        return Err("--keys, --words, --threads and --txn-keys take counts of at least 1".into());
     }
     let mut figures = Vec::new();
     for &class in &args.durability {
@@ -984,6 +1071,7 @@ pub fn run(args: PeersArgs) -> CliResult {
         outln!("{:<8} {:<8} {:<11} {:>7} {:>14} {:>10} {:>10} {:>10}", f.store, f.durability, f.workload, f.threads, ops, opt(f.p50_us), opt(f.p99_us), value);
     }
     outln!("load: keys/s of one write transaction; load1: keys/s, one per write transaction into a fresh store; lookup: point reads/s, 100 per read transaction");
+    outln!("txnN: keys/s of {} distinct random keys inserted N per write transaction into a fresh store (latency per transaction)", args.txn_total);
     outln!("scan100: scans/s of {SCAN_KEYS} keys from a random start; range1000: count+sum ranges/s of {RANGE_KEYS} keys; one per read transaction (latency per transaction)");
     outln!("value: bytes on disk per key; seconds to open and answer a read after a clean close (reopen) or after killing a writer mid-work (reopen-kill)");
     outln!("tusk/peer: ratio of rates (above 1: tusk faster); \"of the value\": ratio of bytes or seconds (above 1: tusk larger or slower)");
@@ -1006,6 +1094,9 @@ pub fn run(args: PeersArgs) -> CliResult {
 fn plot(dir: &Path, args: &PeersArgs, figures: &[Figure]) -> CliResult {
     std::fs::create_dir_all(dir).at(dir)?;
     let mut workloads: Vec<(String, usize)> = vec![("load".into(), 1), ("load1".into(), 1)];
+    if args.txn_total > 0 {
+        workloads.extend(args.txn_keys.iter().map(|&n| (txn_workload(n), 1)));
+    }
     workloads.extend(args.threads.iter().map(|&t| ("hathi".to_string(), t)));
     workloads.extend(["lookup", "scan100", "range1000"].map(|w| (w.to_string(), 1)));
     let reopens: Vec<(String, usize)> = ["reopen", "reopen-kill"].map(|w| (w.to_string(), 1)).into();

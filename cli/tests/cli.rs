@@ -204,11 +204,12 @@ fn bench_peers_measures_every_store_and_class() {
     let (ok, out, err) = tusk(&[
         "bench", "peers", "--keys", "5000", "--duration", "0.2", "--lookups", "2000", "--threads", "1,2",
         "--load1-keys", "40", "--load1-keys-nosync", "500", "--scans", "300", "--ranges", "50",
+        "--txn-keys", "10,100", "--txn-total", "400",
         "--dir", dir.path().to_str().unwrap(), "--json", "--plot", plots.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
     let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
-    let workloads = [("load", 1), ("load1", 1), ("hathi", 1), ("hathi", 2), ("lookup", 1), ("scan100", 1), ("range1000", 1)];
+    let workloads = [("load", 1), ("load1", 1), ("txn10", 1), ("txn100", 1), ("hathi", 1), ("hathi", 2), ("lookup", 1), ("scan100", 1), ("range1000", 1)];
     for store in ["tusk", "sqlite", "lmdb", "redb", "fjall"] {
         for class in ["sync", "nosync"] {
             for (workload, threads) in workloads {
@@ -228,7 +229,7 @@ fn bench_peers_measures_every_store_and_class() {
         }
     }
     let svg = std::fs::read_to_string(plots.join("peers.svg")).unwrap();
-    for label in ["sqlite", "hathi @2", "load1", "scan100", "range1000", "reopen-kill"] {
+    for label in ["sqlite", "hathi @2", "load1", "txn100", "scan100", "range1000", "reopen-kill"] {
         assert!(svg.lines().any(|l| l.trim() == label), "peers.svg lacks {label}");
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "the stores' directories are removed (plots stay)");
