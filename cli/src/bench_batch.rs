@@ -10,12 +10,13 @@
 //! grows by the new keys); the figures are their medians. The process's peak resident memory
 //! is reported against the tree's bytes.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{ArtOp, BTreeOp, BatchOutcome, Commit, Options, Store};
+use tusk::{ArtOp, BTreeOp, BatchOutcome, Commit, HeapPtr, Options, Store};
 
 use super::bench_index::IndexChoice;
 use super::report::{median, rate, table};
@@ -41,6 +42,12 @@ pub struct BatchArgs {
     rounds: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Also run small transactions on another thread (an Async update of one random word of a
+    /// separate 8 MiB array each) beside every batch, then alone for as long as a batch took:
+    /// their rate beside the batches against alone. (No log bytes per op then: the log also
+    /// carries the small ones.)
+    #[arg(long)]
+    beside: bool,
     #[command(flatten)]
     pub(super) out: BenchOutput,
     #[arg(long, value_enum, default_value = "auto")]
@@ -50,6 +57,38 @@ pub struct BatchArgs {
 /// The loaded keys: a bijection of 0..keys, so a key is present iff its preimage is below it.
 fn key(i: u64) -> u64 {
     i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555
+}
+
+/// Words of the array `--beside`'s small transactions update.
+const SMALL_WORDS: u64 = 1 << 20;
+
+/// The small transactions of `--beside`: Async updates of one random word each, of an array
+/// of their own (no key of the batch's tree).
+struct SmallWork {
+    array: HeapPtr,
+}
+
+impl SmallWork {
+    fn new(store: &Store) -> Result<SmallWork, tusk::Error> {
+        let (array, _) = store.transact(Commit::Async, |tx| tx.alloc(SMALL_WORDS * 8))?;
+        Ok(SmallWork { array })
+    }
+
+    /// Commits until `stop` is set or `until` has passed; returns (commits, seconds).
+    fn run(&self, store: &Store, stop: &AtomicBool, until: Option<Duration>) -> Result<(u64, f64), tusk::Error> {
+        let mut rng = SmallRng::seed_from_u64(0x5A11);
+        let started = Instant::now();
+        let mut commits = 0;
+        while !stop.load(Ordering::Relaxed) && until.is_none_or(|d| started.elapsed() < d) {
+            let w = rng.random_range(0..SMALL_WORDS);
+            store.transact(Commit::Async, |tx| {
+                let v = tx.read_u64_at(self.array, 8 * w)?;
+                tx.write_u64_at(self.array, 8 * w, v + 1)
+            })?;
+            commits += 1;
+        }
+        Ok((commits, started.elapsed().as_secs_f64()))
+    }
 }
 
 /// Peak resident memory of this process, in bytes (`VmHWM` of /proc/self/status).
@@ -89,29 +128,39 @@ pub fn run(args: BatchArgs) -> CliResult {
     let load_per_s = args.keys as f64 / started.elapsed().as_secs_f64();
     drop(pairs);
 
+    let small = if args.beside { Some(SmallWork::new(&store)?) } else { None };
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let (mut per_s, mut log_bytes_per_op, mut inserted) = (Vec::new(), Vec::new(), 0u64);
+    let (mut batch_secs, mut small_beside) = (0.0, (0u64, 0.0));
     for _ in 0..args.rounds {
         let keys: Vec<u64> = (0..args.ops).map(|_| if rng.random_bool(args.updates) { key(rng.random_range(0..args.keys)) } else { rng.random() }).collect();
         let (_, flushed_before) = store.log_flush_totals();
-        let (outcome, lsn, started);
-        match args.index {
-            IndexChoice::Btree => {
-                let ops: Vec<BTreeOp> = keys.iter().enumerate().map(|(i, &key)| BTreeOp::Upsert { key, value: i as u64 }).collect();
-                started = Instant::now();
-                (outcome, lsn) = store.transact(Commit::Async, |tx| tx.btree("t")?.apply_batch(&ops))?;
+        let bytes: Vec<[u8; 8]> = keys.iter().map(|k| k.to_be_bytes()).collect();
+        let btree_ops: Vec<BTreeOp> = keys.iter().enumerate().map(|(i, &key)| BTreeOp::Upsert { key, value: i as u64 }).collect();
+        let art_ops: Vec<ArtOp<'_>> = bytes.iter().enumerate().map(|(i, key)| ArtOp::Upsert { key, value: i as u64 }).collect();
+        let stop = AtomicBool::new(false);
+        let started = Instant::now();
+        let (batch, beside) = std::thread::scope(|s| {
+            let worker = small.as_ref().map(|w| s.spawn(|| w.run(&store, &stop, None)));
+            let batch = match args.index {
+                IndexChoice::Btree => store.transact(Commit::Async, |tx| tx.btree("t")?.apply_batch(&btree_ops)),
+                IndexChoice::Art => store.transact(Commit::Async, |tx| tx.art("t")?.apply_batch(&art_ops)),
             }
-            IndexChoice::Art => {
-                let bytes: Vec<[u8; 8]> = keys.iter().map(|k| k.to_be_bytes()).collect();
-                let ops: Vec<ArtOp<'_>> = bytes.iter().enumerate().map(|(i, key)| ArtOp::Upsert { key, value: i as u64 }).collect();
-                started = Instant::now();
-                (outcome, lsn) = store.transact(Commit::Async, |tx| tx.art("t")?.apply_batch(&ops))?;
-            }
+            .map(|(outcome, lsn)| {
+                if let Some(lsn) = lsn {
+                    store.is_stable(lsn, true);
+                }
+                outcome
+            });
+            stop.store(true, Ordering::Relaxed);
+            (batch, worker.map(|w| w.join().expect("the small transactions' thread panicked")))
+        });
+        let outcome: BatchOutcome = batch?;
+        if let Some(beside) = beside {
+            let (n, secs) = beside?;
+            small_beside = (small_beside.0 + n, small_beside.1 + secs);
         }
-        let outcome: BatchOutcome = outcome;
-        if let Some(lsn) = lsn {
-            store.is_stable(lsn, true);
-        }
+        batch_secs += started.elapsed().as_secs_f64();
         per_s.push(args.ops as f64 / started.elapsed().as_secs_f64());
         let (_, flushed_after) = store.log_flush_totals();
         log_bytes_per_op.push((flushed_after - flushed_before) as f64 / args.ops as f64);
@@ -128,11 +177,22 @@ pub fn run(args: BatchArgs) -> CliResult {
         }
     };
     assert_eq!(keys, args.keys + inserted, "every upsert of a new key is in the tree");
+    // Small transactions alone, for as long as a batch took on average.
+    let small_ratio = match &small {
+        Some(w) => {
+            let (n, secs) = w.run(&store, &AtomicBool::new(false), Some(Duration::from_secs_f64(batch_secs / args.rounds as f64)))?;
+            let alone = n as f64 / secs;
+            let beside = small_beside.0 as f64 / small_beside.1;
+            Some((beside, alone))
+        }
+        None => None,
+    };
     let rss = peak_rss();
     store.close()?;
     drop(dir);
 
-    let (ops_per_s, bytes_per_op) = (median(&per_s), median(&log_bytes_per_op));
+    // With --beside the log also carries the small transactions' records: no figure per op.
+    let (ops_per_s, bytes_per_op) = (median(&per_s), (!args.beside).then(|| median(&log_bytes_per_op)));
     if args.out.json {
         outln!(
             "{}",
@@ -148,6 +208,8 @@ pub fn run(args: BatchArgs) -> CliResult {
                 "log_bytes_per_op": bytes_per_op,
                 "tree_bytes": tree_bytes,
                 "peak_rss_bytes": rss,
+                "small_txn_per_s_beside": small_ratio.map(|r| r.0),
+                "small_txn_per_s_alone": small_ratio.map(|r| r.1),
             })
         );
     } else {
@@ -171,9 +233,13 @@ pub fn run(args: BatchArgs) -> CliResult {
                     rate(load_per_s),
                 ),
                 ("batch ops/s", rate(ops_per_s)),
-                ("log bytes per op", format!("{bytes_per_op:.1}")),
+                ("log bytes per op", bytes_per_op.map_or("- (--beside)".into(), |b| format!("{b:.1}"))),
                 ("tree bytes", format!("{} MiB", tree_bytes >> 20)),
                 ("peak RSS", rss.map_or("-".into(), |b| format!("{} MiB ({:.2}x the tree)", b >> 20, b as f64 / tree_bytes as f64))),
+                (
+                    "small txn/s beside / alone",
+                    small_ratio.map_or("-".into(), |(beside, alone)| format!("{} / {} ({:.2}x)", rate(beside), rate(alone), beside / alone)),
+                ),
             ],
         );
         outln!("batch ops/s: from the transaction's start until its LSN is durable (Async commit)");

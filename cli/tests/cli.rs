@@ -402,4 +402,13 @@ fn bench_batch_reports_rates_log_bytes_and_memory() {
         }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the store is removed");
     }
+    // --beside: small transactions' rates beside the batches and alone; no log bytes per op.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&["bench", "batch", "--keys", "50000", "--ops", "20000", "--rounds", "1", "--beside", "--json", "--dir", dir.path().to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    // Beside a short batch the small thread may not get a commit in (it may start late).
+    assert!(v["small_txn_per_s_beside"].as_f64().is_some_and(|x| x >= 0.0), "{v}");
+    assert!(v["small_txn_per_s_alone"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    assert!(v["log_bytes_per_op"].is_null(), "{v}");
 }
