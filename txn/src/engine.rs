@@ -8,12 +8,16 @@ use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
-use crate::in_place::InPlace;
+use crate::in_place::{InPlace, LockWait};
 use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
 use crate::TxnError;
+
+/// Longest a chunk copy waits for one stripe while holding others (see `copy_locked`): far
+/// longer than a commit's write-back, far shorter than an in-place run's `LOCK_WAIT`.
+const COPY_HOLD_AND_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 pub struct EngineConfig {
     /// `2^stripes_log2` stripe locks.
@@ -228,19 +232,40 @@ impl Engine {
 
     /// The copy under the range's stripe locks (writers of the range wait or retry).
     fn copy_locked(&self, off: u64, out: &mut [u8], mut stripes: Vec<u32>) -> u64 {
-        // Sorted: transactions lock stripes in ascending order too, so nobody deadlocks.
+        // Sorted: commits lock stripes in ascending order too, so they and this copy never
+        // deadlock, and a commit holds its stripes for microseconds. An in-place run holds
+        // its stripes to its end and takes them in any order: a copy that waited for one of
+        // them while holding others could hold a stripe the run needs, and the run would
+        // give up after `LOCK_WAIT` and start over (a 64 M-key load losing all its work to a
+        // checkpoint). So a stripe still locked after `COPY_HOLD_AND_WAIT` makes the copy
+        // let go of every stripe it holds and wait for that one holding none.
         stripes.sort_unstable();
         stripes.dedup();
         let mut seen = Vec::with_capacity(stripes.len());
-        for &s in &stripes {
-            loop {
-                let w = self.stripes.load(s);
-                if !is_locked(w) && self.stripes.try_lock(s, w) {
-                    seen.push(w);
-                    break;
+        'acquire: loop {
+            seen.clear();
+            for &s in &stripes {
+                let mut wait = LockWait::with_limit(COPY_HOLD_AND_WAIT);
+                loop {
+                    let w = self.stripes.load(s);
+                    if !is_locked(w) && self.stripes.try_lock(s, w) {
+                        seen.push(w);
+                        break;
+                    }
+                    if !wait.again() {
+                        for (&held, &w) in stripes.iter().zip(&seen) {
+                            self.stripes.unlock_restore(held, w);
+                        }
+                        while is_locked(self.stripes.load(s)) {
+                            crate::sync::spin_loop();
+                            #[cfg(not(loom))]
+                            std::thread::yield_now();
+                        }
+                        continue 'acquire;
+                    }
                 }
-                crate::sync::spin_loop();
             }
+            break;
         }
         self.heap.read_bytes(off, out);
         let lsn = self.draw_empty_lsn();
