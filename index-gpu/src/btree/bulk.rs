@@ -112,13 +112,17 @@ impl LevelWriter {
     fn write<H: HeapWrite>(&mut self, heap: &mut H, n: usize, next: Option<u64>) -> Result<(), TxnError> {
         debug_assert!(n <= CAPACITY && n <= self.pending.len());
         let node = self.cur;
+        // The keys, the values and the header each as one run of words (a transaction
+        // running in place takes each line once, not each word).
+        let (mut keys, mut values) = ([0u64; CAPACITY], [0u64; CAPACITY]);
         for (i, &(k, v)) in self.pending[..n].iter().enumerate() {
-            layout::write_entry(heap, node, i, k, v)?;
+            (keys[i], values[i]) = (k, v);
         }
-        layout::write_level_count(heap, node, self.level, n)?;
+        heap.store_words(layout::key_off(node, 0), &keys[..n])?;
+        heap.store_words(layout::value_off(node, 0), &values[..n])?;
         match next {
-            Some(right) => layout::write_bound(heap, node, Some(self.pending[n].0), right)?,
-            None => layout::write_bound(heap, node, None, 0)?,
+            Some(right) => layout::write_header(heap, node, self.level, n, Some(self.pending[n].0), right)?,
+            None => layout::write_header(heap, node, self.level, n, None, 0)?,
         }
         self.done.push((self.pending[0].0, node));
         self.pending.drain(..n);

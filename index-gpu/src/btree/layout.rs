@@ -97,6 +97,13 @@ pub fn write_level_count<H: HeapWrite>(heap: &mut H, node: u64, level: u32, coun
     heap.store(node + LEVEL_COUNT_OFF, level as u64 | (count as u64) << 32)
 }
 
+/// Writes a node's whole header (level and count, high key, right link) as one run of words.
+pub fn write_header<H: HeapWrite>(heap: &mut H, node: u64, level: u32, count: usize, high_key: Option<u64>, right: u64) -> Result<(), TxnError> {
+    const _: () = assert!(LEVEL_COUNT_OFF == 0 && HIGH_KEY_OFF == 8 && RIGHT_LINK_OFF == 16);
+    debug_assert_eq!(high_key.is_some(), right != 0);
+    heap.store_words(node, &[level as u64 | (count as u64) << 32, high_key.unwrap_or(0), right])
+}
+
 /// Sets the high key and right link together: they only make sense as a pair.
 pub fn write_bound<H: HeapWrite>(heap: &mut H, node: u64, high_key: Option<u64>, right: u64) -> Result<(), TxnError> {
     debug_assert_eq!(high_key.is_some(), right != 0);
