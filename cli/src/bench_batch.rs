@@ -135,8 +135,13 @@ pub fn run(args: BatchArgs) -> CliResult {
     for _ in 0..args.rounds {
         let keys: Vec<u64> = (0..args.ops).map(|_| if rng.random_bool(args.updates) { key(rng.random_range(0..args.keys)) } else { rng.random() }).collect();
         let (_, flushed_before) = store.log_flush_totals();
-        let bytes: Vec<[u8; 8]> = keys.iter().map(|k| k.to_be_bytes()).collect();
-        let btree_ops: Vec<BTreeOp> = keys.iter().enumerate().map(|(i, &key)| BTreeOp::Upsert { key, value: i as u64 }).collect();
+        // Only the chosen tree's operations are built (a 64 M-op batch's would take GBs).
+        let bytes: Vec<[u8; 8]> = if args.index == IndexChoice::Art { keys.iter().map(|k| k.to_be_bytes()).collect() } else { Vec::new() };
+        let btree_ops: Vec<BTreeOp> = if args.index == IndexChoice::Btree {
+            keys.iter().enumerate().map(|(i, &key)| BTreeOp::Upsert { key, value: i as u64 }).collect()
+        } else {
+            Vec::new()
+        };
         let art_ops: Vec<ArtOp<'_>> = bytes.iter().enumerate().map(|(i, key)| ArtOp::Upsert { key, value: i as u64 }).collect();
         let stop = AtomicBool::new(false);
         let started = Instant::now();

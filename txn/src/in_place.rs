@@ -26,7 +26,8 @@
 //! - **Commit**: the written bytes of the written lines, as they are now, form the redo
 //!   record (whole words marked in a byte per line, partial words listed: a record holds what
 //!   its transaction wrote and nothing else, since a `Partition` record may be replayed beyond
-//!   an LSN gap, where words of the line that others wrote must not come with it); the LSN is drawn while every lock is held, pages are stamped dirty, the gate
+//!   an LSN gap, where words of the line that others wrote must not come with it); the LSN
+//!   is drawn while every lock is held, pages are stamped dirty, the gate
 //!   is left, and the written stripes are unlocked with the LSN as their version (stripes only
 //!   read get their old word back). So LSNs keep their rules: drawn once the transaction can no
 //!   longer abort, while it holds its write locks.
@@ -85,7 +86,8 @@ pub struct InPlace {
     pub(crate) after: Vec<[u64; LINE_WORDS]>,
     /// Their written bytes, in the same order (byte `w` the mask of word `w`).
     pub(crate) masks: Vec<u64>,
-    /// The most lines a run may write: its record (whole lines) must fit one record.
+    /// The most lines a run may write: its record must fit one record even if every line
+    /// were written whole.
     pub(crate) max_lines: usize,
 }
 
