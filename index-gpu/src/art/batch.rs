@@ -9,7 +9,7 @@
 //! checked before anything changes, so a batch with a key too long changes nothing. The
 //! result and the outcome counts equal applying the operations one by one in batch order.
 
-use super::{insert, remove, MAX_KEY_LEN};
+use super::{insert, leaf, remove, MAX_KEY_LEN};
 use crate::btree::BatchOutcome;
 use crate::heap::HeapWrite;
 use crate::IndexError;
@@ -58,10 +58,8 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op<'_>]) -> Res
 }
 
 /// The first 8 bytes of `key` as a big-endian word, zero-padded: ordered as the keys are
-/// (where two words are equal, the keys may still differ).
+/// (where two words are equal, the keys may still differ). The leaf's stored key word,
+/// byte-swapped.
 fn prefix_word(key: &[u8]) -> u64 {
-    let mut bytes = [0u8; 8];
-    let n = key.len().min(8);
-    bytes[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(bytes)
+    leaf::key_word(key, 0).swap_bytes()
 }
