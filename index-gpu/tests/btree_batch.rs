@@ -172,3 +172,23 @@ fn batch_descends_once_per_leaf() {
         tree.check(tx).unwrap();
     });
 }
+
+#[test]
+fn a_dense_batch_walks_the_leaf_level() {
+    // Every key of 20,000 consecutive ones: each touched leaf's next is its right sibling, so
+    // the batch reads the leaves (header, keys, values; the sibling's header) and descends
+    // once, where a descent per leaf would read ~27 more words per leaf (three internal levels).
+    let engine = common::engine(128 << 20);
+    common::transact(&engine, |tx| {
+        let tree = BTree::create(tx).unwrap();
+        tree.bulk_load(tx, (0..100_000u64).map(|k| (k, k)), 0.7).unwrap();
+        let ops: Vec<Op> = (40_000..60_000u64).map(|key| Op::Upsert { key, value: key + 1 }).collect();
+        let mut counting = Counting { tx, loads: 0 };
+        let out = tree.apply_batch(&mut counting, &ops).unwrap();
+        assert_eq!(out.updated, 20_000);
+        let per_op = counting.loads as f64 / ops.len() as f64;
+        assert!(per_op < 2.5, "{per_op:.2} words read per operation: a key and a value each, and little else");
+        assert_eq!(tree.get(tx, 50_000).unwrap(), Some(50_001));
+        tree.check(tx).unwrap();
+    });
+}

@@ -18,6 +18,13 @@ use crate::TxnError;
 /// Longest a chunk copy waits for one stripe while holding others (see `copy_locked`): far
 /// longer than a commit's write-back, far shorter than an in-place run's `LOCK_WAIT`.
 const COPY_HOLD_AND_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+/// The first nap of a chunk copy waiting, holding nothing, for a stripe held past
+/// `COPY_HOLD_AND_WAIT`; each later nap is one `COPY_NAP_FIRST` longer, up to `COPY_NAP_MAX`
+/// (the most a copy oversleeps the stripe's release).
+#[cfg(not(loom))]
+const COPY_NAP_FIRST: std::time::Duration = std::time::Duration::from_micros(20);
+#[cfg(not(loom))]
+const COPY_NAP_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
 pub struct EngineConfig {
     /// `2^stripes_log2` stripe locks.
@@ -256,10 +263,20 @@ impl Engine {
                         for (&held, &w) in stripes.iter().zip(&seen) {
                             self.stripes.unlock_restore(held, w);
                         }
+                        #[cfg(not(loom))]
+                        let mut naps = 0u32;
                         while is_locked(self.stripes.load(s)) {
                             crate::sync::spin_loop();
                             #[cfg(not(loom))]
-                            std::thread::yield_now();
+                            {
+                                // Held past `COPY_HOLD_AND_WAIT`: most likely by an in-place
+                                // run, to its end (seconds). Yielding in a loop kept a core
+                                // busy that the run and the log writer share on small
+                                // machines; naps growing to `COPY_NAP_MAX` leave it to them.
+                                naps += 1;
+                                let nap = COPY_NAP_FIRST.saturating_mul(naps).min(COPY_NAP_MAX);
+                                std::thread::sleep(nap);
+                            }
                         }
                         continue 'acquire;
                     }

@@ -58,6 +58,8 @@ const BOUNDS_CACHE: usize = 4;
 /// Read-set stripe words fetched ahead at commit (more would be evicted before validation
 /// reaches them in a large read set).
 const PREFETCH_READS: usize = 64;
+/// Lines (and stripe words) an in-place commit fetches ahead of the one it reads or unlocks.
+const COMMIT_PREFETCH_AHEAD: usize = 16;
 
 pub struct Transaction<'e> {
     engine: &'e Engine,
@@ -265,6 +267,9 @@ impl<'e> Transaction<'e> {
         debug_assert!(off.is_multiple_of(8));
         if self.doomed {
             return Err(TxnError::Conflict);
+        }
+        if self.in_place.is_some() {
+            return self.load_words_in_place(off, out);
         }
         if self.clock_mode && self.bufs.writes.is_empty() && !out.is_empty() {
             // Clock mode with nothing written: load the whole run (one bounds check), then
@@ -825,6 +830,21 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
+    /// [`Transaction::load_words`] in place: every line of the run held, then one load of the
+    /// whole run (nothing is buffered to overlay).
+    fn load_words_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        let Some(last) = (out.len() as u64).checked_sub(1).map(|n| off + 8 * n) else { return Ok(()) };
+        let mut line = off & !(STRIPE_BYTES - 1);
+        while line <= last {
+            if self.hold(self.engine.stripes.index_of(line)).is_none() {
+                return self.in_place_conflict();
+            }
+            line += STRIPE_BYTES;
+        }
+        self.engine.heap().load_words(off, out);
+        Ok(())
+    }
+
     #[cold]
     #[inline(never)]
     fn store_in_place(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
@@ -905,7 +925,12 @@ impl<'e> Transaction<'e> {
         // `Partition` record may be replayed beyond an LSN gap, and the other words of its
         // lines may hold writes of transactions lost in that gap.
         let mut after = std::mem::take(&mut state.after);
-        for &line in state.lines_in_order() {
+        let lines = state.lines_in_order();
+        for (k, &line) in lines.iter().enumerate() {
+            // Ascending, but with gaps the hardware prefetcher does not follow.
+            if let Some(&ahead) = lines.get(k + COMMIT_PREFETCH_AHEAD) {
+                heap.prefetch(ahead);
+            }
             let mut words = [0u64; LINE_WORDS];
             heap.load_words(line, &mut words);
             after.push(words);
@@ -927,7 +952,10 @@ impl<'e> Transaction<'e> {
             stamps.line(line);
         }
         drop(pass);
-        for &(s, seen) in &state.held {
+        for (k, &(s, seen)) in state.held.iter().enumerate() {
+            if let Some(&(ahead, _)) = state.held.get(k + COMMIT_PREFETCH_AHEAD) {
+                engine.stripes.prefetch(u64::from(ahead) * STRIPE_BYTES);
+            }
             if state.was_written(s) {
                 engine.stripes.unlock_with(s, lsn);
             } else {

@@ -1,7 +1,8 @@
 //! Batched updates: the CPU-side batch update that the GPU mirror consumes (the mirror
 //! is synced by copying the pages dirtied since its last sync, docs/ARCHITECTURE.md, GPU
 //! mirror, so a batch should touch few nodes and dirty few pages). A batch is sorted by key, then applied leaf by
-//! leaf with one descent per touched leaf instead of one per operation.
+//! leaf with one descent per touched leaf instead of one per operation, and none where the next
+//! touched leaf is the right sibling of the last (a dense batch walks the leaf level).
 //!
 //! Per leaf: the leaf's entries are read once, every pending operation whose key is below the
 //! leaf's high key is applied to that copy in order, and the changed slots are written back in
@@ -128,21 +129,48 @@ fn write_changed_runs<H: HeapWrite>(heap: &mut H, base: u64, new: &[u64], old: &
 pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<BatchOutcome, TxnError> {
     // (key, position): sorting the pairs keeps operations on one key in batch order, and
     // sorts without chasing each key through `ops`.
-    let mut order: Vec<(u64, usize)> = ops.iter().enumerate().map(|(i, op)| (op.key(), i)).collect();
+    let mut order: Vec<(u64, u64)> = ops.iter().enumerate().map(|(i, op)| (op.key(), i as u64)).collect();
     order.sort_unstable();
+    // Then each pair's position becomes its operation's value (removes marked in a bitmap),
+    // in place: the pass below reads the operations in key order without a load from `ops`
+    // that waits on a miss per operation, and the gather's random loads, independent of each
+    // other, overlap.
+    let mut removes = vec![0u64; order.len().div_ceil(64)];
+    for (k, pair) in order.iter_mut().enumerate() {
+        match ops[pair.1 as usize] {
+            Op::Upsert { value, .. } => pair.1 = value,
+            Op::Remove { .. } => removes[k / 64] |= 1 << (k % 64),
+        }
+    }
+    let op_at = |k: usize| {
+        let (key, value) = order[k];
+        if removes[k / 64] & (1 << (k % 64)) != 0 {
+            Op::Remove { key }
+        } else {
+            Op::Upsert { key, value }
+        }
+    };
     let mut out = BatchOutcome::default();
     let mut key_delta = 0i64;
     let mut leaf_entries = LeafEntries::new();
     let e = &mut leaf_entries;
     let mut pos = 0;
+    // The leaf the next operation belongs to, when found without a descent.
+    let mut next_leaf = None;
     while pos < order.len() {
         let root = heap.load(meta + ROOT_OFF)?;
-        let (leaf, h) = search::descend(heap, root, order[pos].0, None)?;
+        let (leaf, h) = match next_leaf.take() {
+            Some(found) => found,
+            None => search::descend(heap, root, order[pos].0, None)?,
+        };
+        if h.right != 0 {
+            heap.prefetch(h.right, layout::NODE_SIZE);
+        }
         let min = if leaf == root { 0 } else { MIN_FILL };
         e.read(heap, leaf, h.count)?;
         let mut fallback = None;
         while pos < order.len() {
-            let op = ops[order[pos].1];
+            let op = op_at(pos);
             if h.must_move_right(op.key()) {
                 break;
             }
@@ -182,6 +210,14 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
                 let old = remove::remove(heap, meta, key)?;
                 debug_assert!(old.is_some());
                 out.removed += 1;
+            }
+            None if pos < order.len() => {
+                // The next key lies at or beyond this leaf's high key: in a dense batch, in the
+                // right sibling (one header read instead of a descent from the root).
+                let right = layout::read_header(heap, h.right)?;
+                if !right.must_move_right(order[pos].0) {
+                    next_leaf = Some((h.right, right));
+                }
             }
             None => {}
         }
