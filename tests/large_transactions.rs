@@ -119,6 +119,46 @@ fn a_large_transaction_that_fails_leaves_nothing_and_the_store_goes_on() {
     store.close().unwrap();
 }
 
+/// An in-place run keeps no before-image of lines in heap it took from brk (zero by the
+/// allocator's rule); when it fails, those lines must be zero again, or the next allocation
+/// of that memory hands out garbage as "zeroed" bytes.
+#[test]
+fn memory_a_failed_large_transaction_took_is_zero_again() {
+    const BLOCK: u64 = 4 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let used = store.heap_used();
+    let mut taken = None;
+    let failed = store.transact(Commit::Async, |tx| {
+        let p = tx.alloc(BLOCK)?;
+        taken = Some(p);
+        // 64 Ki lines written: past the in-place threshold.
+        for off in (0..BLOCK).step_by(64) {
+            tx.write_u64_at(p, off, off | 1)?;
+        }
+        assert!(tx.is_in_place(), "the block's lines make the transaction run in place");
+        Err::<(), _>(Error::InvalidPointer(1))
+    });
+    assert!(matches!(failed, Err(Error::InvalidPointer(1))), "{failed:?}");
+    assert_eq!(store.heap_used(), used, "the failed allocation is undone");
+    let (again, _) = store
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(BLOCK)?;
+            let mut bytes = vec![0xAAu8; BLOCK as usize];
+            tx.read(p, &mut bytes)?;
+            assert!(bytes.iter().all(|&b| b == 0), "memory handed out again is zero");
+            tx.write_u64_at(p, 8, 7)?;
+            Ok(p)
+        })
+        .unwrap();
+    assert_eq!(Some(again), taken, "the same memory, taken from brk again");
+    store.close().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let (word, _) = store.transact(Commit::Async, |tx| tx.read_u64_at(again, 8)).unwrap();
+    assert_eq!(word, 7);
+    store.close().unwrap();
+}
+
 /// A large transaction and small ones on the same tree at once: every transaction commits
 /// (the large one retried if it must), and the tree holds exactly what they wrote.
 #[test]

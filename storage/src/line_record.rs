@@ -24,10 +24,13 @@ const FIXED_MAX: usize = FRAME_HEADER_SIZE + 8 + 1 + 5 + 5;
 /// mask of word `w` (bit i = byte i written; 0 = word not written), and its words (the
 /// unwritten bytes are ignored).
 #[derive(Clone, Copy, Debug)]
-pub struct LineWrites<'a> {
+pub struct LineWrites {
     pub line: u64,
     pub masks: u64,
-    pub words: &'a [u64; LINE_WORDS],
+    /// The line's words as they are to be logged (only the `masks` bytes are), by value: an
+    /// in-place commit reads them from the heap as it encodes rather than copying every
+    /// written line aside first.
+    pub words: [u64; LINE_WORDS],
 }
 
 /// Bitmaps of the words of a line written whole and of those written at all (bit w = word
@@ -64,7 +67,7 @@ fn ones_from(bits: u8, from: u32) -> u32 {
 /// Appends the record of `count` lines (`line(k)` the k-th, in ascending line order, no
 /// line twice, at least one written byte in all) to `buf` (at an 8-byte boundary, as every
 /// record); returns its framed length. Markers are written by the general encoder.
-pub fn encode_lines<'a>(buf: &mut Vec<u8>, header: RecordHeader, count: usize, line: impl Fn(usize) -> LineWrites<'a>) -> usize {
+pub fn encode_lines(buf: &mut Vec<u8>, header: RecordHeader, count: usize, line: impl Fn(usize) -> LineWrites) -> usize {
     assert!(header.void.is_none(), "markers are not line records");
     debug_assert!(buf.len().is_multiple_of(8), "records start 8-aligned");
     let start = buf.len();
@@ -135,7 +138,7 @@ pub fn encode_lines<'a>(buf: &mut Vec<u8>, header: RecordHeader, count: usize, l
             buf.reserve(8 * words as usize);
             copy(buf, &l.words[w as usize..]);
             for j in k + 1..last.0 {
-                copy(buf, line(j).words);
+                copy(buf, &line(j).words);
             }
             // Go on in the run's last line, after the words it took.
             k = last.0;
@@ -203,7 +206,7 @@ mod tests {
 
     fn encode(header: RecordHeader, lines: &[(u64, u64, [u64; LINE_WORDS])]) -> Vec<u8> {
         let mut buf = vec![0u8; 8];
-        let len = encode_lines(&mut buf, header, lines.len(), |k| LineWrites { line: lines[k].0, masks: lines[k].1, words: &lines[k].2 });
+        let len = encode_lines(&mut buf, header, lines.len(), |k| LineWrites { line: lines[k].0, masks: lines[k].1, words: lines[k].2 });
         assert_eq!(buf.len(), 8 + len);
         buf.split_off(8)
     }

@@ -46,6 +46,9 @@ impl Transaction<'_> {
         match brk.checked_add(bytes) {
             Some(end) if end <= capacity => {
                 self.store(BRK_OFF, end)?;
+                debug_assert!(brk.is_multiple_of(PAGE_SIZE) && bytes.is_multiple_of(PAGE_SIZE), "brk moves by whole pages");
+                // Contiguous with earlier takes: brk was read through this transaction.
+                self.fresh = if self.fresh.0 == self.fresh.1 { (brk, end) } else { (self.fresh.0, end) };
                 Ok(brk)
             }
             _ => self.exhausted(requested),

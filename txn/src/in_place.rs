@@ -78,12 +78,14 @@ pub struct InPlace {
     partial: Vec<(u64, u8)>,
     /// Before-images (`masks` unused), one per written line, in the order first written.
     pub(crate) undo: Vec<LineWrite>,
+    /// Written lines in heap this transaction took from brk: zero before it, by the
+    /// allocator's rule (memory never handed out is zero), so their before-image is all zeros
+    /// and is not kept (a 64 M-key load writes almost only such lines).
+    pub(crate) fresh: Vec<u64>,
     /// The lowest and highest line written (byte offsets), while any is.
     written_range: (u64, u64),
     /// The written lines in ascending order, made at commit by [`InPlace::lines_in_order`].
     pub(crate) lines: Vec<u64>,
-    /// Their contents at commit, in the same order: the redo record's after-images.
-    pub(crate) after: Vec<[u64; LINE_WORDS]>,
     /// Their written bytes, in the same order (byte `w` the mask of word `w`).
     pub(crate) masks: Vec<u64>,
     /// The most lines a run may write: its record must fit one record even if every line
@@ -135,9 +137,9 @@ impl InPlace {
             whole_words: vec![0; lines as usize],
             partial: Vec::new(),
             undo: Vec::new(),
+            fresh: Vec::new(),
             written_range: (u64::MAX, 0),
             lines: Vec::new(),
-            after: Vec::new(),
             masks: Vec::new(),
             max_lines: MAX_WHOLE_LINES,
         }
@@ -195,6 +197,12 @@ impl InPlace {
         }
     }
 
+    /// Lines written so far (with a before-image or fresh).
+    #[inline]
+    pub fn written_lines(&self) -> usize {
+        self.undo.len() + self.fresh.len()
+    }
+
     /// Whether a write to `line` would add a before-image (its first write).
     #[inline]
     pub fn first_write_would_add(&self, line: u64) -> bool {
@@ -207,12 +215,13 @@ impl InPlace {
     /// read off the bitmap, in address order for free; elsewhere their offsets are sorted.
     pub fn lines_in_order(&mut self) -> &[u64] {
         self.lines.clear();
-        if self.undo.is_empty() {
+        let written = self.written_lines();
+        if written == 0 {
             return &self.lines;
         }
         let (lo, hi) = (self.written_range.0 / LINE_BYTES, self.written_range.1 / LINE_BYTES);
         let words = (lo / 64) as usize..=(hi / 64) as usize;
-        if words.clone().count() <= BITMAP_SCAN_PER_LINE * self.undo.len() {
+        if words.clone().count() <= BITMAP_SCAN_PER_LINE * written {
             for w in words {
                 let mut bits = self.saved_bits[w];
                 while bits != 0 {
@@ -221,10 +230,10 @@ impl InPlace {
                 }
             }
         } else {
-            self.lines.extend(self.undo.iter().map(|e| e.line));
+            self.lines.extend(self.undo.iter().map(|e| e.line).chain(self.fresh.iter().copied()));
             self.lines.sort_unstable();
         }
-        debug_assert_eq!(self.lines.len(), self.undo.len());
+        debug_assert_eq!(self.lines.len(), written);
         &self.lines
     }
 
@@ -246,17 +255,17 @@ impl InPlace {
             clear(&mut self.held_bits, u64::from(s));
             clear(&mut self.written_bits, u64::from(s));
         }
-        for e in &self.undo {
-            clear(&mut self.saved_bits, e.line / LINE_BYTES);
-            self.whole_words[(e.line / LINE_BYTES) as usize] = 0;
+        for line in self.undo.iter().map(|e| e.line).chain(self.fresh.iter().copied()) {
+            clear(&mut self.saved_bits, line / LINE_BYTES);
+            self.whole_words[(line / LINE_BYTES) as usize] = 0;
         }
         self.partial.clear();
         self.masks.clear();
         self.held.clear();
         self.undo.clear();
+        self.fresh.clear();
         self.written_range = (u64::MAX, 0);
         self.lines.clear();
-        self.after.clear();
     }
 
 }

@@ -77,6 +77,9 @@ pub struct Transaction<'e> {
     in_place: Option<InPlaceRun<'e>>,
     /// Write-set lines at which the next try for the in-place token is made.
     in_place_from: usize,
+    /// Heap this transaction took from brk, `[from, to)` (brk only grows, so one range holds
+    /// every take): never handed out before, hence zero (see [`crate::in_place`]'s fresh lines).
+    pub(crate) fresh: (u64, u64),
 }
 
 /// A transaction running in place: the engine's in-place buffers (its token) and the commit
@@ -136,6 +139,7 @@ impl<'e> Transaction<'e> {
             doomed: false,
             in_place: None,
             in_place_from: IN_PLACE_FROM,
+            fresh: (0, 0),
         }
     }
 
@@ -143,6 +147,7 @@ impl<'e> Transaction<'e> {
     pub fn restart(&mut self) {
         self.abandon_in_place();
         self.in_place_from = IN_PLACE_FROM;
+        self.fresh = (0, 0);
         (self.rv, self.clock_mode) = self.engine.read_version();
         self.bufs.reads.clear();
         self.bufs.writes.clear();
@@ -604,7 +609,7 @@ impl<'e> Transaction<'e> {
                 log.append(partition, |buf, lsn| {
                     encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| {
                         let e = lines.get(k);
-                        LineWrites { line: e.line, masks: e.masks, words: &e.words }
+                        LineWrites { line: e.line, masks: e.masks, words: e.words }
                     })
                 })
             }
@@ -795,12 +800,17 @@ impl<'e> Transaction<'e> {
         if self.hold(s).is_none() {
             return Err(TxnError::Conflict);
         }
+        let fresh = (self.fresh.0..self.fresh.1).contains(&line);
         let state = &mut self.in_place.as_mut().expect("in place").state;
         state.note_written(s);
-        if state.undo.len() >= state.max_lines && state.first_write_would_add(line) {
+        if state.written_lines() >= state.max_lines && state.first_write_would_add(line) {
             return Err(TxnError::TooLarge { max: state.max_lines as u64 });
         }
         if state.first_write(line) {
+            if fresh {
+                state.fresh.push(line);
+                return Ok(());
+            }
             let mut words = [0u64; LINE_WORDS];
             self.engine.heap().load_words(line, &mut words);
             state.undo.push(before_image(line, words));
@@ -895,6 +905,11 @@ impl<'e> Transaction<'e> {
         let Some(InPlaceRun { mut state, pass }) = self.in_place.take() else { return };
         let engine = self.engine;
         let heap = engine.heap();
+        for &line in &state.fresh {
+            for w in 0..LINE_WORDS as u64 {
+                heap.store_word(line + 8 * w, 0);
+            }
+        }
         for e in &state.undo {
             for (w, &value) in e.words.iter().enumerate() {
                 heap.store_word(e.line + 8 * w as u64, value);
@@ -921,29 +936,25 @@ impl<'e> Transaction<'e> {
         let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
         let heap = engine.heap();
         // The record holds the bytes this transaction wrote, read from the heap (where they
-        // are its last values) in line order, the lines in address order. Only those: a
-        // `Partition` record may be replayed beyond an LSN gap, and the other words of its
-        // lines may hold writes of transactions lost in that gap.
-        let mut after = std::mem::take(&mut state.after);
-        let lines = state.lines_in_order();
-        for (k, &line) in lines.iter().enumerate() {
+        // are its last values) as it is encoded, in line order, the lines in address order.
+        // Only those: a `Partition` record may be replayed beyond an LSN gap, and the other
+        // words of its lines may hold writes of transactions lost in that gap.
+        state.lines_in_order();
+        state.masks_in_order();
+        let partition = engine.partition_of_current_thread();
+        let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
+        let (lines, masks) = (&state.lines, &state.masks);
+        let after = |k: usize| {
             // Ascending, but with gaps the hardware prefetcher does not follow.
             if let Some(&ahead) = lines.get(k + COMMIT_PREFETCH_AHEAD) {
                 heap.prefetch(ahead);
             }
             let mut words = [0u64; LINE_WORDS];
-            heap.load_words(line, &mut words);
-            after.push(words);
-        }
-        state.after = after;
-        state.masks_in_order();
-        let partition = engine.partition_of_current_thread();
-        let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
-        let (lines, after, masks) = (&state.lines, &state.after, &state.masks);
+            heap.load_words(lines[k], &mut words);
+            LineWrites { line: lines[k], masks: masks[k], words }
+        };
         let (lsn, over_bound) = match &engine.log {
-            Some(log) => log.append(partition, |buf, lsn| {
-                encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| LineWrites { line: lines[k], masks: masks[k], words: &after[k] })
-            }),
+            Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), after)),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         crate::sync::fence(std::sync::atomic::Ordering::Release);
@@ -1003,7 +1014,7 @@ impl<'h> PageStamps<'h> {
 /// Encodes a redo record of `count` line writes, `line(k)` the k-th in ascending line order
 /// (see [`tusk_storage::line_record`]); with none (an in-place run that wrote nothing in the
 /// end), an empty record, which still takes the LSN.
-fn encode_record<'a>(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, count: usize, line: impl Fn(usize) -> LineWrites<'a>) {
+fn encode_record(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, count: usize, line: impl Fn(usize) -> LineWrites) {
     let header = RecordHeader { lsn, partition, flags, void: None };
     if count == 0 {
         RecordEncoder::begin(buf, header).finish(buf);
@@ -1118,7 +1129,7 @@ mod tests {
             let lines = ws.sorted();
             super::encode_record(&mut buf, 7, 1, 0, lines.len(), |k| {
                 let e = lines.get(k);
-                super::LineWrites { line: e.line, masks: e.masks, words: &e.words }
+                super::LineWrites { line: e.line, masks: e.masks, words: e.words }
             });
             let lines: Vec<_> = ws.sorted().iter().copied().collect();
             let Frame::Record(view, _) = decode_frame(&buf, 0) else { panic!("record does not decode") };
