@@ -12,7 +12,7 @@ use tusk_storage::io::{AlignedBuf, IoBackend, WriteSync};
 use tusk_storage::log_format::{pad_frame, FLUSH_ALIGN};
 
 use super::catalog::SegmentCatalog;
-use super::partition::{Taken, MAX_KEPT_BUFFER};
+use super::partition::Taken;
 use super::progress::Flush;
 use super::segments::SegmentFile;
 use super::Shared;
@@ -39,33 +39,54 @@ impl PartitionWriter {
     }
 }
 
+/// The most bytes one write of a flush stages: a larger flush (a huge transaction's record)
+/// goes out in pieces of this size, each written and synced in turn, so its staging copy
+/// never costs more memory than this. A multiple of [`FLUSH_ALIGN`] (O_DIRECT).
+const STAGE_PIECE: usize = 8 << 20;
+const _: () = assert!(STAGE_PIECE as u64 % FLUSH_ALIGN == 0);
+
+/// Appends to `stage` the bytes `range` of the stream made of `parts` one after another,
+/// then `zeros` zero bytes.
+fn stage_range(stage: &mut AlignedBuf, parts: [&[u8]; 3], zeros: usize, range: std::ops::Range<usize>) {
+    let mut at = 0;
+    for part in parts {
+        let (from, to) = (range.start.max(at), range.end.min(at + part.len()));
+        if from < to {
+            stage.extend_from_slice(&part[from - at..to - at]);
+        }
+        at += part.len();
+    }
+    let (from, to) = (range.start.max(at), range.end.min(at + zeros));
+    if from < to {
+        stage.extend_zeros(to - from);
+    }
+}
+
 impl Flush for PartitionWriter {
     fn write(&mut self, taken: &Taken) -> Result<(), String> {
         let (fd, offset, header) = self.file.target(taken.data.len(), &self.catalog).map_err(|e| e.to_string())?;
-        let stage = &mut self.staging;
-        stage.clear();
-        if let Some(header) = header {
-            stage.extend_from_slice(&header);
-        }
-        stage.extend_from_slice(&taken.data);
-        stage.extend_from_slice(&pad_frame(offset + stage.len() as u64));
-        debug_assert_eq!((offset + stage.len() as u64) % FLUSH_ALIGN, 0);
-        let len = stage.len();
+        let header: &[u8] = header.as_ref().map_or(&[], |h| &h[..]);
+        let pad = pad_frame(offset + (header.len() + taken.data.len()) as u64);
+        let len = header.len() + taken.data.len() + pad.len();
+        debug_assert_eq!((offset + len as u64) % FLUSH_ALIGN, 0);
         // Zeros ahead go out in the same write: one fdatasync commits them with the flush.
         let zeros = self.file.zeros_after(offset, len);
-        stage.extend_zeros(zeros);
-        let result = self.backend.write_and_sync(&[WriteSync { fd, offset, data: stage.as_slice() }]).pop();
-        if stage.capacity() > MAX_KEPT_BUFFER {
-            *stage = AlignedBuf::new();
-        }
-        match result.expect("one result per request") {
-            Ok(()) => {
-                self.file.advance(len, zeros);
-                self.catalog.flushed(self.partition, taken.first, taken.last, len as u64);
-                self.file.close_if_full(&self.catalog).map_err(|e| e.to_string())
+        let total = len + zeros;
+        let mut done = 0;
+        while done < total {
+            let end = (done + STAGE_PIECE).min(total);
+            self.staging.clear();
+            stage_range(&mut self.staging, [header, &taken.data, &pad], zeros, done..end);
+            let piece = WriteSync { fd, offset: offset + done as u64, data: self.staging.as_slice() };
+            let result = self.backend.write_and_sync(&[piece]).pop().expect("one result per request");
+            if let Err(e) = result {
+                return Err(format!("{}: {e}", self.file.path().display()));
             }
-            Err(e) => Err(format!("{}: {e}", self.file.path().display())),
+            done = end;
         }
+        self.file.advance(len, zeros);
+        self.catalog.flushed(self.partition, taken.first, taken.last, len as u64);
+        self.file.close_if_full(&self.catalog).map_err(|e| e.to_string())
     }
 }
 
@@ -110,4 +131,34 @@ pub fn spawn(shared: Arc<Shared>, kicked: Receiver<()>) -> Result<JoinHandle<()>
             }
         })
         .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io("tusk-log-writer thread", e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flush staged in pieces is the whole stream, byte for byte, whatever the cut points.
+    #[test]
+    fn pieces_of_the_stream_make_the_whole() {
+        let header = vec![1u8; 40];
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let pad = vec![7u8; 24];
+        let zeros = 4096;
+        let mut whole = AlignedBuf::new();
+        stage_range(&mut whole, [&header, &data, &pad], zeros, 0..14_160);
+        let want: Vec<u8> = [&header[..], &data, &pad, &[0u8; 4096]].concat();
+        assert_eq!(whole.as_slice(), &want[..]);
+        for piece in [1, 7, 40, 64, 4096, 10_040, 14_159] {
+            let mut joined = Vec::new();
+            let mut done = 0;
+            while done < want.len() {
+                let end = (done + piece).min(want.len());
+                let mut stage = AlignedBuf::new();
+                stage_range(&mut stage, [&header, &data, &pad], zeros, done..end);
+                joined.extend_from_slice(stage.as_slice());
+                done = end;
+            }
+            assert_eq!(joined, want, "pieces of {piece} bytes");
+        }
+    }
 }
