@@ -43,7 +43,7 @@ impl PartitionWriter {
 /// goes out in pieces of this size, each written and synced in turn, so its staging copy
 /// never costs more memory than this. A multiple of [`FLUSH_ALIGN`] (O_DIRECT).
 const STAGE_PIECE: usize = 8 << 20;
-const _: () = assert!(STAGE_PIECE as u64 % FLUSH_ALIGN == 0);
+const _: () = assert!((STAGE_PIECE as u64).is_multiple_of(FLUSH_ALIGN));
 
 /// Appends to `stage` the bytes `range` of the stream made of `parts` one after another,
 /// then `zeros` zero bytes.
