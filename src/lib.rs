@@ -34,6 +34,7 @@ mod error;
 mod index;
 mod mirror;
 mod options;
+mod prefault;
 mod snapshot;
 mod store;
 mod transaction;

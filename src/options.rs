@@ -43,6 +43,10 @@ pub struct Options {
     /// Log space the checkpointer aims to stay under: clean chunks whose image would pin more
     /// than half of it are rewritten (default 1 GiB).
     pub max_log_bytes: u64,
+    /// Heap bytes kept populated beyond the allocator's high-water mark by a background
+    /// thread, so transactions that take new memory do not pay its first-touch page faults
+    /// (default 64 MiB; 0: no thread, pages are faulted in by whoever touches them first).
+    pub prefault_ahead: u64,
     /// Fails checkpoint I/O on purpose (tests of crashes during checkpoints).
     #[doc(hidden)]
     pub checkpoint_faults: Option<std::sync::Arc<tusk_storage::io::FaultPlan>>,
@@ -62,6 +66,7 @@ impl Default for Options {
             checkpoint_interval: Some(Duration::from_secs(10)),
             chunk_size: 1 << 20,
             max_log_bytes: 1 << 30,
+            prefault_ahead: 64 << 20,
             checkpoint_faults: None,
         }
     }

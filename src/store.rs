@@ -10,6 +10,7 @@ use tusk_storage::PAGE_SIZE;
 use tusk_txn::{CheckpointConfig, CheckpointReport, Checkpointer, Commit, Engine, EngineConfig, LogConfig, Lsn};
 
 use crate::checkpoints::CheckpointService;
+use crate::prefault::PrefaultService;
 
 use crate::options::{Durability, Options};
 use crate::transaction::Transaction;
@@ -45,6 +46,8 @@ use crate::Error;
 pub struct Store {
     engine: Arc<Engine>,
     checkpoints: Option<CheckpointService>,
+    /// Before `_lock`: its thread holds the engine, which must be gone when the lock is.
+    _prefault: PrefaultService,
     dir: PathBuf,
     recovery: RecoveryReport,
     _lock: File,
@@ -140,7 +143,8 @@ impl Store {
             }
             Durability::Off => None,
         };
-        let store = Store { engine, checkpoints, dir, recovery, _lock: lock };
+        let prefault = PrefaultService::start(engine.clone(), options.prefault_ahead)?;
+        let store = Store { engine, checkpoints, _prefault: prefault, dir, recovery, _lock: lock };
         if fresh {
             store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
         }

@@ -269,6 +269,25 @@ impl Heap {
         }
     }
 
+    /// Bytes of `[off, off+len)` (whole pages) backed by memory now (mincore): what was
+    /// touched or populated. 0 where the kernel cannot tell.
+    pub fn resident_bytes(&self, off: u64, len: u64) -> u64 {
+        self.check_range(off, len);
+        let start = off / PAGE_SIZE * PAGE_SIZE;
+        let end = (off + len).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let mut pages = vec![0u8; ((end - start) / PAGE_SIZE) as usize];
+        #[cfg(not(loom))]
+        {
+            // SAFETY: the range lies inside our mapping (checked above, rounded to pages
+            // within it) and `pages` holds one byte per page of it.
+            let done = unsafe { libc::mincore(self.data.base().add(start as usize) as *mut libc::c_void, (end - start) as usize, pages.as_mut_ptr()) };
+            if done != 0 {
+                return 0;
+            }
+        }
+        pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * PAGE_SIZE
+    }
+
     /// Backs `[off, off+len)` with memory now (MADV_POPULATE_WRITE), so that first touches
     /// inside a measurement do not page-fault. Falls back to doing nothing where the kernel
     /// lacks the advice (pages are then populated on first write, as usual).

@@ -49,6 +49,7 @@ impl Transaction<'_> {
                 debug_assert!(brk.is_multiple_of(PAGE_SIZE) && bytes.is_multiple_of(PAGE_SIZE), "brk moves by whole pages");
                 // Contiguous with earlier takes: brk was read through this transaction.
                 self.fresh = if self.fresh.0 == self.fresh.1 { (brk, end) } else { (self.fresh.0, end) };
+                self.engine().growth().taken(end);
                 Ok(brk)
             }
             _ => self.exhausted(requested),

@@ -13,6 +13,7 @@ use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::growth::Growth;
 use crate::TxnError;
 
 /// Longest a chunk copy waits for one stripe while holding others (see `copy_locked`): far
@@ -47,6 +48,8 @@ pub struct Engine {
     /// The in-place token and its buffers: `None` while a transaction runs in place (see
     /// [`crate::in_place`]).
     pub(crate) in_place: Mutex<Option<Box<InPlace>>>,
+    /// How far brk went, for the thread that populates the heap ahead of it.
+    growth: Growth,
 }
 
 /// Rounds of an optimistic chunk copy (each copies again only the lines that changed)
@@ -81,11 +84,17 @@ impl Engine {
             closed: AtomicBool::new(false),
             gate: CommitGate::new(),
             in_place: Mutex::new(Some(Box::new(in_place))),
+            growth: Growth::default(),
         })
     }
 
     pub fn heap(&self) -> &Heap {
         &self.heap
+    }
+
+    /// Where the allocator reports brk's moves (see [`crate::growth`]).
+    pub fn growth(&self) -> &Growth {
+        &self.growth
     }
 
     /// The LSN of the last committed update transaction.

@@ -14,6 +14,7 @@ pub mod alloc;
 pub mod checkpoint;
 pub mod engine;
 pub mod error;
+pub mod growth;
 pub mod in_place;
 pub mod log;
 #[cfg(all(test, loom))]
