@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use proptest::prelude::*;
-use tusk_index::{Art, MAX_KEY_LEN};
+use tusk_index::{Art, ArtOp, BatchOutcome, MAX_KEY_LEN};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -159,6 +159,50 @@ proptest! {
                 }
                 Ok(())
             })?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// `apply_batch` (upserts that start at the deepest slot the previous upsert's path shares
+    /// with them, removes from the root) against the model applied one by one in batch order:
+    /// keys that nest, share long prefixes and split nodes inside them, several batches on
+    /// one tree.
+    #[test]
+    fn batches_match_btreemap(batches in prop::collection::vec(prop::collection::vec((key(), prop::option::weighted(0.8, any::<u64>())), 1..300), 1..6)) {
+        let engine = common::engine(64 << 20);
+        let tree = common::transact(&engine, |tx| Art::named(tx, "a").unwrap());
+        let mut model: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        for batch in batches {
+            let ops: Vec<ArtOp<'_>> = batch
+                .iter()
+                .map(|(key, v)| match *v {
+                    Some(value) => ArtOp::Upsert { key, value },
+                    None => ArtOp::Remove { key },
+                })
+                .collect();
+            let mut want = BatchOutcome::default();
+            for (key, v) in &batch {
+                match *v {
+                    Some(value) => match model.insert(key.clone(), value) {
+                        Some(_) => want.updated += 1,
+                        None => want.inserted += 1,
+                    },
+                    None => match model.remove(key) {
+                        Some(_) => want.removed += 1,
+                        None => want.absent += 1,
+                    },
+                }
+            }
+            common::transact(&engine, |tx| {
+                assert_eq!(tree.apply_batch(tx, &ops).unwrap(), want, "the outcome of one by one");
+                let got: Vec<(Vec<u8>, u64)> = tree.range::<_, &[u8]>(tx, ..).unwrap().map(Result::unwrap).collect();
+                let expected: Vec<(Vec<u8>, u64)> = model.iter().map(|(k, &v)| (k.clone(), v)).collect();
+                assert_eq!(got, expected);
+                assert_eq!(tree.check(tx).unwrap().keys, model.len() as u64);
+            });
         }
     }
 }

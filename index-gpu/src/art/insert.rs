@@ -37,11 +37,24 @@ fn split_node<H: HeapWrite>(heap: &mut H, meta: u64, prefix: &[u8], a: (Option<u
 }
 
 pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64) -> Result<Option<u64>, IndexError> {
+    insert_from(heap, meta, key, value, &mut Vec::new())
+}
+
+/// [`insert`], starting at the last slot of `path` (the root when empty) and adding the child
+/// slots it passes, each with the key depth at it. A slot at depth `d` leads to the keys that
+/// share the first `d` bytes of the key that reached it, and an insert leaves every slot on its
+/// path where it was (it replaces at most what the last one links to), so a caller may keep a
+/// path from one insert to the next, cut to the slots within the keys' common prefix.
+/// Terminal slots are not added (a key ending there has no longer neighbours below it).
+pub fn insert_from<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64, path: &mut Vec<(u64, usize)>) -> Result<Option<u64>, IndexError> {
     if key.len() > MAX_KEY_LEN {
         return Err(IndexError::KeyTooLong { len: key.len(), max: MAX_KEY_LEN });
     }
-    let mut slot = meta + ROOT_OFF;
-    let mut depth = 0usize;
+    if path.is_empty() {
+        path.push((meta + ROOT_OFF, 0));
+    }
+    let (mut slot, mut depth) = *path.last().expect("a start");
+    debug_assert!(path.iter().all(|&(_, d)| d <= key.len()), "a path within the key");
     loop {
         let link = heap.load(slot)?;
         if link == 0 {
@@ -102,6 +115,7 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64) -> 
             Some(at) if heap.load(at)? != 0 => {
                 slot = at;
                 depth += 1;
+                path.push((slot, depth));
             }
             _ => {
                 let new = leaf::create(heap, meta, key, value)?;
