@@ -65,12 +65,13 @@ pub fn insert_from<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64
         }
         let off = slab::offset(heap, meta, link)?;
         if link::is_leaf(link) {
-            let lk = leaf::read_key(heap, off, link::leaf_cap(link::kind(link)))?;
-            if lk == key {
+            // An update compares in place; only a split needs the leaf's key as bytes.
+            if leaf::matches(heap, off, key)? {
                 let old = leaf::value(heap, off)?;
                 heap.store(off + leaf::VALUE, value)?;
                 return Ok(Some(old));
             }
+            let lk = leaf::read_key(heap, off, link::leaf_cap(link::kind(link)))?;
             let from = depth.min(lk.len()).min(key.len());
             let common = lk[from..].iter().zip(&key[from..]).take_while(|(x, y)| x == y).count();
             let at = from + common;
