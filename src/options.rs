@@ -33,7 +33,12 @@ pub struct Options {
     pub group_commit_interval: Duration,
     /// A log segment file is closed once it passes this size (default 64 MiB).
     pub segment_bytes: u64,
-    /// log2 of the number of stripe locks, each guarding 64-byte lines (default 20).
+    /// log2 of the number of stripe locks, each guarding 64-byte lines (default 24: 16 M lock
+    /// words in 128 MiB of address space, touched as the heap is). Lines 2^`stripes_log2` × 64
+    /// bytes apart share a word (1 GiB by default); a large transaction holds the words of every
+    /// line it touches until it commits, so with too few words (2^20 aliases every 64 MiB) one
+    /// that touches most of a 150 MB tree held nearly all of them and unrelated small
+    /// transactions waited for it.
     pub stripes_log2: u32,
     /// A checkpoint is taken this often in the background (default 10 s; `None`: only on
     /// [`crate::Store::checkpoint`]).
@@ -62,7 +67,7 @@ impl Default for Options {
             log_buffer_bytes: 1 << 20,
             group_commit_interval: Duration::from_millis(1),
             segment_bytes: 64 << 20,
-            stripes_log2: 20,
+            stripes_log2: 24,
             checkpoint_interval: Some(Duration::from_secs(10)),
             chunk_size: 1 << 20,
             max_log_bytes: 1 << 30,
