@@ -134,16 +134,18 @@ impl Partition {
     }
 
     /// When the background flusher is due to flush this partition: `interval` after the
-    /// last flush of it by anyone (at once if it was never flushed); `None` while nothing is
-    /// buffered. A committer that led a flush thereby pushes the next background flush back,
-    /// so the two do not queue behind each other, and no record waits longer than `interval`
-    /// for some flush to start.
-    pub fn flush_due(&self, interval: Duration) -> Option<Instant> {
+    /// last flush of it by anyone (at once, `now`, if it was never flushed); `None` while
+    /// nothing is buffered. A committer that led a flush thereby pushes the next background
+    /// flush back, so the two do not queue behind each other, and no record waits longer than
+    /// `interval` for some flush to start. `now` is the caller's clock reading: "at once" read
+    /// from a clock of its own, taken after the caller's, was never due by the caller's, and
+    /// the flusher spun without ever flushing a partition that no one had flushed yet.
+    pub fn flush_due(&self, interval: Duration, now: Instant) -> Option<Instant> {
         let s = self.state.lock();
         if s.active.is_empty() {
             return None;
         }
-        Some(s.last_take.map_or_else(Instant::now, |t| t + interval))
+        Some(s.last_take.map_or(now, |t| t + interval))
     }
 
     /// Lowest LSN of this partition not yet durable, if any.
@@ -198,17 +200,18 @@ mod tests {
         let clock = AtomicU64::new(0);
         let p = Partition::default();
         let interval = Duration::from_millis(500);
-        assert_eq!(p.flush_due(interval), None, "nothing buffered");
+        assert_eq!(p.flush_due(interval, Instant::now()), None, "nothing buffered");
         p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
-        assert!(p.flush_due(interval).unwrap() <= Instant::now(), "never flushed: due at once");
+        let now = Instant::now();
+        assert_eq!(p.flush_due(interval, now), Some(now), "never flushed: due at once");
         let before = Instant::now();
         let taken = p.take().unwrap();
-        assert_eq!(p.flush_due(interval), None, "the buffer went with the flush");
+        assert_eq!(p.flush_due(interval, Instant::now()), None, "the buffer went with the flush");
         p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
-        let due = p.flush_due(interval).unwrap();
+        let due = p.flush_due(interval, Instant::now()).unwrap();
         assert!(due >= before + interval && due <= Instant::now() + interval, "due one interval after the take");
         p.written(taken);
-        assert_eq!(p.flush_due(interval), Some(due), "finishing the flush does not move it");
+        assert_eq!(p.flush_due(interval, Instant::now()), Some(due), "finishing the flush does not move it");
     }
 
     #[test]

@@ -118,7 +118,7 @@ pub fn spawn(shared: Arc<Shared>, kicked: Receiver<()>) -> Result<JoinHandle<()>
                 let now = Instant::now();
                 let mut next = now + interval;
                 for (p, partition) in group.partitions.iter().enumerate() {
-                    match partition.flush_due(interval) {
+                    match partition.flush_due(interval, now) {
                         Some(due) if kick || due <= now => {
                             group.flush(p);
                         }
