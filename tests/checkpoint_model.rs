@@ -139,7 +139,14 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (prop::collection::vec(write_strategy(), 1..6), mode_strategy(), prop::bool::weighted(0.3))
             .prop_map(|(writes, mode, other_thread)| Op::Txn { writes, mode, other_thread }),
-        1 => (0..REGIONS, 1..24_000u32, mode_strategy()).prop_map(|(region, len, mode)| Op::Realloc { region, len, mode }),
+        // Not Partition: the allocator is shared by every thread, like an index, and a
+        // Partition realloc replayed beyond a gap may rest on a lost allocation (found:
+        // a lost Async realloc had moved brk, the Partition one freed that block and carved
+        // the region's new block from it, so the recovered root named a block beyond brk,
+        // which the next checkpoint does not keep). README, Guarantees: allocate and free
+        // with Sync or Async, not Partition.
+        1 => (0..REGIONS, 1..24_000u32, prop_oneof![1 => Just(Commit::Sync), 2 => Just(Commit::Async)])
+            .prop_map(|(region, len, mode)| Op::Realloc { region, len, mode }),
         3 => Just(Op::Checkpoint),
         1 => (0..24u64).prop_map(Op::FaultedCheckpoint),
         1 => Just(Op::WaitDurable),

@@ -104,13 +104,7 @@ fn apply(tx: &mut tusk::Transaction<'_>, ops: &[Op], model: &mut Model) -> Resul
             Op::ArtUpsert(k, v) => assert_eq!(tx.art("a")?.insert(k, *v)?, model.art.insert(k.clone(), *v)),
             Op::ArtRemove(k) => assert_eq!(tx.art("a")?.remove(k)?, model.art.remove(k)),
             Op::ArtBatch(ops) => {
-                let ops: Vec<ArtOp<'_>> = ops
-                    .iter()
-                    .map(|(key, v)| match *v {
-                        Some(value) => ArtOp::Upsert { key, value },
-                        None => ArtOp::Remove { key },
-                    })
-                    .collect();
+                let ops: Vec<ArtOp<'_>> = ops.iter().map(|(key, v)| ArtOp::new(key, *v)).collect();
                 let mut want = BatchOutcome::default();
                 for op in &ops {
                     match *op {

@@ -176,13 +176,7 @@ proptest! {
         let tree = common::transact(&engine, |tx| Art::named(tx, "a").unwrap());
         let mut model: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
         for batch in batches {
-            let ops: Vec<ArtOp<'_>> = batch
-                .iter()
-                .map(|(key, v)| match *v {
-                    Some(value) => ArtOp::Upsert { key, value },
-                    None => ArtOp::Remove { key },
-                })
-                .collect();
+            let ops: Vec<ArtOp<'_>> = batch.iter().map(|(key, v)| ArtOp::new(key, *v)).collect();
             let mut want = BatchOutcome::default();
             for (key, v) in &batch {
                 match *v {

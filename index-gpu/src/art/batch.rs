@@ -26,6 +26,15 @@ pub enum Op<'k> {
 }
 
 impl<'k> Op<'k> {
+    /// An upsert of `value`, or a remove when it is `None` (a change as a log of changes
+    /// records it).
+    pub fn new(key: &'k [u8], value: Option<u64>) -> Op<'k> {
+        match value {
+            Some(value) => Op::Upsert { key, value },
+            None => Op::Remove { key },
+        }
+    }
+
     pub fn key(&self) -> &'k [u8] {
         match *self {
             Op::Upsert { key, .. } | Op::Remove { key } => key,
