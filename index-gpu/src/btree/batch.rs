@@ -157,11 +157,20 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
     let mut pos = 0;
     // The leaf the next operation belongs to, when found without a descent.
     let mut next_leaf = None;
+    // The internal nodes of the last descent, root first, and the root it started from: a
+    // split of a leaf to the right of that descent's leaf inserts its separator along it
+    // (moving right on each level as readers do), unless the root has changed since.
+    let mut path: Vec<u64> = Vec::new();
+    let mut path_root = 0;
     while pos < order.len() {
         let root = heap.load(meta + ROOT_OFF)?;
         let (leaf, h) = match next_leaf.take() {
             Some(found) => found,
-            None => search::descend(heap, root, order[pos].0, None)?,
+            None => {
+                path.clear();
+                path_root = root;
+                search::descend(heap, root, order[pos].0, Some(&mut path))?
+            }
         };
         if h.right != 0 {
             heap.prefetch(h.right, layout::NODE_SIZE);
@@ -201,6 +210,27 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
         }
         e.write_back(heap, leaf, h.level)?;
         match fallback {
+            Some(Op::Upsert { key, value }) if heap.load(meta + ROOT_OFF)? == path_root => {
+                // The leaf is full (the entries written back): split it here, without the
+                // descent `insert` would make, then go on in whichever half holds the next key.
+                let i = e.keys[..e.count].partition_point(|&k| k < key);
+                let full = layout::Header { count: e.count, ..h };
+                insert::insert_entry(heap, meta, leaf, full, i, key, value, path.clone())?;
+                key_delta += 1;
+                out.inserted += 1;
+                if pos < order.len() {
+                    let next = order[pos].0;
+                    let left = layout::read_header(heap, leaf)?;
+                    if !left.must_move_right(next) {
+                        next_leaf = Some((leaf, left));
+                    } else {
+                        let right = layout::read_header(heap, left.right)?;
+                        if !right.must_move_right(next) {
+                            next_leaf = Some((left.right, right));
+                        }
+                    }
+                }
+            }
             Some(Op::Upsert { key, value }) => {
                 let old = insert::insert(heap, meta, key, value)?;
                 debug_assert!(old.is_none());

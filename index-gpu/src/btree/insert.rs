@@ -34,9 +34,12 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
     Ok(None)
 }
 
-/// Inserts (k, v) at slot `i` of `node`, splitting upwards along `path` as needed.
+/// Inserts (k, v) at slot `i` of `node`, splitting upwards along `path` as needed. `path`
+/// holds an internal node per level above `node`, root first, each covering `node`'s range
+/// or lying to the left of the one that does on its level (a descent to a leaf left of
+/// `node`): the separator moves right to its node as a reader would.
 #[allow(clippy::too_many_arguments)]
-fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, mut path: Vec<u64>) -> Result<(), TxnError> {
+pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, mut path: Vec<u64>) -> Result<(), TxnError> {
     loop {
         if h.count < CAPACITY {
             return shift_in(heap, node, h, i, k, v);
