@@ -43,18 +43,23 @@ fn contents(tree: BTree, tx: &mut tusk_txn::Transaction<'_>) -> Vec<(u64, u64)> 
     tree.range(tx, ..).unwrap().map(Result::unwrap).collect()
 }
 
+/// Two trees bulk-loaded alike: one for batches, one for the same operations one by one.
+fn twin_trees(engine: &tusk_txn::Engine, start: &[(u64, u64)], fill: f64) -> (BTree, BTree) {
+    common::transact(engine, |tx| {
+        let a = BTree::create(tx).unwrap();
+        let b = BTree::create(tx).unwrap();
+        a.bulk_load(tx, start.iter().copied(), fill).unwrap();
+        b.bulk_load(tx, start.iter().copied(), fill).unwrap();
+        (a, b)
+    })
+}
+
 #[test]
 fn fifty_thousand_random_ops_equal_one_by_one() {
     let engine = common::engine(256 << 20);
     let mut rng = Rng(42);
-    let (batched, single) = common::transact(&engine, |tx| {
-        let a = BTree::create(tx).unwrap();
-        let b = BTree::create(tx).unwrap();
-        let start: Vec<(u64, u64)> = (0..30_000u64).map(|k| (k * 2, k)).collect();
-        a.bulk_load(tx, start.iter().copied(), 0.7).unwrap();
-        b.bulk_load(tx, start.iter().copied(), 0.7).unwrap();
-        (a, b)
-    });
+    let start: Vec<(u64, u64)> = (0..30_000u64).map(|k| (k * 2, k)).collect();
+    let (batched, single) = twin_trees(&engine, &start, 0.7);
     // Phases: mostly inserts (splits), mixed, mostly removals (merges down to a small tree).
     for (phase, remove_share) in [(0, 20u64), (1, 50), (2, 90), (3, 95)] {
         let ops = random_ops(&mut rng, 50_000, 80_000, remove_share);
@@ -199,14 +204,8 @@ fn splits_inside_a_dense_batch_grow_the_tree_as_one_by_one() {
     // splits, most more than once, in the batch's own pass (separators going up the last
     // descent's path, moving right), parents split in turn and the root grows mid-batch.
     let engine = common::engine(64 << 20);
-    let (batched, single) = common::transact(&engine, |tx| {
-        let a = BTree::create(tx).unwrap();
-        let b = BTree::create(tx).unwrap();
-        let start: Vec<(u64, u64)> = (0..3_000u64).map(|k| (k * 4, k)).collect();
-        a.bulk_load(tx, start.iter().copied(), 1.0).unwrap();
-        b.bulk_load(tx, start.iter().copied(), 1.0).unwrap();
-        (a, b)
-    });
+    let start: Vec<(u64, u64)> = (0..3_000u64).map(|k| (k * 4, k)).collect();
+    let (batched, single) = twin_trees(&engine, &start, 1.0);
     let ops: Vec<Op> = (0..12_000u64).filter(|k| k % 4 != 0).rev().map(|key| Op::Upsert { key, value: key + 7 }).collect();
     common::transact(&engine, |tx| {
         let before = batched.check(tx).unwrap();

@@ -330,7 +330,7 @@ impl<'e> Transaction<'e> {
     #[inline]
     fn load_run_shared(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
         if self.in_place.is_some() {
-            return self.load_in_place(off, out);
+            return self.load_words_in_place(off, out);
         }
         let engine = self.engine;
         let stripes = &engine.stripes;
@@ -827,16 +827,6 @@ impl<'e> Transaction<'e> {
             heap.store_word_masked(off, value, mask);
             state.note_bytes(off, mask);
         }
-        Ok(())
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn load_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
-        if self.hold(self.engine.stripes.index_of(off)).is_none() {
-            return self.in_place_conflict();
-        }
-        self.engine.heap().load_words(off, out);
         Ok(())
     }
 

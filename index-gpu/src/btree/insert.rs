@@ -27,7 +27,7 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
         heap.store(layout::value_off(leaf, i), value(Some(old)))?;
         return Ok(Some(old));
     }
-    insert_entry(heap, meta, leaf, h, i, key, value(None), path)?;
+    insert_entry(heap, meta, leaf, h, i, key, value(None), &path)?;
     // Counted last: the leaf's entries above are read while the write set is still empty,
     // the transaction's fast path (whole lines validated at once, no write-set lookups).
     meta::add_keys(heap, meta, 1)?;
@@ -39,14 +39,16 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
 /// or lying to the left of the one that does on its level (a descent to a leaf left of
 /// `node`): the separator moves right to its node as a reader would.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, mut path: Vec<u64>) -> Result<(), TxnError> {
+pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &[u64]) -> Result<(), TxnError> {
+    let mut above = path.iter().rev();
     loop {
         if h.count < CAPACITY {
             return shift_in(heap, node, h, i, k, v);
         }
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
-        match path.pop() {
-            Some(mut parent) => {
+        match above.next() {
+            Some(&parent) => {
+                let mut parent = parent;
                 let mut ph = layout::read_header(heap, parent)?;
                 // A reader-side rule applied to the writer too: the separator belongs to the
                 // parent level's node whose range covers it.
