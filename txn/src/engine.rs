@@ -8,24 +8,24 @@ use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
-use crate::in_place::{InPlace, LockWait};
+use crate::in_place::{InPlace, LockWait, Token};
 use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
-use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::sync::{AtomicBool, AtomicU64};
 use crate::growth::Growth;
 use crate::TxnError;
 
 /// Longest a chunk copy waits for one stripe while holding others (see `copy_locked`): far
 /// longer than a commit's write-back, far shorter than an in-place run's `LOCK_WAIT`.
 const COPY_HOLD_AND_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
-/// The first nap of a chunk copy waiting, holding nothing, for a stripe held past
-/// `COPY_HOLD_AND_WAIT`; each later nap is one `COPY_NAP_FIRST` longer, up to `COPY_NAP_MAX`
-/// (the most a copy oversleeps the stripe's release).
+/// The first nap of a wait, holding nothing, for a stripe that stayed locked (see
+/// `Engine::wait_unlocked`); each later nap is one `STRIPE_NAP_FIRST` longer, up to
+/// `STRIPE_NAP_MAX` (the most a waiter oversleeps the stripe's release).
 #[cfg(not(loom))]
-const COPY_NAP_FIRST: std::time::Duration = std::time::Duration::from_micros(20);
+const STRIPE_NAP_FIRST: std::time::Duration = std::time::Duration::from_micros(20);
 #[cfg(not(loom))]
-const COPY_NAP_MAX: std::time::Duration = std::time::Duration::from_millis(1);
+const STRIPE_NAP_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
 pub struct EngineConfig {
     /// `2^stripes_log2` stripe locks.
@@ -47,7 +47,7 @@ pub struct Engine {
     pub(crate) gate: CommitGate,
     /// The in-place token and its buffers: `None` while a transaction runs in place (see
     /// [`crate::in_place`]).
-    pub(crate) in_place: Mutex<Option<Box<InPlace>>>,
+    pub(crate) in_place: Token,
     /// How far brk went, for the thread that populates the heap ahead of it.
     growth: Growth,
 }
@@ -83,7 +83,7 @@ impl Engine {
             dirty_epoch: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             gate: CommitGate::new(),
-            in_place: Mutex::new(Some(Box::new(in_place))),
+            in_place: Token::new(in_place),
             growth: Growth::default(),
         })
     }
@@ -272,21 +272,9 @@ impl Engine {
                         for (&held, &w) in stripes.iter().zip(&seen) {
                             self.stripes.unlock_restore(held, w);
                         }
-                        #[cfg(not(loom))]
-                        let mut naps = 0u32;
-                        while is_locked(self.stripes.load(s)) {
-                            crate::sync::spin_loop();
-                            #[cfg(not(loom))]
-                            {
-                                // Held past `COPY_HOLD_AND_WAIT`: most likely by an in-place
-                                // run, to its end (seconds). Yielding in a loop kept a core
-                                // busy that the run and the log writer share on small
-                                // machines; naps growing to `COPY_NAP_MAX` leave it to them.
-                                naps += 1;
-                                let nap = COPY_NAP_FIRST.saturating_mul(naps).min(COPY_NAP_MAX);
-                                std::thread::sleep(nap);
-                            }
-                        }
+                        // Held past `COPY_HOLD_AND_WAIT`: most likely by an in-place run, to
+                        // its end (seconds).
+                        self.wait_unlocked(s, None);
                         continue 'acquire;
                     }
                 }
@@ -300,6 +288,28 @@ impl Engine {
             self.stripes.unlock_restore(s, w);
         }
         lsn
+    }
+
+    /// Waits, holding nothing, until stripe `s` is unlocked (or `limit` has passed): for a
+    /// stripe that stayed locked past a short spin, most likely held by an in-place run to its
+    /// end (seconds). Yielding in a loop kept a core busy that the run and the log writer share
+    /// on small machines; naps growing to `STRIPE_NAP_MAX` leave it to them.
+    pub(crate) fn wait_unlocked(&self, s: u32, limit: Option<std::time::Duration>) {
+        #[cfg(not(loom))]
+        let (mut naps, since) = (0u32, std::time::Instant::now());
+        #[cfg(loom)]
+        let _ = limit;
+        while is_locked(self.stripes.load(s)) {
+            crate::sync::spin_loop();
+            #[cfg(not(loom))]
+            {
+                if limit.is_some_and(|limit| since.elapsed() > limit) {
+                    return;
+                }
+                naps += 1;
+                std::thread::sleep(STRIPE_NAP_FIRST.saturating_mul(naps).min(STRIPE_NAP_MAX));
+            }
+        }
     }
 
     /// Takes the next LSN for a record without writes (logged when durability is on).

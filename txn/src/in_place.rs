@@ -32,13 +32,19 @@
 //!   read get their old word back). So LSNs keep their rules: drawn once the transaction can no
 //!   longer abort, while it holds its write locks.
 //!
-//! One transaction at a time runs in place (the token); another large one keeps buffering
-//! until the token is free.
+//! One transaction at a time runs in place (the [`Token`]); another large one keeps buffering
+//! until the token is free. A large transaction that lost to a conflict starts its next
+//! attempt in place: it waits for the token in arrival order (at most [`TOKEN_WAIT`]) before
+//! its first access, so it holds every line it touches from the start and cannot lose again
+//! to another large transaction (before, 4 threads committing 100 k-key transactions into one
+//! tree retried each one 132 times).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use tusk_storage::line_record::MAX_WHOLE_LINES;
 
+use crate::sync::{Condvar, Mutex};
 use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
 
 /// Write-set lines beyond which a transaction changes to in-place mode (one under loom, so
@@ -51,6 +57,92 @@ pub const IN_PLACE_FROM: usize = 1;
 /// Longest wait for one stripe lock before the in-place transaction aborts (see the module
 /// docs: a longer wait is a cycle through the commit gate).
 pub const LOCK_WAIT: Duration = Duration::from_millis(20);
+
+/// Longest wait for the token of a large transaction's retry. The waiter holds nothing, so a
+/// wait is never part of a cycle of locks; the bound is for a token held by a transaction
+/// that waits for the waiter some other way (the same thread's open transaction, a channel):
+/// past it, the retry runs buffered as a first attempt does.
+pub const TOKEN_WAIT: Duration = Duration::from_secs(2);
+
+/// The engine's one in-place state, handed to one transaction at a time, and the queue of
+/// retries waiting for it, served in arrival order so that each eventually runs.
+pub struct Token {
+    slot: Mutex<TokenSlot>,
+    returned: Condvar,
+}
+
+struct TokenSlot {
+    /// `None` while a transaction runs in place.
+    state: Option<Box<InPlace>>,
+    /// Tickets of the waiters, first come first.
+    queue: VecDeque<u64>,
+    next_ticket: u64,
+}
+
+impl Token {
+    pub fn new(state: InPlace) -> Token {
+        Token {
+            slot: Mutex::new(TokenSlot { state: Some(Box::new(state)), queue: VecDeque::new(), next_ticket: 0 }),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// The token, if it is free and no retry waits for it.
+    pub fn try_take(&self) -> Option<Box<InPlace>> {
+        let mut slot = self.slot.lock();
+        if slot.queue.is_empty() {
+            slot.state.take()
+        } else {
+            None
+        }
+    }
+
+    /// The token, after the waiters that came first; `None` once the wait has lasted `limit`.
+    pub fn take_waiting(&self, limit: Duration) -> Option<Box<InPlace>> {
+        let mut slot = self.slot.lock();
+        let ticket = slot.next_ticket;
+        slot.next_ticket += 1;
+        slot.queue.push_back(ticket);
+        let deadline = Instant::now() + limit;
+        loop {
+            if slot.state.is_some() && slot.queue.front() == Some(&ticket) {
+                slot.queue.pop_front();
+                // The next waiter's turn comes when this state is given back.
+                return slot.state.take();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            self.returned.wait_for(&mut slot, left);
+        }
+        slot.queue.retain(|&t| t != ticket);
+        // The waiter behind this one may be first now.
+        self.returned.notify_all();
+        None
+    }
+
+    /// Hands the state back (cleared by [`InPlace::reset`]) and wakes the waiters.
+    pub fn give_back(&self, state: Box<InPlace>) {
+        let mut slot = self.slot.lock();
+        assert!(slot.state.is_none(), "one in-place state");
+        slot.state = Some(state);
+        drop(slot);
+        self.returned.notify_all();
+    }
+
+    /// Retries waiting for the token (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.slot.lock().queue.len()
+    }
+
+    /// Runs `f` on the state while nobody holds the token (tests).
+    #[cfg(test)]
+    pub(crate) fn with_free<T>(&self, f: impl FnOnce(&mut InPlace) -> T) -> Option<T> {
+        self.slot.lock().state.as_deref_mut().map(f)
+    }
+}
 
 /// Bitmap words scanned per written line at most, when the written lines are read off the
 /// saved-lines bitmap rather than sorted (a word covers 64 lines, 4 KiB of heap).
@@ -346,6 +438,49 @@ mod tests {
         assert!(ip.first_write(4096), "saved bit cleared");
         assert!(ip.held_bits.iter().chain(&ip.written_bits).all(|&w| w == 0));
     }
+
+    fn wait_until(mut done: impl FnMut() -> bool) {
+        let since = Instant::now();
+        while !done() {
+            assert!(since.elapsed() < Duration::from_secs(10), "timed out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Retries get the token in the order they asked for it; a first try does not jump the
+    /// queue; a waiter that gives up leaves it.
+    #[test]
+    fn the_token_goes_to_waiting_retries_in_arrival_order() {
+        let token = Token::new(InPlace::new(64, 1 << 12));
+        let held = token.try_take().expect("free");
+        let order = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for who in 0..3 {
+                let (token, order) = (&token, &order);
+                s.spawn(move || {
+                    let state = token.take_waiting(Duration::from_secs(10)).expect("served before the limit");
+                    order.lock().unwrap().push(who);
+                    token.give_back(state);
+                });
+                wait_until(|| token.waiting() == who + 1);
+            }
+            token.give_back(held);
+            wait_until(|| order.lock().unwrap().len() == 3);
+        });
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+        let held = token.try_take().expect("free again, nobody waiting");
+        assert!(token.take_waiting(Duration::from_millis(5)).is_none(), "held: the wait times out");
+        assert_eq!(token.waiting(), 0, "a waiter that gave up left the queue");
+        token.give_back(held);
+        std::thread::scope(|s| {
+            let held = token.try_take().expect("free");
+            s.spawn(|| token.give_back(token.take_waiting(Duration::from_secs(10)).expect("served")));
+            wait_until(|| token.waiting() == 1);
+            token.give_back(held);
+            // Given back while the waiter sleeps: until it wakes, the token is free but its.
+            assert!(token.try_take().is_none(), "a first try never jumps a waiting retry");
+        });
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -414,7 +549,7 @@ mod engine_tests {
         assert_eq!(check.load(line(3) + 16).unwrap(), 0xAB << 8);
         assert_eq!(check.load(line(n)).unwrap(), 9);
         assert!(engine.stripes.load(engine.stripes.index_of(line(0))) >> 1 == lsn, "written stripes carry the LSN");
-        assert!(engine.in_place.lock().is_some(), "the token is back");
+        assert!(engine.in_place.with_free(|_| ()).is_some(), "the token is back");
     }
 
     /// An in-place transaction that ends without committing (dropped, or restarted) leaves
@@ -469,7 +604,7 @@ mod engine_tests {
         let engine = engine(8 << 20);
         let n = IN_PLACE_FROM as u64 + 100;
         transact(&engine, |tx| (0..n).try_for_each(|i| tx.store(line(i), i)));
-        engine.in_place.lock().as_mut().unwrap().max_lines = IN_PLACE_FROM + 50;
+        engine.in_place.with_free(|s| s.max_lines = IN_PLACE_FROM + 50).unwrap();
         let mut tx = engine.begin();
         let result = (0..n).try_for_each(|i| tx.store(line(i), 7));
         assert!(matches!(result, Err(TxnError::TooLarge { max }) if max == IN_PLACE_FROM as u64 + 50), "{result:?}");
@@ -584,5 +719,78 @@ mod engine_tests {
         assert_eq!(large.load(Ordering::Relaxed), 6);
         assert!(small.load(Ordering::Relaxed) > 0 && sums.load(Ordering::Relaxed) > 0);
     }
+
+    /// Four threads each add one to the same 6000 lines, three times, in transactions that
+    /// run in place: every one commits, and a retry runs in place from its start (in arrival
+    /// order), so a transaction loses about once. Before the waiting retries, such
+    /// transactions lost tens to hundreds of times each (spinning on the lines the run held).
+    #[test]
+    fn large_transactions_on_the_same_lines_lose_about_once() {
+        const LINES: u64 = 6000;
+        const THREADS: u64 = 4;
+        const EACH: u64 = 3;
+        let engine = engine(16 << 20);
+        let attempts = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..EACH {
+                        transact(&engine, |tx| {
+                            attempts.fetch_add(1, Ordering::Relaxed);
+                            (0..LINES).try_for_each(|i| {
+                                let v = tx.load(line(i))?;
+                                tx.store(line(i), v + 1)
+                            })
+                        });
+                    }
+                });
+            }
+        });
+        let mut values = Vec::new();
+        transact(&engine, |tx| {
+            values = (0..LINES).map(|i| tx.load(line(i))).collect::<Result<_, _>>()?;
+            Ok(())
+        });
+        assert!(values.iter().all(|&v| v == THREADS * EACH), "every transaction committed once");
+        let retries = attempts.load(Ordering::Relaxed) - THREADS * EACH;
+        let per_txn = retries as f64 / (THREADS * EACH) as f64;
+        assert!(per_txn <= 3.0, "{per_txn} retries per transaction");
+    }
 }
 
+
+/// The token's hand-over under every interleaving loom explores: two retries wait while a
+/// run holds the token; when it is given back each is served in turn, none sleeps through
+/// its turn (loom never times out a wait, so a lost wake-up is a deadlock it reports), and
+/// the token ends free.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn loom_the_in_place_token_reaches_every_waiting_retry() {
+        loom::model(|| {
+            let token = Arc::new(Token::new(InPlace::new(64, 1 << 12)));
+            let held = token.try_take().expect("free");
+            let served = Arc::new(crate::sync::AtomicU64::new(0));
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let (token, served) = (token.clone(), served.clone());
+                    loom::thread::spawn(move || {
+                        let state = token.take_waiting(Duration::from_secs(1)).expect("served");
+                        served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        token.give_back(state);
+                    })
+                })
+                .collect();
+            token.give_back(held);
+            for w in waiters {
+                w.join().unwrap();
+            }
+            assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
+            assert!(token.try_take().is_some(), "free at the end");
+        });
+    }
+}

@@ -28,7 +28,7 @@ use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
 use tusk_storage::{Heap, HeapPtr};
 
 use crate::engine::Engine;
-use crate::in_place::{before_image, InPlace, LockWait, IN_PLACE_FROM};
+use crate::in_place::{before_image, InPlace, LockWait, IN_PLACE_FROM, TOKEN_WAIT};
 use crate::snapshot::gate::Pass;
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
@@ -77,6 +77,13 @@ pub struct Transaction<'e> {
     in_place: Option<InPlaceRun<'e>>,
     /// Write-set lines at which the next try for the in-place token is made.
     in_place_from: usize,
+    /// Whether this attempt grew past [`IN_PLACE_FROM`] lines: a retry after a conflict then
+    /// waits for the in-place token and runs in place from its start (see [`crate::in_place`]).
+    went_large: bool,
+    /// A stripe this attempt gave up on, locked by another transaction past a spin: a retry
+    /// waits for it first (it is most likely an in-place run's, held to the run's end, and a
+    /// retry that met it again at once would only spin and conflict again).
+    locked_out: Option<u32>,
     /// Heap this transaction took from brk, `[from, to)` (brk only grows, so one range holds
     /// every take): never handed out before, hence zero (see [`crate::in_place`]'s fresh lines).
     pub(crate) fresh: (u64, u64),
@@ -139,20 +146,41 @@ impl<'e> Transaction<'e> {
             doomed: false,
             in_place: None,
             in_place_from: IN_PLACE_FROM,
+            went_large: false,
+            locked_out: None,
             fresh: (0, 0),
         }
     }
 
-    /// Starts over (after a conflict), keeping allocated buffers.
+    /// Starts over (after a conflict), keeping allocated buffers. An attempt that grew large
+    /// is retried in place from its start, once the in-place token is its (waiting for the
+    /// retries before it, at most [`TOKEN_WAIT`]): a large transaction loses at most once to
+    /// another large one.
     pub fn restart(&mut self) {
+        // Only an attempt that lost (doomed) waits: `commit` restarts a committed one too.
+        let lost = self.doomed;
+        let went_large = std::mem::take(&mut self.went_large) && lost;
+        let locked_out = self.locked_out.take().filter(|_| lost);
         self.abandon_in_place();
         self.in_place_from = IN_PLACE_FROM;
         self.fresh = (0, 0);
-        (self.rv, self.clock_mode) = self.engine.read_version();
         self.bufs.reads.clear();
         self.bufs.writes.clear();
         self.bounds = [(0, 0); BOUNDS_CACHE];
         self.doomed = false;
+        let token = if went_large && self.engine.check_open().is_ok() {
+            self.engine.in_place.take_waiting(TOKEN_WAIT)
+        } else {
+            None
+        };
+        if let (Some(s), None) = (locked_out, &token) {
+            self.engine.wait_unlocked(s, Some(TOKEN_WAIT));
+        }
+        (self.rv, self.clock_mode) = self.engine.read_version();
+        if let Some(state) = token {
+            self.went_large = true;
+            self.enter_in_place(state).expect("no read to validate, no write to apply");
+        }
     }
 
     /// Whether reads still validate against the clock (see the module docs).
@@ -370,6 +398,7 @@ impl<'e> Transaction<'e> {
             if is_locked(before) {
                 spins += 1;
                 if spins > LOCKED_SPINS {
+                    self.locked_out = Some(s);
                     return self.conflict();
                 }
                 crate::sync::spin_loop();
@@ -697,6 +726,7 @@ impl<'e> Transaction<'e> {
                 if spins > LOCKED_SPINS {
                     self.bufs.locked.truncate(i);
                     self.unlock_restore();
+                    self.locked_out = Some(s);
                     return self.conflict();
                 }
                 crate::sync::spin_loop();
@@ -731,11 +761,19 @@ impl<'e> Transaction<'e> {
             self.in_place_from = usize::MAX;
             return Ok(());
         }
-        let Some(state) = engine.in_place.lock().take() else {
+        self.went_large = true;
+        let Some(state) = engine.in_place.try_take() else {
             // Another transaction runs in place: keep buffering, try again at twice the size.
             self.in_place_from = self.bufs.writes.len() * 2;
             return Ok(());
         };
+        self.enter_in_place(state)
+    }
+
+    /// Changes to in-place mode with the token's `state`: validates and holds the read set,
+    /// applies the write set in place.
+    fn enter_in_place(&mut self, state: Box<InPlace>) -> Result<(), TxnError> {
+        let engine = self.engine;
         let pass = engine.gate.enter(engine.thread_slot());
         // The clock moves: a clock-mode reader that could see an in-place store finds it moved
         // and turns to the stripes, which this transaction holds (pairs with the acquire fence
@@ -910,7 +948,7 @@ impl<'e> Transaction<'e> {
             engine.stripes.unlock_restore(s, seen);
         }
         state.reset();
-        *engine.in_place.lock() = Some(state);
+        engine.in_place.give_back(state);
     }
 
     /// Commits an in-place run: the bytes it wrote are its redo record;
@@ -964,7 +1002,7 @@ impl<'e> Transaction<'e> {
             }
         }
         state.reset();
-        *engine.in_place.lock() = Some(state);
+        engine.in_place.give_back(state);
         self.restart();
         self.wait_for(mode, partition, lsn, over_bound)
     }
