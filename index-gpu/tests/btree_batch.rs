@@ -219,3 +219,24 @@ fn splits_inside_a_dense_batch_grow_the_tree_as_one_by_one() {
         assert_eq!(contents(batched, tx), contents(single, tx));
     });
 }
+
+#[test]
+fn a_batch_into_an_empty_tree_reads_a_bounded_amount_per_key() {
+    // 400,000 new keys into an empty tree: the batch splits leaf after leaf without a new
+    // descent, each separator moving right along the parent level from where the last one
+    // went. When it moved right from the last descent's node instead (the path never
+    // updated), each split walked the parent level again: the words read per key grew with
+    // the tree (a 64 M-key batch never ended).
+    let engine = common::engine(256 << 20);
+    common::transact(&engine, |tx| {
+        let tree = BTree::create(tx).unwrap();
+        let mut rng = Rng(3);
+        let ops: Vec<Op> = (0..400_000).map(|_| Op::Upsert { key: rng.next(), value: 1 }).collect();
+        let mut counting = Counting { tx, loads: 0 };
+        let out = tree.apply_batch(&mut counting, &ops).unwrap();
+        assert_eq!(out.inserted, 400_000);
+        let per_op = counting.loads as f64 / ops.len() as f64;
+        assert!(per_op < 6.0, "{per_op:.2} words read per key");
+        assert_eq!(tree.check(tx).unwrap().keys, 400_000);
+    });
+}

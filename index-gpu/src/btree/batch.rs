@@ -215,7 +215,7 @@ pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op]) -> Result<
                 // descent `insert` would make, then go on in whichever half holds the next key.
                 let i = e.keys[..e.count].partition_point(|&k| k < key);
                 let full = layout::Header { count: e.count, ..h };
-                insert::insert_entry(heap, meta, leaf, full, i, key, value, &path)?;
+                insert::insert_entry(heap, meta, leaf, full, i, key, value, &mut path)?;
                 key_delta += 1;
                 out.inserted += 1;
                 if pos < order.len() {

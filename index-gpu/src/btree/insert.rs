@@ -27,7 +27,7 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
         heap.store(layout::value_off(leaf, i), value(Some(old)))?;
         return Ok(Some(old));
     }
-    insert_entry(heap, meta, leaf, h, i, key, value(None), &path)?;
+    insert_entry(heap, meta, leaf, h, i, key, value(None), &mut path)?;
     // Counted last: the leaf's entries above are read while the write set is still empty,
     // the transaction's fast path (whole lines validated at once, no write-set lookups).
     meta::add_keys(heap, meta, 1)?;
@@ -37,18 +37,22 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
 /// Inserts (k, v) at slot `i` of `node`, splitting upwards along `path` as needed. `path`
 /// holds an internal node per level above `node`, root first, each covering `node`'s range
 /// or lying to the left of the one that does on its level (a descent to a leaf left of
-/// `node`): the separator moves right to its node as a reader would.
+/// `node`): the separator moves right to its node as a reader would, and that node takes the
+/// level's place in `path`, so a batch that goes on to the right (splitting leaf after leaf
+/// without a new descent) starts there next time instead of walking the level again from the
+/// descent's node (a 64 M-key batch into an empty tree walked ever longer and never ended).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &[u64]) -> Result<(), TxnError> {
-    let mut above = path.iter().rev();
+pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &mut [u64]) -> Result<(), TxnError> {
+    let mut level = path.len();
     loop {
         if h.count < CAPACITY {
             return shift_in(heap, node, h, i, k, v);
         }
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
-        match above.next() {
-            Some(&parent) => {
-                let mut parent = parent;
+        match level.checked_sub(1) {
+            Some(above) => {
+                level = above;
+                let mut parent = path[level];
                 let mut ph = layout::read_header(heap, parent)?;
                 // A reader-side rule applied to the writer too: the separator belongs to the
                 // parent level's node whose range covers it.
@@ -56,6 +60,7 @@ pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64,
                     parent = ph.right;
                     ph = layout::read_header(heap, parent)?;
                 }
+                path[level] = parent;
                 i = layout::lower_bound(heap, parent, ph.count, separator)?;
                 (node, h, k, v) = (parent, ph, separator, right);
             }
