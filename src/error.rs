@@ -65,6 +65,11 @@ pub enum Error {
         /// The most lines a transaction may write.
         max: u64,
     },
+    /// A snapshot or a GPU mirror sync was asked for from inside a transaction (on its
+    /// thread) that runs in place: it would wait for that transaction to end, which waits for
+    /// it. Take snapshots before or after such a transaction.
+    #[error("a snapshot or mirror sync inside a transaction running in place would wait for that transaction forever; take it before or after")]
+    SnapshotInsideLargeTransaction,
     /// The store path exists and is not a directory.
     #[error("{0}: not a directory")]
     NotADirectory(PathBuf),
@@ -224,6 +229,7 @@ impl From<TxnError> for Error {
             TxnError::LogFailed(why) => Error::LogFailed(why),
             TxnError::Closed => Error::Closed,
             TxnError::TooLarge { max } => Error::TransactionTooLarge { max },
+            TxnError::InsideInPlaceTransaction => Error::SnapshotInsideLargeTransaction,
             TxnError::Storage(s) => s.into(),
         }
     }

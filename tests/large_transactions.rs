@@ -241,3 +241,39 @@ fn small_transactions_beside_a_large_one_commit_and_nothing_is_lost() {
         .unwrap();
     store.close().unwrap();
 }
+
+/// A snapshot asked for inside a transaction that runs in place fails at once with
+/// `Error::SnapshotInsideLargeTransaction`: it would wait for the transaction's end, which
+/// waits for the closure (before, the thread hung for ever). The transaction still commits,
+/// and a snapshot taken after it sees it; a small transaction may take one inside.
+#[test]
+fn a_snapshot_inside_a_large_transaction_fails_instead_of_waiting_for_ever() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store
+        .transact(Commit::Async, |tx| {
+            tx.btree("t")?.insert(1, 1)?;
+            assert!(!tx.is_in_place());
+            assert!(store.snapshot(tusk::SnapshotMode::Memcpy).is_ok(), "a small transaction may take one");
+            Ok(())
+        })
+        .unwrap();
+    store
+        .transact(Commit::Async, |tx| {
+            for i in 0..KEYS {
+                tx.btree("t")?.insert(key(i), i)?;
+            }
+            assert!(tx.is_in_place());
+            for mode in [tusk::SnapshotMode::Memcpy, tusk::SnapshotMode::Fork] {
+                let inside = store.snapshot(mode).map(|_| ());
+                assert!(matches!(inside, Err(Error::SnapshotInsideLargeTransaction)), "{mode:?}: {inside:?}");
+            }
+            Ok(())
+        })
+        .unwrap();
+    let snapshot = store.snapshot(tusk::SnapshotMode::Memcpy).unwrap();
+    let tree = snapshot.btree("t").unwrap();
+    for i in (0..KEYS).step_by(11) {
+        assert_eq!(tree.get(key(i)).unwrap(), Some(i), "key {i} in the snapshot after");
+    }
+}

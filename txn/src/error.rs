@@ -37,6 +37,10 @@ pub enum TxnError {
     /// was written.
     #[error("transaction too large: it wrote more than {max} lines of 64 bytes, the most one redo record holds")]
     TooLarge { max: u64 },
+    /// A snapshot (or a mirror sync) was asked for on the thread of a transaction running in
+    /// place: it would wait for that transaction, which waits for it.
+    #[error("a snapshot or mirror sync inside a transaction running in place would wait for that transaction forever; take it before or after")]
+    InsideInPlaceTransaction,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

@@ -64,6 +64,29 @@ pub const LOCK_WAIT: Duration = Duration::from_millis(20);
 /// past it, the retry runs buffered as a first attempt does.
 pub const TOKEN_WAIT: Duration = Duration::from_secs(2);
 
+#[cfg(not(loom))]
+thread_local! {
+    /// Whether this thread runs a transaction in place (holding the commit gate's pass).
+    static RUNNING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Notes whether this thread now runs a transaction in place (set while it holds the pass).
+pub(crate) fn set_running_here(running: bool) {
+    #[cfg(not(loom))]
+    RUNNING_HERE.with(|r| r.set(running));
+    #[cfg(loom)]
+    let _ = running;
+}
+
+/// Whether this thread runs a transaction in place: closing the commit gate here would wait
+/// for that transaction's pass forever (see [`crate::Engine::with_gate_closed`]).
+pub fn running_here() -> bool {
+    #[cfg(not(loom))]
+    return RUNNING_HERE.with(|r| r.get());
+    #[cfg(loom)]
+    false
+}
+
 /// The engine's one in-place state, handed to one transaction at a time, and the queue of
 /// retries waiting for it, served in arrival order so that each eventually runs.
 pub struct Token {

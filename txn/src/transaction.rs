@@ -775,6 +775,7 @@ impl<'e> Transaction<'e> {
     fn enter_in_place(&mut self, state: Box<InPlace>) -> Result<(), TxnError> {
         let engine = self.engine;
         let pass = engine.gate.enter(engine.thread_slot());
+        crate::in_place::set_running_here(true);
         // The clock moves: a clock-mode reader that could see an in-place store finds it moved
         // and turns to the stripes, which this transaction holds (pairs with the acquire fence
         // of `Engine::clock_still`, as a commit's LSN does).
@@ -944,6 +945,7 @@ impl<'e> Transaction<'e> {
             }
         }
         drop(pass);
+        crate::in_place::set_running_here(false);
         for &(s, seen) in &state.held {
             engine.stripes.unlock_restore(s, seen);
         }
@@ -991,6 +993,7 @@ impl<'e> Transaction<'e> {
             stamps.line(line);
         }
         drop(pass);
+        crate::in_place::set_running_here(false);
         for (k, &(s, seen)) in state.held.iter().enumerate() {
             if let Some(&(ahead, _)) = state.held.get(k + COMMIT_PREFETCH_AHEAD) {
                 engine.stripes.prefetch(u64::from(ahead) * STRIPE_BYTES);

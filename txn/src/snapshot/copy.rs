@@ -94,6 +94,7 @@ impl Engine {
     /// LSN (see the module note); returns its new state and what the copy did.
     pub fn copy_pages_consistent(&self, state: Option<CopyState>, sink: &mut dyn PageSink) -> Result<(CopyState, CopyReport), TxnError> {
         self.check_open()?;
+        check_no_pass_here()?;
         let started = Instant::now();
         let mut report = CopyReport::default();
         let heap = self.heap();
@@ -158,11 +159,22 @@ impl Engine {
     /// LSN passed to `f`. Returns `f`'s value and how long writers were held.
     pub fn with_gate_closed<T>(&self, f: impl FnOnce(u64) -> T) -> Result<(T, Duration), TxnError> {
         self.check_open()?;
+        check_no_pass_here()?;
         let started = Instant::now();
         let closed = self.gate.close();
         let value = f(self.last_lsn());
         drop(closed);
         Ok((value, started.elapsed()))
+    }
+}
+
+/// Fails where this thread holds the gate's pass to the end of an in-place run: closing the
+/// gate would wait for that pass, held until the closure that asks returns.
+fn check_no_pass_here() -> Result<(), TxnError> {
+    if crate::in_place::running_here() {
+        Err(TxnError::InsideInPlaceTransaction)
+    } else {
+        Ok(())
     }
 }
 
