@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
+use tusk_storage::layout::{BRK_OFF, DATA_START};
 use tusk_storage::Heap;
 
 use crate::apply::{apply, region_bytes, Unappliable};
@@ -189,7 +190,8 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     let Plan { scan, checkpoint, to_apply, mut report } = plan(dir, Some(heap))?;
     let replay_started = Instant::now();
     let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
-    apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+    let written_to = apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+    zero_beyond_brk(heap, written_to);
     if repair {
         for r in &scan.repairs {
             r.apply()?;
@@ -201,15 +203,40 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     Ok(report)
 }
 
+/// Zeroes the heap from brk up to `written_to` (the end of the last chunk replay wrote),
+/// where replay wrote beyond brk. Memory beyond brk was never handed out, and the allocator
+/// hands it out as zero; but a `Partition` record replayed beyond an LSN gap may have written
+/// into a block that a lost commit had taken from brk, which brk, as recovered, no longer
+/// covers. Left there, those bytes would show up in the next allocation from brk
+/// (`tests/checkpoint_model.rs` found it: a reallocated region held a lost-gap write;
+/// `tests/log_damage.rs::memory_beyond_brk_is_zero_after_a_partition_record_beyond_a_gap`).
+fn zero_beyond_brk(heap: &Heap, written_to: u64) {
+    let brk = heap.load_word(BRK_OFF);
+    if brk < DATA_START || written_to <= brk {
+        return;
+    }
+    let zeros = vec![0u8; 64 << 10];
+    let mut at = brk;
+    while at < written_to {
+        let n = (written_to - at).min(zeros.len() as u64);
+        heap.write_bytes(at, &zeros[..n as usize]);
+        at += n;
+    }
+    // Dirty, so that the next checkpoint keeps the zeros (a chunk between brk and the last
+    // one written may have come from the checkpoint as it was).
+    heap.stamp_dirty(brk, written_to - brk, 1);
+}
+
 /// Applies `records` (in LSN order) on all cores (see [`crate::apply`]). Chunks written
 /// are stamped dirty (epoch 1) at the end, so the next checkpoint rewrites exactly them.
+/// Returns the end of the last chunk written (0 when none was).
 fn apply_parallel(
     scan: &Scan,
     records: &[RecordRef],
     heap: &Heap,
     chunk_size: u64,
     chunk_lsn: impl Fn(u64) -> u64,
-) -> Result<(), RecoveryError> {
+) -> Result<u64, RecoveryError> {
     let chunks = heap.capacity().div_ceil(chunk_size);
     let lsns: Vec<u64> = (0..chunks).map(chunk_lsn).collect();
     let record = |i: usize| {
@@ -236,9 +263,12 @@ fn apply_parallel(
             },
         }
     })?;
+    let mut written_to = 0;
     for (chunk, _) in touched.iter().enumerate().filter(|(_, &t)| t) {
         let start = chunk as u64 * chunk_size;
-        heap.stamp_dirty(start, chunk_size.min(heap.capacity() - start), 1);
+        let len = chunk_size.min(heap.capacity() - start);
+        heap.stamp_dirty(start, len, 1);
+        written_to = start + len;
     }
-    Ok(())
+    Ok(written_to)
 }
