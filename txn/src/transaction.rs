@@ -169,7 +169,15 @@ impl<'e> Transaction<'e> {
         self.bounds = [(0, 0); BOUNDS_CACHE];
         self.doomed = false;
         let token = if went_large && self.engine.check_open().is_ok() {
-            self.engine.in_place.take_waiting(TOKEN_WAIT)
+            // The store may have closed during the wait: then no in-place mode (commit reports
+            // the closure, as for a first attempt).
+            self.engine.in_place.take_waiting(TOKEN_WAIT).and_then(|state| match self.engine.check_open() {
+                Ok(()) => Some(state),
+                Err(_) => {
+                    self.engine.in_place.give_back(state);
+                    None
+                }
+            })
         } else {
             None
         };
