@@ -179,8 +179,10 @@ const SPINS_PER_CLOCK_LOOK: u32 = 1024;
 /// engine owns one (the token); its buffers are kept between transactions, cleared by the
 /// bits that were set.
 pub struct InPlace {
-    /// Stripes held, with the word seen before locking.
-    pub(crate) held: Vec<(u32, u64)>,
+    /// Stripes held. The word each had before is its locked word less the lock bit (only the
+    /// holder changes a locked word), so it is not kept: 4 bytes a stripe, not 16 (a 64 M-key
+    /// batch holds all 2^24 stripes: 64 MiB instead of 256).
+    pub(crate) held: Vec<u32>,
     /// One bit per stripe: held.
     held_bits: Vec<u64>,
     /// One bit per stripe: a line under it was written.
@@ -265,12 +267,12 @@ impl InPlace {
         self.held_bits[(s / 64) as usize] & (1u64 << (s % 64)) != 0
     }
 
-    /// Records that stripe `s` is held, locked from word `seen`.
+    /// Records that stripe `s` is held (locked by this run).
     #[inline]
-    pub fn note_held(&mut self, s: u32, seen: u64) {
+    pub fn note_held(&mut self, s: u32) {
         let was = test_and_set(&mut self.held_bits, u64::from(s));
         debug_assert!(!was, "stripe {s} held twice");
-        self.held.push((s, seen));
+        self.held.push(s);
     }
 
     #[inline]
@@ -366,7 +368,7 @@ impl InPlace {
 
     /// Clears every bit set and empties the lists, keeping their memory.
     pub fn reset(&mut self) {
-        for &(s, _) in &self.held {
+        for &s in &self.held {
             clear(&mut self.held_bits, u64::from(s));
             clear(&mut self.written_bits, u64::from(s));
         }
@@ -450,7 +452,7 @@ mod tests {
     fn bits_are_set_once_and_cleared_by_reset() {
         let mut ip = InPlace::new(1 << 12, 1 << 20);
         assert!(!ip.is_held(5));
-        ip.note_held(5, 10);
+        ip.note_held(5);
         ip.note_written(5);
         assert!(ip.is_held(5) && ip.was_written(5));
         assert!(ip.first_write(4096));

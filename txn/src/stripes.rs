@@ -86,6 +86,15 @@ impl Stripes {
     pub fn unlock_restore(&self, index: u32, seen: u64) {
         self.words.get(index as u64).store(seen, Ordering::Release);
     }
+
+    /// Unlocks a stripe this thread locked, restoring the word it had: the locked word less
+    /// the lock bit (`try_lock` sets only that bit, and only the holder changes a locked word).
+    #[inline]
+    pub fn unlock_unchanged(&self, index: u32) {
+        let word = self.words.get(index as u64).load(Ordering::Relaxed);
+        debug_assert!(is_locked(word));
+        self.unlock_restore(index, word & !1);
+    }
 }
 
 #[cfg(test)]

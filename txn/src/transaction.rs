@@ -830,7 +830,7 @@ impl<'e> Transaction<'e> {
         loop {
             let seen = stripes.load(s);
             if !is_locked(seen) && stripes.try_lock(s, seen) {
-                run.state.note_held(s, seen);
+                run.state.note_held(s);
                 return Some(Some(seen));
             }
             if !wait.again() {
@@ -954,8 +954,8 @@ impl<'e> Transaction<'e> {
         }
         drop(pass);
         crate::in_place::set_running_here(false);
-        for &(s, seen) in &state.held {
-            engine.stripes.unlock_restore(s, seen);
+        for &s in &state.held {
+            engine.stripes.unlock_unchanged(s);
         }
         state.reset();
         engine.in_place.give_back(state);
@@ -1002,14 +1002,14 @@ impl<'e> Transaction<'e> {
         }
         drop(pass);
         crate::in_place::set_running_here(false);
-        for (k, &(s, seen)) in state.held.iter().enumerate() {
-            if let Some(&(ahead, _)) = state.held.get(k + COMMIT_PREFETCH_AHEAD) {
+        for (k, &s) in state.held.iter().enumerate() {
+            if let Some(&ahead) = state.held.get(k + COMMIT_PREFETCH_AHEAD) {
                 engine.stripes.prefetch(u64::from(ahead) * STRIPE_BYTES);
             }
             if state.was_written(s) {
                 engine.stripes.unlock_with(s, lsn);
             } else {
-                engine.stripes.unlock_restore(s, seen);
+                engine.stripes.unlock_unchanged(s);
             }
         }
         state.reset();
