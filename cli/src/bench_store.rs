@@ -301,10 +301,12 @@ fn stream_to_disk(dir: &Path, pass: u64, pace: Option<f64>, stop: impl Fn() -> b
     let started = Instant::now();
     let mut written = 0u64;
     // Paced: wait (in short sleeps, to notice `stop`) until the rate allows the next write.
+    // The first write goes out even when `stop` came first (a thread started late on a busy
+    // machine): a stream of no bytes has no rate (CI saw `stream_mb_per_s` 0 so).
     let held_back = |written: u64| -> bool {
         let Some(rate) = pace else { return false };
         loop {
-            if stop() {
+            if stop() && written > 0 {
                 return true;
             }
             let wait = written as f64 / rate.max(1.0) - started.elapsed().as_secs_f64();
