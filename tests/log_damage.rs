@@ -426,6 +426,20 @@ fn workers_per_partition<'a, 'env>(s: &'a Scope<'a, 'env>, store: &'a Store, dir
     panic!("no thread landed on one of the two partitions");
 }
 
+/// Cuts partition 0's last record, LSN `g`, from the closed store's log and reopens it:
+/// recovery finds a gap at `g` and applies the one Partition record beyond it.
+fn reopen_with_partition_0_cut_at(dir: &Path, opts: Options, g: u64) -> Store {
+    let seg0 = segments(dir, 0).last().cloned().unwrap();
+    let victim = *records(&seg0).last().unwrap();
+    assert_eq!(victim.lsn, g, "LSN {g} is partition 0's last record");
+    truncate(&seg0, victim.offset);
+    let store = Store::open(dir, opts).unwrap();
+    let report = store.recovery_report().clone();
+    assert_eq!(report.gap_at, Some(g), "{report:?}");
+    assert_eq!(report.partition_records_after_gap, 1, "{report:?}");
+    store
+}
+
 fn probe_alloc(store: &Store) -> HeapPtr {
     store
         .transact(Commit::Sync, |tx| {
@@ -613,16 +627,7 @@ fn an_in_place_partition_record_beyond_a_gap_brings_only_its_own_writes() {
         g
     });
     store.close().unwrap();
-
-    let seg0 = segments(dir.path(), 0).last().cloned().unwrap();
-    let victim = *records(&seg0).last().unwrap();
-    assert_eq!(victim.lsn, g, "LSN {g} is partition 0's last record");
-    truncate(&seg0, victim.offset);
-
-    let store = Store::open(dir.path(), opts).unwrap();
-    let report = store.recovery_report().clone();
-    assert_eq!(report.gap_at, Some(g), "{report:?}");
-    assert_eq!(report.partition_records_after_gap, 1, "{report:?}");
+    let store = reopen_with_partition_0_cut_at(dir.path(), opts, g);
     let words = store
         .transact(Commit::Async, |tx| (0..LINES * 8).map(|w| tx.read_u64_at(big, 8 * w)).collect::<Result<Vec<u64>, _>>())
         .unwrap()
@@ -736,16 +741,7 @@ fn memory_beyond_brk_is_zero_after_a_partition_record_beyond_a_gap() {
         (g, block)
     });
     store.close().unwrap();
-
-    let seg0 = segments(dir.path(), 0).last().cloned().unwrap();
-    let victim = *records(&seg0).last().unwrap();
-    assert_eq!(victim.lsn, g, "LSN {g} is partition 0's last record");
-    truncate(&seg0, victim.offset);
-
-    let store = Store::open(dir.path(), opts).unwrap();
-    let report = store.recovery_report().clone();
-    assert_eq!(report.gap_at, Some(g), "{report:?}");
-    assert_eq!(report.partition_records_after_gap, 1, "{report:?}");
+    let store = reopen_with_partition_0_cut_at(dir.path(), opts, g);
     let (bytes, _) = store
         .transact(Commit::Sync, |tx| {
             assert_eq!(tx.root("block")?, None, "the victim is lost");

@@ -45,7 +45,7 @@ pub struct Engine {
     closed: AtomicBool,
     /// Commit write-back passes it; snapshots close it (see [`crate::snapshot::gate`]).
     pub(crate) gate: CommitGate,
-    /// The in-place token and its buffers: `None` while a transaction runs in place (see
+    /// The in-place token (its buffers, and the retries waiting for it; see
     /// [`crate::in_place`]).
     pub(crate) in_place: Token,
     /// How far brk went, for the thread that populates the heap ahead of it.

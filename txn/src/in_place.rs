@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use tusk_storage::line_record::MAX_WHOLE_LINES;
 
+use crate::snapshot::gate::Pass;
 use crate::sync::{Condvar, Mutex};
 use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
 
@@ -70,12 +71,30 @@ thread_local! {
     static RUNNING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Notes whether this thread now runs a transaction in place (set while it holds the pass).
-pub(crate) fn set_running_here(running: bool) {
+fn set_running_here(running: bool) {
     #[cfg(not(loom))]
     RUNNING_HERE.with(|r| r.set(running));
     #[cfg(loom)]
     let _ = running;
+}
+
+/// The commit gate's pass an in-place run holds to its end: while it lives, this thread is
+/// noted as running in place ([`running_here`]), so the note cannot outlive the pass.
+pub(crate) struct RunPass<'g> {
+    _pass: Pass<'g>,
+}
+
+impl<'g> RunPass<'g> {
+    pub(crate) fn new(pass: Pass<'g>) -> RunPass<'g> {
+        set_running_here(true);
+        RunPass { _pass: pass }
+    }
+}
+
+impl Drop for RunPass<'_> {
+    fn drop(&mut self) {
+        set_running_here(false);
+    }
 }
 
 /// Whether this thread runs a transaction in place: closing the commit gate here would wait

@@ -28,8 +28,7 @@ use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
 use tusk_storage::{Heap, HeapPtr};
 
 use crate::engine::Engine;
-use crate::in_place::{before_image, InPlace, LockWait, IN_PLACE_FROM, TOKEN_WAIT};
-use crate::snapshot::gate::Pass;
+use crate::in_place::{before_image, InPlace, LockWait, RunPass, IN_PLACE_FROM, TOKEN_WAIT};
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
@@ -93,7 +92,7 @@ pub struct Transaction<'e> {
 /// gate pass it holds until it ends.
 struct InPlaceRun<'e> {
     state: Box<InPlace>,
-    pass: Pass<'e>,
+    pass: RunPass<'e>,
 }
 
 /// A transaction's growable buffers, reused by the next transaction of the same thread.
@@ -168,19 +167,12 @@ impl<'e> Transaction<'e> {
         self.bufs.writes.clear();
         self.bounds = [(0, 0); BOUNDS_CACHE];
         self.doomed = false;
-        let token = if went_large && self.engine.check_open().is_ok() {
-            // The store may have closed during the wait: then no in-place mode (commit reports
-            // the closure, as for a first attempt).
-            self.engine.in_place.take_waiting(TOKEN_WAIT).and_then(|state| match self.engine.check_open() {
-                Ok(()) => Some(state),
-                Err(_) => {
-                    self.engine.in_place.give_back(state);
-                    None
-                }
-            })
-        } else {
-            None
-        };
+        let mut token = if went_large { self.engine.in_place.take_waiting(TOKEN_WAIT) } else { None };
+        if token.is_some() && self.engine.check_open().is_err() {
+            // Closed (perhaps during the wait): no in-place mode; commit reports the closure,
+            // as for a first attempt.
+            self.engine.in_place.give_back(token.take().expect("checked"));
+        }
         if let (Some(s), None) = (locked_out, &token) {
             self.engine.wait_unlocked(s, Some(TOKEN_WAIT));
         }
@@ -782,8 +774,7 @@ impl<'e> Transaction<'e> {
     /// applies the write set in place.
     fn enter_in_place(&mut self, state: Box<InPlace>) -> Result<(), TxnError> {
         let engine = self.engine;
-        let pass = engine.gate.enter(engine.thread_slot());
-        crate::in_place::set_running_here(true);
+        let pass = RunPass::new(engine.gate.enter(engine.thread_slot()));
         // The clock moves: a clock-mode reader that could see an in-place store finds it moved
         // and turns to the stripes, which this transaction holds (pairs with the acquire fence
         // of `Engine::clock_still`, as a commit's LSN does).
@@ -953,7 +944,6 @@ impl<'e> Transaction<'e> {
             }
         }
         drop(pass);
-        crate::in_place::set_running_here(false);
         for &s in &state.held {
             engine.stripes.unlock_unchanged(s);
         }
@@ -1001,7 +991,6 @@ impl<'e> Transaction<'e> {
             stamps.line(line);
         }
         drop(pass);
-        crate::in_place::set_running_here(false);
         for (k, &s) in state.held.iter().enumerate() {
             if let Some(&ahead) = state.held.get(k + COMMIT_PREFETCH_AHEAD) {
                 engine.stripes.prefetch(u64::from(ahead) * STRIPE_BYTES);
