@@ -113,6 +113,7 @@ impl Store {
                 log_buffer_bytes: options.log_buffer_bytes.max(4096),
                 group_commit_interval: options.group_commit_interval,
                 segment_bytes: segment_bytes(&options),
+                stream_records_from: options.stream_records_from,
             }),
             Durability::Off => None,
         };

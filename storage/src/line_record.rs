@@ -11,7 +11,7 @@
 //! Hathi record (six random words, 22 ns of it the crc) on the 2-core machine, against
 //! 150 ns for the run list fed to the general encoder that it replaces.
 
-use crate::log_format::{put_varint, seal_frame, RecordHeader, FRAME_HEADER_SIZE, MAX_VARINT};
+use crate::log_format::{put_varint, seal_frame, RecordHeader, FRAME_HEADER_SIZE, MAX_PAYLOAD, MAX_VARINT, RECORD_MAGIC};
 
 /// Bytes of a line: the unit of a transaction's write set (and of its stripe locks).
 pub const LINE_BYTES: u64 = 64;
@@ -52,11 +52,11 @@ const LINE_MAX: usize = LINE_WORDS * (4 * (MAX_VARINT + 1) + 8);
 
 /// The most lines of any masks one record can hold: its payload stays within
 /// [`crate::log_format::MAX_PAYLOAD`].
-pub const MAX_LINES: usize = (crate::log_format::MAX_PAYLOAD - FIXED_MAX) / LINE_MAX;
+pub const MAX_LINES: usize = (MAX_PAYLOAD - FIXED_MAX) / LINE_MAX;
 
 /// The most whole lines (every word written) one record can hold: a run of whole lines costs
 /// its 64 bytes a line and one (offset, length) header.
-pub const MAX_WHOLE_LINES: usize = (crate::log_format::MAX_PAYLOAD - FIXED_MAX) / (LINE_BYTES as usize + 2 * MAX_VARINT);
+pub const MAX_WHOLE_LINES: usize = (MAX_PAYLOAD - FIXED_MAX) / (LINE_BYTES as usize + 2 * MAX_VARINT);
 
 /// Number of ones from bit `from` of `bits` up (to the first zero).
 #[inline]
@@ -68,18 +68,43 @@ fn ones_from(bits: u8, from: u32) -> u32 {
 /// line twice, at least one written byte in all) to `buf` (at an 8-byte boundary, as every
 /// record); returns its framed length. Markers are written by the general encoder.
 pub fn encode_lines(buf: &mut Vec<u8>, header: RecordHeader, count: usize, line: impl Fn(usize) -> LineWrites) -> usize {
-    assert!(header.void.is_none(), "markers are not line records");
     debug_assert!(buf.len().is_multiple_of(8), "records start 8-aligned");
     let start = buf.len();
     buf.reserve(FIXED_MAX + 8);
     buf.extend_from_slice(&[0u8; FRAME_HEADER_SIZE]);
+    push_prefix(buf, header);
+    // The write count, known at the end: one byte while it is below 128 (moved when not).
+    let count_at = buf.len();
+    buf.push(0);
+    let writes = encode_writes(buf, count, line, |_| {});
+    if writes < 0x80 {
+        buf[count_at] = writes as u8;
+    } else {
+        let mut count = Vec::with_capacity(5);
+        put_varint(&mut count, u64::from(writes));
+        buf.splice(count_at..count_at + 1, count);
+    }
+    seal_frame(buf, start)
+}
+
+/// The payload's fields before the write count: LSN, flags, partition.
+fn push_prefix(buf: &mut Vec<u8>, header: RecordHeader) {
+    assert!(header.void.is_none(), "markers are not line records");
     buf.extend_from_slice(&header.lsn.to_le_bytes());
     debug_assert!(header.flags <= u32::from(u8::MAX));
     buf.push(header.flags as u8);
     put_varint(buf, u64::from(header.partition));
-    // The write count, known at the end: one byte while it is below 128 (moved when not).
-    let count_at = buf.len();
-    buf.push(0);
+}
+
+/// Lines of a run of whole lines copied between two offers of the buffer to `drain`.
+const RUN_LINES_PER_DRAIN: usize = 1024;
+
+/// Appends the writes of `count` lines (as [`encode_lines`] takes them) to `buf`; returns how
+/// many writes. `drain` is offered `buf` after each line and every [`RUN_LINES_PER_DRAIN`]
+/// lines of a run: a streaming caller passes its bytes on there, so that a record of any
+/// size is encoded in a bounded buffer (a run of whole lines may span the whole heap).
+#[inline(always)]
+fn encode_writes(buf: &mut Vec<u8>, count: usize, line: impl Fn(usize) -> LineWrites, mut drain: impl FnMut(&mut Vec<u8>)) -> u32 {
     let mut writes = 0u32;
     let mut end: Option<u64> = None;
     let mut push_header = |buf: &mut Vec<u8>, offset: u64, len: u64| {
@@ -135,9 +160,12 @@ pub fn encode_lines(buf: &mut Vec<u8>, header: RecordHeader, count: usize, line:
                 rest &= !(((1u16 << (w + words)) - 1) as u8);
                 continue;
             }
-            buf.reserve(8 * words as usize);
             copy(buf, &l.words[w as usize..]);
             for j in k + 1..last.0 {
+                if (j - k) % RUN_LINES_PER_DRAIN == 0 {
+                    drain(buf);
+                    buf.reserve(RUN_LINES_PER_DRAIN * LINE_BYTES as usize);
+                }
                 copy(buf, &line(j).words);
             }
             // Go on in the run's last line, after the words it took.
@@ -148,16 +176,107 @@ pub fn encode_lines(buf: &mut Vec<u8>, header: RecordHeader, count: usize, line:
             (full, rest) = word_bits(l.masks);
             rest &= !(((1u16 << last.1) - 1) as u8);
         }
+        drain(buf);
         k += 1;
     }
-    if writes < 0x80 {
-        buf[count_at] = writes as u8;
-    } else {
-        let mut count = Vec::with_capacity(5);
-        put_varint(&mut count, u64::from(writes));
-        buf.splice(count_at..count_at + 1, count);
+    writes
+}
+
+/// A line record too large to be held whole (a huge in-place transaction's: gigabytes for a
+/// 64 M-key load), encoded twice instead: [`measure_lines`] learns its write count, length
+/// and checksum, which the frame and payload start with, then [`MeasuredLines::emit`] encodes
+/// it again, handing its bytes on in pieces as they come (to the log's writer). The two
+/// agree only if the lines do not change in between, which the caller ensures (an in-place
+/// transaction holds every line it wrote until its record is on disk); `emit` checks it.
+#[derive(Clone)]
+pub struct MeasuredLines {
+    count: usize,
+    writes: u32,
+    /// The checksum of the writes' bytes (the payload after the write count), with their
+    /// length.
+    body: crc32fast::Hasher,
+    body_len: u64,
+}
+
+/// Encodes the writes of `count` lines (as [`encode_lines`] takes them) `piece` bytes at a
+/// time, keeping only their count, length and checksum.
+pub fn measure_lines(count: usize, line: impl Fn(usize) -> LineWrites, piece: usize) -> MeasuredLines {
+    let mut body = crc32fast::Hasher::new();
+    let mut body_len = 0u64;
+    let mut buf = Vec::with_capacity(piece + LINE_MAX);
+    let mut take = |buf: &mut Vec<u8>| {
+        body.update(buf);
+        body_len += buf.len() as u64;
+        buf.clear();
+    };
+    let writes = encode_writes(&mut buf, count, line, |buf| {
+        if buf.len() >= piece {
+            take(buf);
+        }
+    });
+    take(&mut buf);
+    MeasuredLines { count, writes, body, body_len }
+}
+
+impl MeasuredLines {
+    /// The payload's bytes before the writes: LSN, flags, partition, write count.
+    fn prefix(&self, header: RecordHeader) -> Vec<u8> {
+        let mut prefix = Vec::with_capacity(FIXED_MAX);
+        push_prefix(&mut prefix, header);
+        put_varint(&mut prefix, u64::from(self.writes));
+        prefix
     }
-    seal_frame(buf, start)
+
+    /// The record's framed length (as [`encode_lines`] returns it) with `header`.
+    pub fn framed_len(&self, header: RecordHeader) -> usize {
+        (FRAME_HEADER_SIZE + self.prefix(header).len() + self.body_len as usize).next_multiple_of(8)
+    }
+
+    /// Encodes the record again with `header` (its LSN now drawn), passing its framed bytes,
+    /// [`MeasuredLines::framed_len`] of them, to `out` in order, in pieces of about `piece`
+    /// bytes: byte for byte what [`encode_lines`] appends. `line` must give the lines that
+    /// were measured; if they encode differently now, the error says how (the bytes already
+    /// passed on then do not form a valid record).
+    pub fn emit(&self, header: RecordHeader, line: impl Fn(usize) -> LineWrites, piece: usize, mut out: impl FnMut(&[u8])) -> Result<(), String> {
+        let prefix = self.prefix(header);
+        let payload_len = prefix.len() as u64 + self.body_len;
+        assert!(payload_len <= MAX_PAYLOAD as u64, "record payload of {payload_len} bytes exceeds MAX_PAYLOAD");
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&prefix);
+        crc.combine(&self.body);
+        let mut frame = [0u8; FRAME_HEADER_SIZE];
+        frame[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        frame[4..8].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        frame[8..12].copy_from_slice(&crc.finalize().to_le_bytes());
+        out(&frame);
+        out(&prefix);
+        let mut again = crc32fast::Hasher::new();
+        let mut again_len = 0u64;
+        let mut buf = Vec::with_capacity(piece + LINE_MAX);
+        let mut pass = |buf: &mut Vec<u8>| {
+            again.update(buf);
+            again_len += buf.len() as u64;
+            out(buf);
+            buf.clear();
+        };
+        let writes = encode_writes(&mut buf, self.count, line, |buf| {
+            if buf.len() >= piece {
+                pass(buf);
+            }
+        });
+        pass(&mut buf);
+        let framed = FRAME_HEADER_SIZE as u64 + payload_len;
+        let pad = [0u8; 8];
+        out(&pad[..(framed.next_multiple_of(8) - framed) as usize]);
+        if (writes, again_len, again.finalize()) != (self.writes, self.body_len, self.body.clone().finalize()) {
+            return Err(format!(
+                "a streamed record's lines changed after they were measured: {writes} writes and {again_len} bytes \
+                 against {} and {}, or a different checksum",
+                self.writes, self.body_len
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -243,6 +362,64 @@ mod tests {
             prop_assert_eq!(next, got.len());
             prop_assert_eq!(view.header, header(lsn));
         }
+    }
+
+    /// Measured, then emitted in pieces: the bytes `encode_lines` appends, in pieces no larger
+    /// than the piece size plus one line's or one run stretch's bytes.
+    fn streamed(header: RecordHeader, lines: &[(u64, u64, [u64; LINE_WORDS])], piece: usize) -> (Vec<u8>, usize) {
+        let line = |k: usize| LineWrites { line: lines[k].0, masks: lines[k].1, words: lines[k].2 };
+        let measured = measure_lines(lines.len(), line, piece);
+        let mut got = Vec::new();
+        let mut largest = 0;
+        measured.emit(header, line, piece, |bytes| {
+            largest = largest.max(bytes.len());
+            got.extend_from_slice(bytes);
+        })
+        .unwrap();
+        assert_eq!(got.len(), measured.framed_len(header));
+        (got, largest)
+    }
+
+    proptest! {
+        #[test]
+        fn streamed_records_equal_whole_ones(
+            picks in proptest::collection::vec((0u64..400, proptest::collection::vec(mask_byte(), 8), any::<u64>()), 1..300),
+            lsn in any::<u64>(),
+            piece in 1usize..2000,
+        ) {
+            let mut lines: Vec<(u64, u64, [u64; LINE_WORDS])> = Vec::new();
+            for (slot, masks, seed) in picks {
+                let masks = masks.iter().enumerate().fold(0u64, |m, (w, &b)| m | u64::from(b) << (8 * w));
+                lines.push((slot * 64, masks, std::array::from_fn(|w| seed.rotate_left(w as u32 * 7) ^ w as u64)));
+            }
+            lines.sort_by_key(|l| l.0);
+            lines.dedup_by_key(|l| l.0);
+            prop_assume!(lines.iter().any(|l| l.1 != 0));
+            let (got, _) = streamed(header(lsn), &lines, piece);
+            prop_assert!(got == encode(header(lsn), &lines), "streamed record differs from the whole one");
+        }
+    }
+
+    /// A run of whole lines longer than any piece is passed on in pieces, not whole.
+    #[test]
+    fn a_long_run_streams_in_bounded_pieces() {
+        let lines: Vec<(u64, u64, [u64; LINE_WORDS])> =
+            (0..20_000u64).map(|i| (4096 + 64 * i, u64::MAX, std::array::from_fn(|w| i * 8 + w as u64))).collect();
+        let (got, largest) = streamed(header(77), &lines, 4096);
+        assert_eq!(got, encode(header(77), &lines));
+        assert!(got.len() > 1_280_000, "the run is {} bytes", got.len());
+        assert!(largest <= 4096 + RUN_LINES_PER_DRAIN * 64 + LINE_MAX, "a piece of {largest} bytes");
+    }
+
+    /// Lines that change between the two encodings are reported, not emitted as if valid.
+    #[test]
+    fn lines_changed_after_measuring_are_an_error() {
+        let mut lines: Vec<(u64, u64, [u64; LINE_WORDS])> = (0..100u64).map(|i| (128 * i, 0xFF, [i; LINE_WORDS])).collect();
+        let line = |lines: &[(u64, u64, [u64; LINE_WORDS])], k: usize| LineWrites { line: lines[k].0, masks: lines[k].1, words: lines[k].2 };
+        let measured = measure_lines(lines.len(), |k| line(&lines, k), 256);
+        lines[50].2[0] ^= 1;
+        let err = measured.emit(header(3), |k| line(&lines, k), 256, |_| {}).unwrap_err();
+        assert!(err.contains("changed after they were measured"), "{err}");
     }
 
     #[test]

@@ -19,6 +19,18 @@ pub fn spin_loop() {
     std::hint::spin_loop();
 }
 
+/// Waits a moment for another thread to finish something short it holds (a flush slot).
+/// Under loom it yields, as [`spin_loop`] does.
+#[cfg(not(loom))]
+pub fn nap() {
+    std::thread::sleep(std::time::Duration::from_micros(50));
+}
+
+#[cfg(loom)]
+pub fn nap() {
+    loom::thread::yield_now();
+}
+
 #[cfg(loom)]
 pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
 #[cfg(loom)]

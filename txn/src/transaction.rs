@@ -23,11 +23,12 @@
 //! validation: a false conflict at worst).
 
 use tusk_storage::layout::{BlockHeader, CLASS_LARGE, DATA_START, HEADER_SIZE, STATE_ALLOCATED};
-use tusk_storage::line_record::{encode_lines, LineWrites, MAX_LINES};
+use tusk_storage::line_record::{encode_lines, measure_lines, LineWrites, MeasuredLines, MAX_LINES};
 use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
 use tusk_storage::{Heap, HeapPtr};
 
 use crate::engine::Engine;
+use crate::log::progress::Streamed;
 use crate::in_place::{before_image, InPlace, LockWait, RunPass, IN_PLACE_FROM, TOKEN_WAIT};
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
@@ -981,8 +982,17 @@ impl<'e> Transaction<'e> {
             heap.load_words(lines[k], &mut words);
             LineWrites { line: lines[k], masks: masks[k], words }
         };
+        let header = |lsn| RecordHeader { lsn, partition: partition as u32, flags, void: None };
+        let mut streamed = Ok(());
         let (lsn, over_bound) = match &engine.log {
-            Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), after)),
+            // Whole lines bound the record's size from above (its runs' headers aside).
+            Some(log) if log.streams(lines.len() as u64 * LINE_BYTES) => {
+                let measured = measure_lines(lines.len(), &after, STREAM_PIECE);
+                let (lsn, written) = log.append_streamed(partition, |lsn| LinesRecord { measured: &measured, header: header(lsn), line: &after });
+                streamed = written;
+                (lsn, false)
+            }
+            Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), &after)),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         crate::sync::fence(std::sync::atomic::Ordering::Release);
@@ -1004,6 +1014,7 @@ impl<'e> Transaction<'e> {
         state.reset();
         engine.in_place.give_back(state);
         self.restart();
+        streamed?;
         self.wait_for(mode, partition, lsn, over_bound)
     }
 }
@@ -1049,6 +1060,27 @@ fn encode_record(buf: &mut Vec<u8>, lsn: u64, partition: u32, flags: u32, count:
         return;
     }
     encode_lines(buf, header, count, line);
+}
+
+/// Bytes of a streamed record encoded between two hand-overs to the log's writer.
+const STREAM_PIECE: usize = 1 << 20;
+
+/// An in-place transaction's record, streamed: encoded again from the heap as the writer
+/// takes it (the lines stay held until it is on disk).
+struct LinesRecord<'a, F: Fn(usize) -> LineWrites> {
+    measured: &'a MeasuredLines,
+    header: RecordHeader,
+    line: F,
+}
+
+impl<F: Fn(usize) -> LineWrites> Streamed for LinesRecord<'_, F> {
+    fn len(&self) -> usize {
+        self.measured.framed_len(self.header)
+    }
+
+    fn produce(&mut self, out: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        self.measured.emit(self.header, &self.line, STREAM_PIECE, out)
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,9 @@ pub fn store_options() -> Options {
         chunk_size: 64 << 10,
         max_log_bytes: 8 << 20,
         checkpoint_interval: None,
+        // Every large transaction (`--txn-words`) streams its record, so that crashes land
+        // in the middle of streamed records too.
+        stream_records_from: 64 << 10,
         ..Options::default()
     }
 }

@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 use crate::sync::AtomicU64;
 use crate::TxnError;
 use catalog::SegmentCatalog;
-use progress::FlushGroup;
+use progress::{FlushGroup, Streamed};
 use tusk_storage::io::Io;
 use tusk_storage::log_files::SegmentInfo;
 use writer::PartitionWriter;
@@ -52,6 +52,9 @@ pub struct LogConfig {
     pub group_commit_interval: Duration,
     /// A segment file is closed once it passes this size.
     pub segment_bytes: u64,
+    /// A transaction running in place whose record may reach this many bytes writes it to
+    /// the log as it is encoded, never holding it whole (see [`LogManager::append_streamed`]).
+    pub stream_records_from: u64,
 }
 
 /// State shared by committers, waiters and the background flusher.
@@ -122,6 +125,19 @@ impl LogManager {
             self.shared.kick();
         }
         (lsn, len > self.shared.config.log_buffer_bytes.saturating_mul(8))
+    }
+
+    /// Whether a record of up to `bytes` bytes is to be streamed.
+    pub fn streams(&self, bytes: u64) -> bool {
+        bytes >= self.shared.config.stream_records_from
+    }
+
+    /// Draws the next LSN and writes its record, which `record` makes for it, to `partition`
+    /// as the record is produced, without holding it whole (see
+    /// [`FlushGroup::flush_streamed`]). Returns once the record is durable; with the error,
+    /// once it never will be.
+    pub fn append_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (u64, Result<(), TxnError>) {
+        self.shared.group.flush_streamed(partition, record)
     }
 
     /// Keeps a partition's buffer from outgrowing its bound when the disk cannot keep up:

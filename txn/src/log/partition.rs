@@ -48,6 +48,20 @@ struct State {
     last_take: Option<Instant>,
 }
 
+impl State {
+    /// Puts the active buffer in flight as the next generation, holding LSNs `first..=last`.
+    fn take_active(&mut self, first: u64, last: u64) -> Taken {
+        let spare = std::mem::take(&mut self.spare);
+        let data = std::mem::replace(&mut self.active, spare);
+        self.takes += 1;
+        self.inflight_first = first;
+        self.active_first = 0;
+        self.active_last = 0;
+        self.last_take = Some(Instant::now());
+        Taken { data, first, last, generation: self.takes }
+    }
+}
+
 /// A buffer taken by the writer.
 pub struct Taken {
     pub data: Vec<u8>,
@@ -166,15 +180,21 @@ impl Partition {
         if s.active.is_empty() || s.inflight_first != 0 {
             return None;
         }
-        let spare = std::mem::take(&mut s.spare);
-        let data = std::mem::replace(&mut s.active, spare);
-        s.takes += 1;
-        let taken = Taken { data, first: s.active_first, last: s.active_last, generation: s.takes };
-        s.inflight_first = s.active_first;
-        s.active_first = 0;
-        s.active_last = 0;
-        s.last_take = Some(Instant::now());
-        Some(taken)
+        let (first, last) = (s.active_first, s.active_last);
+        Some(s.take_active(first, last))
+    }
+
+    /// Draws an LSN from `clock` for a record written with the buffer taken here, right
+    /// after its records (see [`super::progress::FlushGroup::flush_streamed`]): takes the
+    /// buffer, even when empty, as [`Partition::take`] does, with the new LSN as its last.
+    /// Only the holder of the partition's slot calls it, so nothing is in flight.
+    pub fn take_with_lsn(&self, clock: &AtomicU64) -> Taken {
+        let mut s = self.state.lock();
+        assert_eq!(s.inflight_first, 0, "the slot's holder takes the buffer");
+        let lsn = clock.fetch_add(1, Ordering::SeqCst) + 1;
+        debug_assert!(lsn > s.active_last, "LSNs ascend within a partition");
+        let first = if s.active_first != 0 { s.active_first } else { lsn };
+        s.take_active(first, lsn)
     }
 
     /// The writer made `taken` durable.

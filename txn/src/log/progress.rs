@@ -57,8 +57,19 @@ impl Watermark {
 
 /// Writes one taken buffer of its partition durably (the I/O side of a flush slot).
 pub trait Flush {
-    /// Ok only once every record of `taken` is on disk.
-    fn write(&mut self, taken: &Taken) -> Result<(), String>;
+    /// Ok only once every record of `taken`, and after them the `streamed` one if any, is on
+    /// disk.
+    fn write(&mut self, taken: &Taken, streamed: Option<&mut dyn Streamed>) -> Result<(), String>;
+}
+
+/// A record written as it is encoded, never whole in memory (see
+/// [`FlushGroup::flush_streamed`]).
+pub trait Streamed {
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Passes its bytes to `out` in order, in pieces of any size; an error leaves what was
+    /// passed on a torn record.
+    fn produce(&mut self, out: &mut dyn FnMut(&[u8])) -> Result<(), String>;
 }
 
 /// The partitions, their flush slots, the watermark, and why waiting may end without
@@ -129,7 +140,7 @@ impl<S: Flush> FlushGroup<S> {
         if !self.failed.load(Ordering::SeqCst) && !self.is_stopped() {
             if let Some(taken) = p.take() {
                 generation = taken.generation;
-                match slot.write(&taken) {
+                match slot.write(&taken, None) {
                     Ok(()) => p.written(taken),
                     // The buffer stays in flight: the watermark cannot pass it.
                     Err(why) => self.fail(why),
@@ -140,6 +151,47 @@ impl<S: Flush> FlushGroup<S> {
         self.claimed[partition].store(false, Ordering::SeqCst);
         self.watermark.advance(&self.clock, &self.partitions);
         p.notify_flushed(generation);
+    }
+
+    /// Draws an LSN and writes its record, made by `record` for that LSN, to `partition`
+    /// while the record is encoded, in the same flush as the records appended before it:
+    /// for a record too large to be held whole. Waits for the partition's slot (its flushes
+    /// are short beside this one), then takes the buffer and draws the LSN together under
+    /// the partition's mutex, so the LSN is appended as it is drawn (the watermark's rule)
+    /// and the partition's LSNs still ascend. Returns the LSN once its record is durable,
+    /// or, with the error, once it never will be.
+    pub fn flush_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (u64, Result<(), TxnError>) {
+        let mut slot = loop {
+            if let Some(slot) = self.claim(partition) {
+                break slot;
+            }
+            crate::sync::nap();
+        };
+        let p = &self.partitions[partition];
+        let taken = p.take_with_lsn(&self.clock);
+        let lsn = taken.last;
+        let generation = taken.generation;
+        let mut record = record(lsn);
+        let result = match self.check() {
+            // After a failure or a stop nothing more is written (see `flush_locked`); the
+            // buffer stays in flight, so the watermark never passes it.
+            Err(e) => Err(e),
+            Ok(()) => match slot.write(&taken, Some(&mut record)) {
+                Ok(()) => {
+                    p.written(taken);
+                    Ok(())
+                }
+                Err(why) => {
+                    self.fail(why.clone());
+                    Err(TxnError::LogFailed(why))
+                }
+            },
+        };
+        drop(slot);
+        self.claimed[partition].store(false, Ordering::SeqCst);
+        self.watermark.advance(&self.clock, &self.partitions);
+        p.notify_flushed(generation);
+        (lsn, result)
     }
 
     /// Waits until `partition`'s records up to `lsn` are durable, leading its flushes.
@@ -302,8 +354,12 @@ mod loom_models {
     }
 
     impl Flush for ModelSlot {
-        fn write(&mut self, taken: &Taken) -> Result<(), String> {
-            let lsns: Vec<u64> = taken.data.chunks(8).map(|r| u64::from_le_bytes(r.try_into().unwrap())).collect();
+        fn write(&mut self, taken: &Taken, streamed: Option<&mut dyn Streamed>) -> Result<(), String> {
+            let mut bytes = taken.data.clone();
+            if let Some(streamed) = streamed {
+                streamed.produce(&mut |piece| bytes.extend_from_slice(piece))?;
+            }
+            let lsns: Vec<u64> = bytes.chunks(8).map(|r| u64::from_le_bytes(r.try_into().unwrap())).collect();
             if lsns.contains(&self.fail_lsn) {
                 return Err("disk gone".into());
             }
@@ -424,6 +480,48 @@ mod loom_models {
             assert_eq!(first, 1);
             let flusher = { let log = log.clone(); thread::spawn(move || { log.group.flush(1); check_watermark(&log); }) };
             commit_sync(&log, 0);
+            flusher.join().unwrap();
+            assert!(log.disk.holds_all_through(2));
+        });
+    }
+
+    /// A streamed record of the model: its LSN, produced in two pieces.
+    struct ModelRecord(u64);
+
+    impl Streamed for ModelRecord {
+        fn len(&self) -> usize {
+            8
+        }
+
+        fn produce(&mut self, out: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+            let bytes = self.0.to_le_bytes();
+            out(&bytes[..3]);
+            out(&bytes[3..]);
+            Ok(())
+        }
+    }
+
+    /// A streamed record goes to a partition while a Sync committer appends to the same
+    /// partition and the background flusher passes over it: the streamer waits for the slot
+    /// and writes the buffer's older records with its own, the committer's record (older or
+    /// younger) is carried by one flush or the next, and the watermark passes neither LSN
+    /// before it is on disk.
+    #[test]
+    fn loom_a_streamed_record_shares_its_partition() {
+        loom::model(|| {
+            let log = log(1, 2, 0);
+            let streamer = {
+                let log = log.clone();
+                thread::spawn(move || {
+                    let (lsn, result) = log.group.flush_streamed(0, ModelRecord);
+                    result.unwrap();
+                    assert!(log.disk.written[lsn as usize].load(Ordering::SeqCst), "streamed record not on disk");
+                    check_watermark(&log);
+                })
+            };
+            let flusher = { let log = log.clone(); thread::spawn(move || { log.group.flush(0); }) };
+            commit_sync(&log, 0);
+            streamer.join().unwrap();
             flusher.join().unwrap();
             assert!(log.disk.holds_all_through(2));
         });

@@ -3,17 +3,19 @@
 //! wait) or when a buffer fills. Committers that wait lead their own flushes (see
 //! [`super::progress`]), so this thread is never on a `Sync` or `Partition` commit's path.
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
+
 use tusk_storage::io::{AlignedBuf, IoBackend, WriteSync};
 use tusk_storage::log_format::{pad_frame, FLUSH_ALIGN};
 
 use super::catalog::SegmentCatalog;
 use super::partition::Taken;
-use super::progress::Flush;
+use super::progress::{Flush, Streamed};
 use super::segments::SegmentFile;
 use super::Shared;
 use crate::TxnError;
@@ -45,45 +47,104 @@ impl PartitionWriter {
 const STAGE_PIECE: usize = 8 << 20;
 const _: () = assert!((STAGE_PIECE as u64).is_multiple_of(FLUSH_ALIGN));
 
-/// Appends to `stage` the bytes `range` of the stream made of `parts` one after another,
-/// then `zeros` zero bytes.
-fn stage_range(stage: &mut AlignedBuf, parts: [&[u8]; 3], zeros: usize, range: std::ops::Range<usize>) {
-    let mut at = 0;
-    for part in parts {
-        let (from, to) = (range.start.max(at), range.end.min(at + part.len()));
-        if from < to {
-            stage.extend_from_slice(&part[from - at..to - at]);
-        }
-        at += part.len();
+/// A flush's bytes on their way out: gathered in the O_DIRECT-aligned staging buffer and
+/// written and synced [`STAGE_PIECE`] bytes at a time, at ascending offsets from `offset`.
+/// After a failed write the rest is taken and dropped, so that a producer handing bytes on
+/// need not stop; [`Staged::finish`] reports the failure.
+struct Staged<'w> {
+    backend: &'w mut dyn IoBackend,
+    staging: &'w mut AlignedBuf,
+    fd: RawFd,
+    offset: u64,
+    /// Bytes taken so far (written, or staged to be).
+    taken: usize,
+    failure: Option<String>,
+}
+
+impl<'w> Staged<'w> {
+    fn new(backend: &'w mut dyn IoBackend, staging: &'w mut AlignedBuf, fd: RawFd, offset: u64) -> Staged<'w> {
+        staging.clear();
+        Staged { backend, staging, fd, offset, taken: 0, failure: None }
     }
-    let (from, to) = (range.start.max(at), range.end.min(at + zeros));
-    if from < to {
-        stage.extend_zeros(to - from);
+
+    fn push(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let n = (STAGE_PIECE - self.staging.len()).min(bytes.len());
+            self.staging.extend_from_slice(&bytes[..n]);
+            self.stage_done(n);
+            bytes = &bytes[n..];
+        }
+    }
+
+    fn push_zeros(&mut self, mut count: usize) {
+        while count > 0 {
+            let n = (STAGE_PIECE - self.staging.len()).min(count);
+            self.staging.extend_zeros(n);
+            self.stage_done(n);
+            count -= n;
+        }
+    }
+
+    fn stage_done(&mut self, n: usize) {
+        self.taken += n;
+        if self.staging.len() == STAGE_PIECE {
+            self.write_out();
+        }
+    }
+
+    fn write_out(&mut self) {
+        if self.failure.is_none() {
+            let at = self.offset + (self.taken - self.staging.len()) as u64;
+            let piece = WriteSync { fd: self.fd, offset: at, data: self.staging.as_slice() };
+            if let Err(e) = self.backend.write_and_sync(&[piece]).pop().expect("one result per request") {
+                self.failure = Some(e.to_string());
+            }
+        }
+        self.staging.clear();
+    }
+
+    /// Nothing more is to be written (what was is left as a torn flush).
+    fn fail(&mut self, why: String) {
+        self.failure.get_or_insert(why);
+    }
+
+    /// Writes what is staged; Ok once every byte taken is on disk.
+    fn finish(mut self) -> Result<(), String> {
+        if !self.staging.is_empty() {
+            self.write_out();
+        }
+        self.failure.map_or(Ok(()), Err)
     }
 }
 
 impl Flush for PartitionWriter {
-    fn write(&mut self, taken: &Taken) -> Result<(), String> {
-        let (fd, offset, header) = self.file.target(taken.data.len(), &self.catalog).map_err(|e| e.to_string())?;
+    fn write(&mut self, taken: &Taken, streamed: Option<&mut dyn Streamed>) -> Result<(), String> {
+        let streamed_len = streamed.as_ref().map_or(0, |s| s.len());
+        let data_len = taken.data.len() + streamed_len;
+        let (fd, offset, header) = self.file.target(data_len, &self.catalog).map_err(|e| e.to_string())?;
         let header: &[u8] = header.as_ref().map_or(&[], |h| &h[..]);
-        let pad = pad_frame(offset + (header.len() + taken.data.len()) as u64);
-        let len = header.len() + taken.data.len() + pad.len();
+        let pad = pad_frame(offset + (header.len() + data_len) as u64);
+        let len = header.len() + data_len + pad.len();
         debug_assert_eq!((offset + len as u64) % FLUSH_ALIGN, 0);
         // Zeros ahead go out in the same write: one fdatasync commits them with the flush.
         let zeros = self.file.zeros_after(offset, len);
-        let total = len + zeros;
-        let mut done = 0;
-        while done < total {
-            let end = (done + STAGE_PIECE).min(total);
-            self.staging.clear();
-            stage_range(&mut self.staging, [header, &taken.data, &pad], zeros, done..end);
-            let piece = WriteSync { fd, offset: offset + done as u64, data: self.staging.as_slice() };
-            let result = self.backend.write_and_sync(&[piece]).pop().expect("one result per request");
-            if let Err(e) = result {
-                return Err(format!("{}: {e}", self.file.path().display()));
+        let mut out = Staged::new(self.backend.as_mut(), &mut self.staging, fd, offset);
+        out.push(header);
+        out.push(&taken.data);
+        if let Some(streamed) = streamed {
+            let from = out.taken;
+            let produced = streamed.produce(&mut |bytes| out.push(bytes));
+            match produced {
+                Err(why) => out.fail(why),
+                Ok(()) if out.taken - from != streamed_len => {
+                    out.fail(format!("a streamed record gave {} bytes, not the {streamed_len} it announced", out.taken - from))
+                }
+                Ok(()) => {}
             }
-            done = end;
         }
+        out.push(&pad);
+        out.push_zeros(zeros);
+        out.finish().map_err(|e| format!("{}: {e}", self.file.path().display()))?;
         self.file.advance(len, zeros);
         self.catalog.flushed(self.partition, taken.first, taken.last, len as u64);
         self.file.close_if_full(&self.catalog).map_err(|e| e.to_string())
@@ -135,30 +196,43 @@ pub fn spawn(shared: Arc<Shared>, kicked: Receiver<()>) -> Result<JoinHandle<()>
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
+    use tusk_storage::io::{open_log_backend, Io};
+
     use super::*;
 
-    /// A flush staged in pieces is the whole stream, byte for byte, whatever the cut points.
+    /// What is pushed, in pieces of any size and across many staging pieces, lands in the
+    /// file byte for byte.
     #[test]
-    fn pieces_of_the_stream_make_the_whole() {
-        let header = vec![1u8; 40];
-        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
-        let pad = vec![7u8; 24];
-        let zeros = 4096;
-        let mut whole = AlignedBuf::new();
-        stage_range(&mut whole, [&header, &data, &pad], zeros, 0..14_160);
-        let want: Vec<u8> = [&header[..], &data, &pad, &[0u8; 4096]].concat();
-        assert_eq!(whole.as_slice(), &want[..]);
-        for piece in [1, 7, 40, 64, 4096, 10_040, 14_159] {
-            let mut joined = Vec::new();
-            let mut done = 0;
-            while done < want.len() {
-                let end = (done + piece).min(want.len());
-                let mut stage = AlignedBuf::new();
-                stage_range(&mut stage, [&header, &data, &pad], zeros, done..end);
-                joined.extend_from_slice(stage.as_slice());
-                done = end;
+    fn staged_pushes_land_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+        let mut backend = open_log_backend(&Io::Sync).unwrap();
+        let mut staging = AlignedBuf::new();
+        let data: Vec<u8> = (0..2 * STAGE_PIECE + 5000).map(|i| (i % 251) as u8).collect();
+        let mut want = Vec::new();
+        let mut out = Staged::new(backend.as_mut(), &mut staging, file.as_raw_fd(), 4096);
+        let mut at = 0;
+        for (k, piece) in [1usize, 7, 4096, 3 << 20, 9 << 20, 1].iter().cycle().enumerate() {
+            let end = (at + piece).min(data.len());
+            out.push(&data[at..end]);
+            want.extend_from_slice(&data[at..end]);
+            if k % 3 == 0 {
+                out.push_zeros(100);
+                want.extend_from_slice(&[0; 100]);
             }
-            assert_eq!(joined, want, "pieces of {piece} bytes");
+            at = end;
+            if at == data.len() {
+                break;
+            }
         }
+        out.push_zeros(STAGE_PIECE + 3);
+        want.resize(want.len() + STAGE_PIECE + 3, 0);
+        out.finish().unwrap();
+        let got = std::fs::read(&path).unwrap();
+        assert_eq!(got.len(), 4096 + want.len());
+        assert!(got[4096..] == want[..], "the file differs from what was pushed");
     }
 }
