@@ -76,6 +76,27 @@ fn fifty_thousand_random_ops_equal_one_by_one() {
     }
 }
 
+/// A batch cut into key-range buckets (as a large one is, at 256 Ki operations a bucket)
+/// applies bucket after bucket with one pass's state: the same result as one by one,
+/// including splits at bucket edges and duplicate keys.
+#[test]
+fn a_batch_in_buckets_equals_one_by_one() {
+    let engine = common::engine(256 << 20);
+    let mut rng = Rng(7);
+    let start: Vec<(u64, u64)> = (0..20_000u64).map(|k| (k * 3, k)).collect();
+    let (batched, single) = twin_trees(&engine, &start, 0.9);
+    for (round, (per_bucket, remove_share)) in [(500usize, 10u64), (64, 40), (3000, 0)].into_iter().enumerate() {
+        let ops = random_ops(&mut rng, 40_000, 70_000, remove_share);
+        common::transact(&engine, |tx| {
+            let got = batched.apply_batch_in_buckets(tx, &ops, per_bucket).unwrap();
+            let want = one_by_one(single, tx, &ops);
+            assert_eq!(got, want, "round {round}");
+            assert_eq!(batched.check(tx).unwrap().keys, single.check(tx).unwrap().keys);
+            assert_eq!(contents(batched, tx), contents(single, tx), "round {round}");
+        });
+    }
+}
+
 #[test]
 fn small_batches_against_the_model() {
     // Many small batches, keys from a narrow domain so one batch hits a leaf many times and a

@@ -130,7 +130,14 @@ impl BTree {
     /// Applies a batch of upserts and removals with one descent per touched leaf; the result
     /// equals applying `ops` one by one in order (see `batch.rs`).
     pub fn apply_batch<H: HeapWrite>(&self, heap: &mut H, ops: &[Op]) -> Result<BatchOutcome, IndexError> {
-        Ok(batch::apply_batch(heap, self.meta, ops)?)
+        Ok(batch::apply_batch(heap, self.meta, ops, batch::OPS_PER_BUCKET)?)
+    }
+
+    /// [`BTree::apply_batch`] with the batch cut into key-range buckets of about
+    /// `ops_per_bucket` operations (tests: a large batch's buckets, at a small size).
+    #[doc(hidden)]
+    pub fn apply_batch_in_buckets<H: HeapWrite>(&self, heap: &mut H, ops: &[Op], ops_per_bucket: usize) -> Result<BatchOutcome, IndexError> {
+        Ok(batch::apply_batch(heap, self.meta, ops, ops_per_bucket)?)
     }
 
     /// The entries with keys in `range`, in key order.
