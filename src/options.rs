@@ -50,7 +50,7 @@ pub struct Options {
     pub max_log_bytes: u64,
     /// A large transaction (one running in place) whose redo record may reach this many bytes
     /// writes it to the log as it encodes it, in pieces, instead of building it whole in
-    /// memory first (default 64 MiB). Its commit then returns with the record durable,
+    /// memory first (default 256 MiB). Its commit then returns with the record durable,
     /// whatever the commit mode, and the lines it wrote stay locked until then.
     pub stream_records_from: u64,
     /// Heap bytes kept populated beyond the allocator's high-water mark by a background
@@ -76,7 +76,7 @@ impl Default for Options {
             checkpoint_interval: Some(Duration::from_secs(10)),
             chunk_size: 1 << 20,
             max_log_bytes: 1 << 30,
-            stream_records_from: 64 << 20,
+            stream_records_from: 256 << 20,
             prefault_ahead: 64 << 20,
             checkpoint_faults: None,
         }
