@@ -990,7 +990,10 @@ impl<'e> Transaction<'e> {
                 let measured = measure_lines(lines.len(), &after, STREAM_PIECE);
                 let (lsn, written) = log.append_streamed(partition, |lsn| LinesRecord { measured: &measured, header: header(lsn), line: &after });
                 streamed = written;
-                (lsn, false)
+                // With no LSN (the log had failed or stopped), the writes stay in memory, as
+                // a failed flush leaves them, and the lines' next version is drawn as
+                // without a log; the commit reports the error.
+                (lsn.unwrap_or_else(|| engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1), false)
             }
             Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), &after)),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),

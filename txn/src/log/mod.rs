@@ -135,8 +135,8 @@ impl LogManager {
     /// Draws the next LSN and writes its record, which `record` makes for it, to `partition`
     /// as the record is produced, without holding it whole (see
     /// [`FlushGroup::flush_streamed`]). Returns once the record is durable; with the error,
-    /// once it never will be.
-    pub fn append_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (u64, Result<(), TxnError>) {
+    /// once it never will be (and no LSN if none was drawn: the log had failed or stopped).
+    pub fn append_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (Option<u64>, Result<(), TxnError>) {
         self.shared.group.flush_streamed(partition, record)
     }
 

@@ -159,39 +159,47 @@ impl<S: Flush> FlushGroup<S> {
     /// are short beside this one), then takes the buffer and draws the LSN together under
     /// the partition's mutex, so the LSN is appended as it is drawn (the watermark's rule)
     /// and the partition's LSNs still ascend. Returns the LSN once its record is durable,
-    /// or, with the error, once it never will be.
-    pub fn flush_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (u64, Result<(), TxnError>) {
+    /// or, with the error, once it never will be; no LSN when the log had failed or stopped
+    /// before one was drawn.
+    pub fn flush_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (Option<u64>, Result<(), TxnError>) {
         let mut slot = loop {
+            if let Err(e) = self.check() {
+                return (None, Err(e));
+            }
             if let Some(slot) = self.claim(partition) {
                 break slot;
             }
             crate::sync::nap();
         };
         let p = &self.partitions[partition];
+        // After a failure nothing more is written (see `flush_locked`), and the failed buffer
+        // may still be in flight here: a flusher fails the group before it frees the slot.
+        if let Err(e) = self.check() {
+            drop(slot);
+            self.claimed[partition].store(false, Ordering::SeqCst);
+            p.notify_flushed(p.last_generation());
+            return (None, Err(e));
+        }
         let taken = p.take_with_lsn(&self.clock);
         let lsn = taken.last;
         let generation = taken.generation;
         let mut record = record(lsn);
-        let result = match self.check() {
-            // After a failure or a stop nothing more is written (see `flush_locked`); the
-            // buffer stays in flight, so the watermark never passes it.
-            Err(e) => Err(e),
-            Ok(()) => match slot.write(&taken, Some(&mut record)) {
-                Ok(()) => {
-                    p.written(taken);
-                    Ok(())
-                }
-                Err(why) => {
-                    self.fail(why.clone());
-                    Err(TxnError::LogFailed(why))
-                }
-            },
+        let result = match slot.write(&taken, Some(&mut record)) {
+            Ok(()) => {
+                p.written(taken);
+                Ok(())
+            }
+            // The buffer stays in flight: the watermark cannot pass it.
+            Err(why) => {
+                self.fail(why.clone());
+                Err(TxnError::LogFailed(why))
+            }
         };
         drop(slot);
         self.claimed[partition].store(false, Ordering::SeqCst);
         self.watermark.advance(&self.clock, &self.partitions);
         p.notify_flushed(generation);
-        (lsn, result)
+        (Some(lsn), result)
     }
 
     /// Waits until `partition`'s records up to `lsn` are durable, leading its flushes.
@@ -515,6 +523,7 @@ mod loom_models {
                 thread::spawn(move || {
                     let (lsn, result) = log.group.flush_streamed(0, ModelRecord);
                     result.unwrap();
+                    let lsn = lsn.unwrap();
                     assert!(log.disk.written[lsn as usize].load(Ordering::SeqCst), "streamed record not on disk");
                     check_watermark(&log);
                 })
@@ -524,6 +533,26 @@ mod loom_models {
             streamer.join().unwrap();
             flusher.join().unwrap();
             assert!(log.disk.holds_all_through(2));
+        });
+    }
+
+    /// A streamed record beside a committer whose flush fails: whichever order they take,
+    /// both see the failure (the streamer too when the failed buffer is still in flight in
+    /// its partition, which it must not take), and neither hangs.
+    #[test]
+    fn loom_a_streamed_record_after_a_failed_flush_fails_too() {
+        loom::model(|| {
+            let log = log(1, 2, 1);
+            let streamer = {
+                let log = log.clone();
+                thread::spawn(move || log.group.flush_streamed(0, ModelRecord).1)
+            };
+            let lsn = append(&log, 0);
+            let committed = log.group.wait_partition(0, lsn);
+            let streamed = streamer.join().unwrap();
+            assert!(committed.is_err() && streamed.is_err(), "{committed:?} {streamed:?}");
+            check_watermark(&log);
+            assert_eq!(log.group.watermark.get(), 0);
         });
     }
 
