@@ -206,13 +206,6 @@ pub struct InPlace {
     held_bits: Vec<u64>,
     /// One bit per stripe: a line under it was written.
     written_bits: Vec<u64>,
-    /// Whether the run holds the lines it only reads too (a retry: see the module docs), or
-    /// reads them optimistically, validated, as a buffered transaction does.
-    pub(crate) hold_reads: bool,
-    /// Stripes read optimistically (not held when read), each once: validated at commit.
-    pub(crate) reads: Vec<u32>,
-    /// One bit per stripe: in `reads`.
-    read_bits: Vec<u64>,
     /// One bit per heap line: its before-image is in `undo`.
     saved_bits: Vec<u64>,
     /// One byte per heap line: bit `w` set when word `w` of the line was written whole.
@@ -276,9 +269,6 @@ impl InPlace {
             held: Vec::new(),
             held_bits: vec![0; stripes.div_ceil(64) as usize],
             written_bits: vec![0; stripes.div_ceil(64) as usize],
-            hold_reads: false,
-            reads: Vec::new(),
-            read_bits: vec![0; stripes.div_ceil(64) as usize],
             saved_bits: vec![0; lines.div_ceil(64) as usize],
             whole_words: vec![0; lines as usize],
             partial: Vec::new(),
@@ -302,14 +292,6 @@ impl InPlace {
         let was = test_and_set(&mut self.held_bits, u64::from(s));
         debug_assert!(!was, "stripe {s} held twice");
         self.held.push(s);
-    }
-
-    /// Records that stripe `s` was read optimistically (for validation at commit).
-    #[inline]
-    pub fn note_read(&mut self, s: u32) {
-        if !test_and_set(&mut self.read_bits, u64::from(s)) {
-            self.reads.push(s);
-        }
     }
 
     #[inline]
@@ -409,11 +391,6 @@ impl InPlace {
             clear(&mut self.held_bits, u64::from(s));
             clear(&mut self.written_bits, u64::from(s));
         }
-        for &s in &self.reads {
-            clear(&mut self.read_bits, u64::from(s));
-        }
-        self.reads.clear();
-        self.hold_reads = false;
         for line in self.undo.iter().map(|e| e.line).chain(self.fresh.iter().copied()) {
             clear(&mut self.saved_bits, line / LINE_BYTES);
             self.whole_words[(line / LINE_BYTES) as usize] = 0;
@@ -663,76 +640,6 @@ mod engine_tests {
         assert_eq!(engine.heap().load_word(line(1)), 0, "nothing of it stayed");
     }
 
-    /// A first run in place holds only the lines it writes: a line it only read stays
-    /// readable and writable by others meanwhile (a small transaction is not locked out of a
-    /// tree's root by a large load). If another commit changes such a line before the run
-    /// commits, the run's read is stale: it conflicts, nothing of it stays, and its retry
-    /// (which holds its reads too) commits.
-    #[test]
-    fn a_run_holds_only_what_it_writes_and_validates_what_it_read() {
-        let engine = engine(8 << 20);
-        let (read, n) = (line(10_000), IN_PLACE_FROM as u64 + 10);
-        transact(&engine, |tx| tx.store(read, 5));
-        let mut attempts = 0;
-        let mut tx = engine.begin();
-        loop {
-            attempts += 1;
-            let body = |tx: &mut Transaction<'_>| -> Result<(), TxnError> {
-                let seen = tx.load(read)?;
-                for i in 0..n {
-                    tx.store(line(i), seen + i)?;
-                }
-                assert!(tx.is_in_place());
-                Ok(())
-            };
-            body(&mut tx).unwrap();
-            if attempts == 1 {
-                // Another transaction reads the line and writes it while the run goes on.
-                let mut small = engine.begin();
-                assert_eq!(small.load(read).unwrap(), 5, "a line the run only read is not held");
-                small.store(read, 6).unwrap();
-                small.commit(Commit::Async).expect("nothing of the small one is held by the run");
-            }
-            match tx.commit(Commit::Async) {
-                Ok(_) => break,
-                Err(TxnError::Conflict) => {
-                    assert_eq!(attempts, 1, "the retry holds its reads and cannot lose again");
-                    for i in 0..n {
-                        assert_eq!(engine.heap().load_word(line(i)), 0, "the stale run left nothing (line {i})");
-                    }
-                    tx.restart();
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert_eq!(attempts, 2, "the first run read a line changed before its commit");
-        drop(tx);
-        let mut check = engine.begin();
-        for i in 0..n {
-            assert_eq!(check.load(line(i)).unwrap(), 6 + i, "the retry read the new value (line {i})");
-        }
-    }
-
-    /// A line a run read and then writes, changed by another commit in between: the stale
-    /// read is found when the run takes the line (the stripe's version is past its read
-    /// version), not only at commit.
-    #[test]
-    fn writing_a_line_read_stale_is_a_conflict() {
-        let engine = engine(8 << 20);
-        let (read, n) = (line(10_000), IN_PLACE_FROM as u64 + 10);
-        let mut tx = engine.begin();
-        (0..n).try_for_each(|i| tx.store(line(i), i)).unwrap();
-        assert!(tx.is_in_place());
-        assert_eq!(tx.load(read).unwrap(), 0);
-        transact(&engine, |w| w.store(read, 1));
-        assert!(matches!(tx.store(read, 2), Err(TxnError::Conflict)));
-        assert!(!tx.is_in_place(), "the run ended");
-        drop(tx);
-        assert_eq!(engine.heap().load_word(read), 1);
-        assert_eq!(engine.heap().load_word(line(0) + 8 * 0), 0);
-        assert_eq!(engine.heap().load_word(line(5)), 0, "nothing of the run stayed");
-    }
-
     /// A run that would write more lines than one record holds fails with `TooLarge`, and
     /// leaves nothing behind: every line and stripe word as before, the token free again.
     /// (The real limit, `MAX_WHOLE_LINES`, is about 38 M lines; the test lowers it.)
@@ -786,61 +693,6 @@ mod engine_tests {
             let word = |i: usize| u64::from_le_bytes(out[i..i + 8].try_into().unwrap());
             assert_eq!((word(0), word(3 * LINE_BYTES as usize)), (7, 33), "the copy holds the run's writes");
         });
-    }
-
-    /// Write skew, the anomaly that validating reads at commit prevents: with `a + b ≥ 1` the
-    /// rule, a large run (in place) and a small transaction on another thread each see
-    /// `a + b = 2` and take one from a different line. The small one commits while the run
-    /// goes on (the run holds neither line then); the run's read of `a` is then stale, so it
-    /// must not commit as it was: its retry sees `a + b = 1` and takes nothing.
-    #[test]
-    fn a_large_run_and_a_small_transaction_cannot_write_skew() {
-        let engine = engine(16 << 20);
-        let (a, b) = (line(10_000), line(10_001));
-        let pad = IN_PLACE_FROM as u64 + 100;
-        for round in 0..20 {
-            transact(&engine, |tx| {
-                tx.store(a, 1)?;
-                tx.store(b, 1)
-            });
-            let read_done = AtomicBool::new(false);
-            let small_done = AtomicBool::new(false);
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    transact(&engine, |tx| {
-                        let take = tx.load(a)? + tx.load(b)? >= 2;
-                        (0..pad).try_for_each(|i| tx.store(line(i), round))?;
-                        assert!(tx.is_in_place());
-                        read_done.store(true, Ordering::SeqCst);
-                        let since = std::time::Instant::now();
-                        while !small_done.load(Ordering::SeqCst) && since.elapsed() < std::time::Duration::from_secs(2) {
-                            std::thread::yield_now();
-                        }
-                        if take {
-                            let v = tx.load(b)?;
-                            tx.store(b, v - 1)?;
-                        }
-                        Ok(())
-                    });
-                });
-                s.spawn(|| {
-                    while !read_done.load(Ordering::SeqCst) {
-                        std::thread::yield_now();
-                    }
-                    transact(&engine, |tx| {
-                        let (va, vb) = (tx.load(a)?, tx.load(b)?);
-                        if va + vb >= 2 {
-                            tx.store(a, va - 1)?;
-                        }
-                        Ok(())
-                    });
-                    small_done.store(true, Ordering::SeqCst);
-                });
-            });
-            let mut check = engine.begin();
-            let (va, vb) = (check.load(a).unwrap(), check.load(b).unwrap());
-            assert_eq!(va + vb, 1, "round {round}: a = {va}, b = {vb}");
-        }
     }
 
     /// Transfers between 16,384 accounts (a line each) by large transactions (thousands of

@@ -180,9 +180,7 @@ impl<'e> Transaction<'e> {
         (self.rv, self.clock_mode) = self.engine.read_version();
         if let Some(state) = token {
             self.went_large = true;
-            // A retry holds what it reads too: nothing it read can change, so it cannot lose
-            // again to another large transaction.
-            self.enter_in_place(state, true).expect("no read to validate, no write to apply");
+            self.enter_in_place(state).expect("no read to validate, no write to apply");
         }
     }
 
@@ -770,15 +768,12 @@ impl<'e> Transaction<'e> {
             self.in_place_from = self.bufs.writes.len() * 2;
             return Ok(());
         };
-        self.enter_in_place(state, false)
+        self.enter_in_place(state)
     }
 
-    /// Changes to in-place mode with the token's `state`: with `hold_reads`, holds the read
-    /// set (checking each stripe is still at a version this transaction may read, the check
-    /// commit would make) and every line read from then on; else keeps the read set for
-    /// validation at commit, checked once now. Then applies the write set in place.
-    fn enter_in_place(&mut self, mut state: Box<InPlace>, hold_reads: bool) -> Result<(), TxnError> {
-        state.hold_reads = hold_reads;
+    /// Changes to in-place mode with the token's `state`: validates and holds the read set,
+    /// applies the write set in place.
+    fn enter_in_place(&mut self, state: Box<InPlace>) -> Result<(), TxnError> {
         let engine = self.engine;
         let pass = RunPass::new(engine.gate.enter(engine.thread_slot()));
         // The clock moves: a clock-mode reader that could see an in-place store finds it moved
@@ -788,25 +783,19 @@ impl<'e> Transaction<'e> {
         crate::sync::fence(std::sync::atomic::Ordering::Release);
         self.clock_mode = false;
         self.in_place = Some(InPlaceRun { state, pass });
+        // Every stripe read so far: held from now on, and still at a version this transaction
+        // may read (the check commit would make).
         let reads = std::mem::take(&mut self.bufs.reads);
         let mut valid = true;
-        if hold_reads {
-            for &s in &reads {
-                match self.hold(s) {
-                    Some(Some(seen)) if version(seen) <= self.rv => {}
-                    Some(None) => {}
-                    _ => {
-                        valid = false;
-                        break;
-                    }
+        for &s in &reads {
+            match self.hold(s) {
+                Some(Some(seen)) if version(seen) <= self.rv => {}
+                Some(None) => {}
+                _ => {
+                    valid = false;
+                    break;
                 }
             }
-        } else {
-            let state = &mut self.in_place.as_mut().expect("in place").state;
-            for &s in &reads {
-                state.note_read(s);
-            }
-            valid = self.in_place_reads_valid();
         }
         self.bufs.reads = reads;
         self.bufs.reads.clear();
@@ -847,12 +836,8 @@ impl<'e> Transaction<'e> {
     #[inline]
     fn writable(&mut self, line: u64) -> Result<(), TxnError> {
         let s = self.engine.stripes.index_of(line);
-        match self.hold(s) {
-            None => return Err(TxnError::Conflict),
-            // A commit changed the stripe after this transaction's read version: if it read
-            // the stripe's lines, that read is stale (the extension's validation says so).
-            Some(Some(seen)) if version(seen) > self.rv => self.extend_in_place()?,
-            Some(_) => {}
+        if self.hold(s).is_none() {
+            return Err(TxnError::Conflict);
         }
         let fresh = (self.fresh.0..self.fresh.1).contains(&line);
         let state = &mut self.in_place.as_mut().expect("in place").state;
@@ -884,82 +869,19 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
-    /// [`Transaction::load_words`] in place (nothing is buffered to overlay): the lines the
-    /// run holds are read straight from the heap; the others are held first if the run holds
-    /// its reads, else read as a buffered transaction reads them (validated against their
-    /// stripe, added to the read set that commit validates), so that other transactions may
-    /// read them too meanwhile.
+    /// [`Transaction::load_words`] in place: every line of the run held, then one load of the
+    /// whole run (nothing is buffered to overlay).
     fn load_words_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
-        let mut i = 0;
-        while i < out.len() {
-            let at = off + 8 * i as u64;
-            let n = (((STRIPE_BYTES - at % STRIPE_BYTES) / 8) as usize).min(out.len() - i);
-            let s = self.engine.stripes.index_of(at);
-            let state = &self.in_place.as_ref().expect("in place").state;
-            if state.is_held(s) {
-                self.engine.heap().load_words(at, &mut out[i..i + n]);
-            } else if state.hold_reads {
-                if self.hold(s).is_none() {
-                    return self.in_place_conflict();
-                }
-                self.engine.heap().load_words(at, &mut out[i..i + n]);
-            } else {
-                self.load_optimistic_in_place(s, at, &mut out[i..i + n])?;
+        let Some(last) = (out.len() as u64).checked_sub(1).map(|n| off + 8 * n) else { return Ok(()) };
+        let mut line = off & !(STRIPE_BYTES - 1);
+        while line <= last {
+            if self.hold(self.engine.stripes.index_of(line)).is_none() {
+                return self.in_place_conflict();
             }
-            i += n;
+            line += STRIPE_BYTES;
         }
+        self.engine.heap().load_words(off, out);
         Ok(())
-    }
-
-    /// Reads `out` from `off` (inside stripe `s`'s line, which the run does not hold) the
-    /// seqlock way, and adds the stripe to the run's read set.
-    fn load_optimistic_in_place(&mut self, s: u32, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
-        let engine = self.engine;
-        let stripes = &engine.stripes;
-        let mut wait = LockWait::new();
-        loop {
-            let before = stripes.load(s);
-            if is_locked(before) {
-                // A commit's write-back (short), or a line of another's; wait as for a hold.
-                if !wait.again() {
-                    self.locked_out = Some(s);
-                    return self.in_place_conflict();
-                }
-                continue;
-            }
-            engine.heap().load_words(off, out);
-            if stripes.recheck(s) != before {
-                continue;
-            }
-            if version(before) > self.rv {
-                self.extend_in_place()?;
-                continue;
-            }
-            self.in_place.as_mut().expect("in place").state.note_read(s);
-            return Ok(());
-        }
-    }
-
-    /// Moves the read version forward if everything the run read optimistically is unchanged;
-    /// else ends the run in a conflict.
-    fn extend_in_place(&mut self) -> Result<(), TxnError> {
-        let now = self.engine.last_lsn();
-        if !self.in_place_reads_valid() {
-            return self.in_place_conflict();
-        }
-        self.rv = now;
-        Ok(())
-    }
-
-    /// Whether every stripe the run read optimistically still carries a version ≤ its read
-    /// version: unlocked, or locked by the run itself (a locked word keeps its version).
-    fn in_place_reads_valid(&self) -> bool {
-        let stripes = &self.engine.stripes;
-        let state = &self.in_place.as_ref().expect("in place").state;
-        state.reads.iter().all(|&s| {
-            let w = stripes.load(s);
-            (!is_locked(w) || state.is_held(s)) && version(w) <= self.rv
-        })
     }
 
     #[cold]
@@ -1039,11 +961,6 @@ impl<'e> Transaction<'e> {
         if let Err(e) = engine.check_open() {
             self.abandon_in_place();
             return Err(e);
-        }
-        // Every written line is held: the reads are validated now, before the LSN is drawn,
-        // as a buffered commit validates after locking its write set.
-        if !self.in_place_reads_valid() {
-            return self.in_place_conflict();
         }
         let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
         let heap = engine.heap();
