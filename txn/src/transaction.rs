@@ -987,7 +987,7 @@ impl<'e> Transaction<'e> {
         let (lsn, over_bound) = match &engine.log {
             // Whole lines bound the record's size from above (its runs' headers aside).
             Some(log) if log.streams(lines.len() as u64 * LINE_BYTES) => {
-                let measured = measure_lines(lines.len(), &after, STREAM_PIECE);
+                let measured = measure_lines(lines.len(), after, STREAM_PIECE);
                 let (lsn, written) = log.append_streamed(partition, |lsn| LinesRecord { measured: &measured, header: header(lsn), line: &after });
                 streamed = written;
                 // With no LSN (the log had failed or stopped), the writes stay in memory, as
@@ -995,7 +995,7 @@ impl<'e> Transaction<'e> {
                 // without a log; the commit reports the error.
                 (lsn.unwrap_or_else(|| engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1), false)
             }
-            Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), &after)),
+            Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), after)),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         crate::sync::fence(std::sync::atomic::Ordering::Release);
@@ -1077,7 +1077,7 @@ struct LinesRecord<'a, F: Fn(usize) -> LineWrites> {
 }
 
 impl<F: Fn(usize) -> LineWrites> Streamed for LinesRecord<'_, F> {
-    fn len(&self) -> usize {
+    fn size(&self) -> usize {
         self.measured.framed_len(self.header)
     }
 

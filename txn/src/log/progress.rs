@@ -65,8 +65,8 @@ pub trait Flush {
 /// A record written as it is encoded, never whole in memory (see
 /// [`FlushGroup::flush_streamed`]).
 pub trait Streamed {
-    /// Its length in bytes.
-    fn len(&self) -> usize;
+    /// Its size in bytes.
+    fn size(&self) -> usize;
     /// Passes its bytes to `out` in order, in pieces of any size; an error leaves what was
     /// passed on a torn record.
     fn produce(&mut self, out: &mut dyn FnMut(&[u8])) -> Result<(), String>;
@@ -497,7 +497,7 @@ mod loom_models {
     struct ModelRecord(u64);
 
     impl Streamed for ModelRecord {
-        fn len(&self) -> usize {
+        fn size(&self) -> usize {
             8
         }
 

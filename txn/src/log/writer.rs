@@ -119,7 +119,7 @@ impl<'w> Staged<'w> {
 
 impl Flush for PartitionWriter {
     fn write(&mut self, taken: &Taken, streamed: Option<&mut dyn Streamed>) -> Result<(), String> {
-        let streamed_len = streamed.as_ref().map_or(0, |s| s.len());
+        let streamed_len = streamed.as_ref().map_or(0, |s| s.size());
         let data_len = taken.data.len() + streamed_len;
         let (fd, offset, header) = self.file.target(data_len, &self.catalog).map_err(|e| e.to_string())?;
         let header: &[u8] = header.as_ref().map_or(&[], |h| &h[..]);
@@ -208,7 +208,7 @@ mod tests {
     fn staged_pushes_land_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        let file = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
         let mut backend = open_log_backend(&Io::Sync).unwrap();
         let mut staging = AlignedBuf::new();
         let data: Vec<u8> = (0..2 * STAGE_PIECE + 5000).map(|i| (i % 251) as u8).collect();
