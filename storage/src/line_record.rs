@@ -201,21 +201,29 @@ pub struct MeasuredLines {
 /// Encodes the writes of `count` lines (as [`encode_lines`] takes them) `piece` bytes at a
 /// time, keeping only their count, length and checksum.
 pub fn measure_lines(count: usize, line: impl Fn(usize) -> LineWrites, piece: usize) -> MeasuredLines {
-    let mut body = crc32fast::Hasher::new();
-    let mut body_len = 0u64;
+    let (writes, body, body_len) = encode_in_pieces(count, line, piece, |_| {});
+    MeasuredLines { count, writes, body, body_len }
+}
+
+/// Encodes the writes of `count` lines into a buffer of about `piece` bytes, passing each
+/// piece to `out`; returns the write count and the checksum and length of all the bytes.
+fn encode_in_pieces(count: usize, line: impl Fn(usize) -> LineWrites, piece: usize, mut out: impl FnMut(&[u8])) -> (u32, crc32fast::Hasher, u64) {
+    let mut crc = crc32fast::Hasher::new();
+    let mut len = 0u64;
     let mut buf = Vec::with_capacity(piece + LINE_MAX);
-    let mut take = |buf: &mut Vec<u8>| {
-        body.update(buf);
-        body_len += buf.len() as u64;
+    let mut pass = |buf: &mut Vec<u8>| {
+        crc.update(buf);
+        len += buf.len() as u64;
+        out(buf);
         buf.clear();
     };
     let writes = encode_writes(&mut buf, count, line, |buf| {
         if buf.len() >= piece {
-            take(buf);
+            pass(buf);
         }
     });
-    take(&mut buf);
-    MeasuredLines { count, writes, body, body_len }
+    pass(&mut buf);
+    (writes, crc, len)
 }
 
 impl MeasuredLines {
@@ -250,21 +258,7 @@ impl MeasuredLines {
         frame[8..12].copy_from_slice(&crc.finalize().to_le_bytes());
         out(&frame);
         out(&prefix);
-        let mut again = crc32fast::Hasher::new();
-        let mut again_len = 0u64;
-        let mut buf = Vec::with_capacity(piece + LINE_MAX);
-        let mut pass = |buf: &mut Vec<u8>| {
-            again.update(buf);
-            again_len += buf.len() as u64;
-            out(buf);
-            buf.clear();
-        };
-        let writes = encode_writes(&mut buf, self.count, line, |buf| {
-            if buf.len() >= piece {
-                pass(buf);
-            }
-        });
-        pass(&mut buf);
+        let (writes, again, again_len) = encode_in_pieces(self.count, line, piece, &mut out);
         let framed = FRAME_HEADER_SIZE as u64 + payload_len;
         let pad = [0u8; 8];
         out(&pad[..(framed.next_multiple_of(8) - framed) as usize]);

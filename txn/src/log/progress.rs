@@ -147,10 +147,17 @@ impl<S: Flush> FlushGroup<S> {
                 }
             }
         }
+        self.release(partition, slot, generation);
+    }
+
+    /// Frees `partition`'s slot, then advances the watermark and wakes the partition's
+    /// waiters of `generation` (see [`Partition::notify_flushed`]), in that order (see the
+    /// module docs).
+    fn release(&self, partition: usize, slot: MutexGuard<'_, S>, generation: u64) {
         drop(slot);
         self.claimed[partition].store(false, Ordering::SeqCst);
         self.watermark.advance(&self.clock, &self.partitions);
-        p.notify_flushed(generation);
+        self.partitions[partition].notify_flushed(generation);
     }
 
     /// Draws an LSN and writes its record, made by `record` for that LSN, to `partition`
@@ -175,9 +182,7 @@ impl<S: Flush> FlushGroup<S> {
         // After a failure nothing more is written (see `flush_locked`), and the failed buffer
         // may still be in flight here: a flusher fails the group before it frees the slot.
         if let Err(e) = self.check() {
-            drop(slot);
-            self.claimed[partition].store(false, Ordering::SeqCst);
-            p.notify_flushed(p.last_generation());
+            self.release(partition, slot, p.last_generation());
             return (None, Err(e));
         }
         let taken = p.take_with_lsn(&self.clock);
@@ -195,10 +200,7 @@ impl<S: Flush> FlushGroup<S> {
                 Err(TxnError::LogFailed(why))
             }
         };
-        drop(slot);
-        self.claimed[partition].store(false, Ordering::SeqCst);
-        self.watermark.advance(&self.clock, &self.partitions);
-        p.notify_flushed(generation);
+        self.release(partition, slot, generation);
         (Some(lsn), result)
     }
 
