@@ -79,6 +79,7 @@ impl HeapRead for Transaction<'_> {
 }
 
 impl HeapWrite for Transaction<'_> {
+    #[inline]
     fn store(&mut self, off: u64, value: u64) -> Result<(), TxnError> {
         Transaction::store(self, off, value)
     }

@@ -220,8 +220,12 @@ impl<'e> Transaction<'e> {
     // ---- word access (unchecked against allocations; used by the allocator and indexes) ----
 
     /// Reads the word at `off` (8-aligned) as of this transaction.
+    #[inline]
     pub fn load(&mut self, off: u64) -> Result<u64, TxnError> {
         debug_assert!(off.is_multiple_of(8));
+        if self.in_place.is_some() {
+            return self.load_in_place(off);
+        }
         if self.doomed {
             return Err(TxnError::Conflict);
         }
@@ -240,6 +244,7 @@ impl<'e> Transaction<'e> {
     }
 
     /// Buffers a write of the word at `off` (8-aligned).
+    #[inline]
     pub fn store(&mut self, off: u64, value: u64) -> Result<(), TxnError> {
         self.store_masked(off, value, 0xFF)
     }
@@ -270,13 +275,14 @@ impl<'e> Transaction<'e> {
         }
     }
 
+    #[inline]
     fn store_masked(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
         debug_assert!(off.is_multiple_of(8));
-        if self.doomed {
-            return Err(TxnError::Conflict);
-        }
         if self.in_place.is_some() {
             return self.store_in_place(off, value, mask);
+        }
+        if self.doomed {
+            return Err(TxnError::Conflict);
         }
         let lines = self.bufs.writes.len();
         self.bufs.writes.put(off, value, mask);
@@ -811,12 +817,18 @@ impl<'e> Transaction<'e> {
 
     /// Locks stripe `s` for the in-place run unless it holds it: `Some(Some(word seen))` when
     /// newly locked, `Some(None)` when held already, `None` when the wait timed out.
-    #[inline]
+    #[inline(always)]
     fn hold(&mut self, s: u32) -> Option<Option<u64>> {
-        let run = self.in_place.as_mut().expect("in place");
-        if run.state.is_held(s) {
+        if self.in_place.as_ref().expect("in place").state.is_held(s) {
             return Some(None);
         }
+        self.hold_new(s)
+    }
+
+    /// [`Transaction::hold`] of a stripe the run does not hold yet.
+    #[inline(never)]
+    fn hold_new(&mut self, s: u32) -> Option<Option<u64>> {
+        let run = self.in_place.as_mut().expect("in place");
         let stripes = &self.engine.stripes;
         let mut wait = LockWait::new();
         loop {
@@ -833,8 +845,18 @@ impl<'e> Transaction<'e> {
 
     /// Makes the line at `line` writable in place: its stripe held (else a conflict), its
     /// before-image saved (unless the run already writes the most lines a record holds).
-    #[inline]
+    #[inline(always)]
     fn writable(&mut self, line: u64) -> Result<(), TxnError> {
+        if !self.in_place.as_ref().expect("in place").state.first_write_would_add(line) {
+            // Written before in this run: its stripe is held, its before-image saved.
+            return Ok(());
+        }
+        self.writable_first(line)
+    }
+
+    /// [`Transaction::writable`] for the run's first write to the line.
+    #[inline(never)]
+    fn writable_first(&mut self, line: u64) -> Result<(), TxnError> {
         let s = self.engine.stripes.index_of(line);
         if self.hold(s).is_none() {
             return Err(TxnError::Conflict);
@@ -869,6 +891,17 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
+    /// [`Transaction::load`] in place: the word's line held, then a plain load (every access
+    /// of a large transaction comes here, so it is kept short).
+    #[inline(always)]
+    fn load_in_place(&mut self, off: u64) -> Result<u64, TxnError> {
+        debug_assert!(!self.doomed, "a run ends before its transaction is doomed");
+        if self.hold(self.engine.stripes.index_of(off)).is_none() {
+            return self.in_place_conflict();
+        }
+        Ok(self.engine.heap().load_word(off))
+    }
+
     /// [`Transaction::load_words`] in place: every line of the run held, then one load of the
     /// whole run (nothing is buffered to overlay).
     fn load_words_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
@@ -884,8 +917,7 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     fn store_in_place(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
         if let Err(e) = self.writable(off & !(LINE_BYTES - 1)) {
             return self.in_place_fail(e);
@@ -895,7 +927,6 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
-    #[cold]
     #[inline(never)]
     fn store_words_in_place(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
         let heap = self.engine.heap();
@@ -916,11 +947,15 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
+    #[cold]
+    #[inline(never)]
     fn in_place_conflict<T>(&mut self) -> Result<T, TxnError> {
         self.in_place_fail(TxnError::Conflict)
     }
 
     /// Ends the in-place run on `error` (restoring everything) and dooms the transaction.
+    #[cold]
+    #[inline(never)]
     fn in_place_fail<T>(&mut self, error: TxnError) -> Result<T, TxnError> {
         self.abandon_in_place();
         self.doomed = true;
