@@ -141,6 +141,12 @@ pub fn prefetch_lines(bytes: &[u8]) {
     }
 }
 
+/// Issues a prefetch for the cache line that holds `value` (a hint).
+#[inline]
+pub fn prefetch_at<T>(value: &T) {
+    prefetch_ptr((value as *const T).cast());
+}
+
 /// Issues a prefetch for the cache line at `p` (a hint; never faults).
 #[cfg_attr(loom, allow(dead_code))]
 #[inline]

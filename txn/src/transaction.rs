@@ -34,6 +34,9 @@ use crate::stripes::{is_locked, version, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
 
+/// Stripe words in one cache line.
+const STRIPE_WORDS_PER_LINE: u64 = 64 / 8;
+
 /// A log sequence number: the commit order of update transactions, from 1, without gaps.
 pub type Lsn = u64;
 
@@ -303,13 +306,19 @@ impl<'e> Transaction<'e> {
     /// Reads `out.len()` words from `off` as of this transaction (8-aligned; a fast path for
     /// index nodes: the words of one 64-byte line are validated together, with one stripe
     /// check instead of one per word, and overlaid with this transaction's writes to the line).
+    #[inline]
     pub fn load_words(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
         debug_assert!(off.is_multiple_of(8));
-        if self.doomed {
-            return Err(TxnError::Conflict);
-        }
         if self.in_place.is_some() {
             return self.load_words_in_place(off, out);
+        }
+        self.load_words_shared(off, out)
+    }
+
+    /// [`Transaction::load_words`] outside in-place mode.
+    fn load_words_shared(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        if self.doomed {
+            return Err(TxnError::Conflict);
         }
         if self.clock_mode && self.bufs.writes.is_empty() && !out.is_empty() {
             // Clock mode with nothing written: load the whole run (one bounds check), then
@@ -596,9 +605,12 @@ impl<'e> Transaction<'e> {
         let heap = self.engine.heap();
         let end = off.saturating_add(len).min(heap.capacity());
         let mut line = off & !(STRIPE_BYTES - 1);
+        let first = line;
         while line < end {
             heap.prefetch(line);
-            if !self.clock_mode {
+            // One prefetch per cache line of stripe words (eight lines' words): more only
+            // queue behind the first for the same line.
+            if !self.clock_mode && (line == first || (line / STRIPE_BYTES).is_multiple_of(STRIPE_WORDS_PER_LINE)) {
                 self.engine.stripes.prefetch(line);
             }
             line += STRIPE_BYTES;
@@ -896,21 +908,32 @@ impl<'e> Transaction<'e> {
     #[inline(always)]
     fn load_in_place(&mut self, off: u64) -> Result<u64, TxnError> {
         debug_assert!(!self.doomed, "a run ends before its transaction is doomed");
-        if self.hold(self.engine.stripes.index_of(off)).is_none() {
-            return self.in_place_conflict();
-        }
+        self.hold_to_read(off & !(LINE_BYTES - 1))?;
         Ok(self.engine.heap().load_word(off))
+    }
+
+    /// Holds the line at `line` for a read in place (else the run ends in a conflict); a line
+    /// newly held has its notes fetched for a write that may follow.
+    #[inline(always)]
+    fn hold_to_read(&mut self, line: u64) -> Result<(), TxnError> {
+        match self.hold(self.engine.stripes.index_of(line)) {
+            Some(None) => Ok(()),
+            Some(Some(_)) => {
+                self.in_place.as_ref().expect("in place").state.prefetch_notes(line);
+                Ok(())
+            }
+            None => self.in_place_conflict(),
+        }
     }
 
     /// [`Transaction::load_words`] in place: every line of the run held, then one load of the
     /// whole run (nothing is buffered to overlay).
+    #[inline]
     fn load_words_in_place(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
         let Some(last) = (out.len() as u64).checked_sub(1).map(|n| off + 8 * n) else { return Ok(()) };
         let mut line = off & !(STRIPE_BYTES - 1);
         while line <= last {
-            if self.hold(self.engine.stripes.index_of(line)).is_none() {
-                return self.in_place_conflict();
-            }
+            self.hold_to_read(line)?;
             line += STRIPE_BYTES;
         }
         self.engine.heap().load_words(off, out);
