@@ -13,7 +13,7 @@
 use super::link;
 use super::meta::{self, ROOT_OFF};
 use super::node::{self, PREFIX, PREFIX_BYTES, TERMINAL};
-use super::{leaf, slab, MAX_KEY_LEN};
+use super::{leaf, search, slab, MAX_KEY_LEN};
 use crate::heap::HeapWrite;
 use crate::IndexError;
 
@@ -64,6 +64,7 @@ pub fn insert_from<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64
             return Ok(None);
         }
         let off = slab::offset(heap, meta, link)?;
+        search::prefetch_node(heap, link, off, key, depth);
         if link::is_leaf(link) {
             // An update compares in place; only a split needs the leaf's key as bytes.
             if leaf::matches(heap, off, key)? {

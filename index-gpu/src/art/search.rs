@@ -40,17 +40,25 @@ fn fetch<H: HeapRead>(heap: &mut H, meta: u64, link: u64, key: &[u8], depth: usi
         return Ok(None);
     }
     let off = slab::offset(heap, meta, link)?;
-    // The node's first line is on its way; so is the line that most likely holds the
-    // child link for the next key byte (the node's prefix is usually empty where nodes
-    // are large), fetched in parallel rather than after the header arrives.
+    prefetch_node(heap, link, off, key, depth);
+    Ok(Some(Cursor { link, off, depth }))
+}
+
+/// Starts fetching the lines of the node `link` at `off` that a descent for `key` from
+/// `depth` reads first: the first line, and the line that most likely holds the child link
+/// for the next key byte (the node's prefix is usually empty where nodes are large), in
+/// parallel rather than after the header arrives. In a transaction the lines' stripe words
+/// come too, so that a large transaction's locks wait on neither.
+#[inline]
+pub(super) fn prefetch_node<H: HeapRead>(heap: &H, link: u64, off: u64, key: &[u8], depth: usize) {
     heap.prefetch(off, 64);
     match link::kind(link) {
+        _ if link::is_leaf(link) => {}
         link::N16 => heap.prefetch(off + 64, 128),
         link::N48 => heap.prefetch(off + node::N48_INDEX + key.get(depth).map_or(0, |&b| b as u64), 8),
         link::N256 => heap.prefetch(off + node::N256_CHILDREN + 8 * key.get(depth).map_or(0, |&b| b as u64), 8),
         _ => {}
     }
-    Ok(Some(Cursor { link, off, depth }))
 }
 
 /// One node of a descent: a leaf answers; an inner node names the next node, whose lines
