@@ -8,17 +8,12 @@
 
 use std::time::Instant;
 
+use common::mix;
 use tusk_index::heap::{HeapRead, HeapWrite};
 use tusk_index::{Art, ArtOp, BTree, Op};
-use tusk_storage::Heap;
-use tusk_txn::{Commit, Engine, EngineConfig, TxnError};
+use tusk_txn::TxnError;
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+mod common;
 
 struct PlainHeap {
     bytes: Vec<u8>,
@@ -80,30 +75,10 @@ fn plain_rate(art: bool, keys: &[u64]) -> f64 {
 }
 
 fn txn_rate(art: bool, keys: &[u64], per_txn: usize) -> f64 {
-    let cap = (keys.len() as u64 * 300 + (256 << 20)).next_multiple_of(1 << 21);
     let stripes_log2 = std::env::var("STRIPES_LOG2").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
-    let config = EngineConfig { stripes_log2, log: None, existing_segments: Vec::new() };
-    let engine = Engine::start(config, Heap::new(cap).unwrap(), 0).unwrap();
-    let mut tx = engine.begin();
-    tx.format_heap().unwrap();
-    let meta = if art { Art::create(&mut tx).unwrap().ptr() } else { BTree::create(&mut tx).unwrap().ptr() };
-    tx.commit(Commit::Async).unwrap();
+    let (engine, meta) = common::engine_with_tree(keys.len() as u64 * 300 + (256 << 20), stripes_log2, art);
     let t = Instant::now();
-    for chunk in keys.chunks(per_txn) {
-        let mut tx = engine.begin();
-        if art {
-            let a = Art::open(&mut tx, meta).unwrap();
-            for &k in chunk {
-                a.insert(&mut tx, &k.to_be_bytes(), k).unwrap();
-            }
-        } else {
-            let b = BTree::open(&mut tx, meta).unwrap();
-            for &k in chunk {
-                b.insert(&mut tx, k, k).unwrap();
-            }
-        }
-        tx.commit(Commit::Async).unwrap();
-    }
+    common::insert_in_txns(&engine, meta, art, keys, per_txn);
     keys.len() as f64 / t.elapsed().as_secs_f64()
 }
 

@@ -8,16 +8,11 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use common::mix;
 use tusk_index::{Art, BTree};
-use tusk_storage::Heap;
-use tusk_txn::{Commit, Engine, EngineConfig, Transaction};
+use tusk_txn::{Commit, Engine, Transaction};
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+mod common;
 
 /// Lookups per second of `probes` in read-only transactions of 16 keys; `lookup` answers one
 /// transaction's keys with the number found (all of them must be).
@@ -38,36 +33,12 @@ fn main() {
     let which = args.get(1).map_or("btree", String::as_str).to_string();
     let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2_000_000);
     let lookups: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4_000_000);
-    let cap = (n * 160 + (256 << 20)).next_multiple_of(1 << 21);
-    let config = EngineConfig { stripes_log2: 20, log: None, existing_segments: Vec::new() };
-    let engine = Engine::start(config, Heap::new(cap).unwrap(), 0).unwrap();
-    let mut tx = engine.begin();
-    tx.format_heap().unwrap();
-    tx.commit(Commit::Async).unwrap();
+    let art = which == "art";
+    let (engine, meta) = common::engine_with_tree(n * 160 + (256 << 20), 20, art);
     let keys: Vec<u64> = (0..n).map(|i| mix(i) | 1).collect();
     let probes: Vec<u64> = (0..lookups).map(|i| keys[(mix(i ^ 0xABCD) % n) as usize]).collect();
     let t0 = Instant::now();
-    let meta = {
-        let mut tx = engine.begin();
-        let m = if which == "art" { Art::create(&mut tx).unwrap().ptr() } else { BTree::create(&mut tx).unwrap().ptr() };
-        tx.commit(Commit::Async).unwrap();
-        m
-    };
-    for chunk in keys.chunks(256) {
-        let mut tx = engine.begin();
-        if which == "art" {
-            let a = Art::open(&mut tx, meta).unwrap();
-            for &k in chunk {
-                a.insert(&mut tx, &k.to_be_bytes(), k).unwrap();
-            }
-        } else {
-            let b = BTree::open(&mut tx, meta).unwrap();
-            for &k in chunk {
-                b.insert(&mut tx, k, k).unwrap();
-            }
-        }
-        tx.commit(Commit::Async).unwrap();
-    }
+    common::insert_in_txns(&engine, meta, art, &keys, 256);
     eprintln!("built {which} of {n} keys in {:.1} s", t0.elapsed().as_secs_f64());
     let reps = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
     for _ in 0..reps {
