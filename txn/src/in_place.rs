@@ -397,7 +397,8 @@ impl InPlace {
         debug_assert!(self.masks.iter().all(|&m| m != 0), "every saved line was written");
     }
 
-    /// Clears every bit set and empties the lists, keeping their memory.
+    /// Clears every bit set and empties the lists, keeping their memory for the next run
+    /// unless an earlier, larger run grew them ([`empty_list`]).
     pub fn reset(&mut self) {
         for &s in &self.held {
             clear(&mut self.held_bits, u64::from(s));
@@ -407,15 +408,48 @@ impl InPlace {
             clear(&mut self.saved_bits, line / LINE_BYTES);
             self.whole_words[(line / LINE_BYTES) as usize] = 0;
         }
-        self.partial.clear();
-        self.masks.clear();
-        self.held.clear();
-        self.undo.clear();
-        self.fresh.clear();
+        empty_list(&mut self.partial);
+        empty_list(&mut self.masks);
+        empty_list(&mut self.held);
+        empty_list(&mut self.undo);
+        empty_list(&mut self.fresh);
         self.written_range = (u64::MAX, 0);
-        self.lines.clear();
+        empty_list(&mut self.lines);
     }
 
+    /// Bytes the lists hold allocated (tests).
+    #[cfg(test)]
+    pub(crate) fn list_bytes(&self) -> usize {
+        use std::mem::size_of_val;
+        let bytes = |cap: usize, one: usize| cap * one;
+        bytes(self.held.capacity(), size_of_val(&0u32))
+            + bytes(self.partial.capacity(), size_of_val(&(0u64, 0u8)))
+            + bytes(self.undo.capacity(), std::mem::size_of::<LineWrite>())
+            + bytes(self.fresh.capacity() + self.lines.capacity() + self.masks.capacity(), size_of_val(&0u64))
+    }
+}
+
+/// A list's allocation that the engine's one in-place state keeps from one run to the next,
+/// whatever the runs use. Runs of one size keep their lists, so they do not grow them again
+/// each time (a 1 M-upsert B-link batch's before-images take about 140 MB; trimming them after
+/// every batch cost repeated batches 14% of their rate).
+#[cfg(not(test))]
+const KEPT_LIST_BYTES: usize = 64 << 20;
+/// Small in tests, so that a test's run passes it.
+#[cfg(test)]
+const KEPT_LIST_BYTES: usize = 1 << 20;
+
+/// Empties `list` for the next run. A list past [`KEPT_LIST_BYTES`] that the run just ended
+/// used less than a quarter of (an earlier, larger run grew it) gives back all but
+/// [`KEPT_LIST_BYTES`] or twice that run's use: a 64 M-key load's lists (hundreds of MiB) go
+/// back with the next, smaller large transaction instead of staying with the engine for good.
+fn empty_list<T>(list: &mut Vec<T>) {
+    let used = list.len();
+    list.clear();
+    let kept = KEPT_LIST_BYTES / std::mem::size_of::<T>().max(1);
+    if list.capacity() > kept && used < list.capacity() / 4 {
+        list.shrink_to(kept.max(2 * used));
+    }
 }
 
 /// A wait for a stripe lock, bounded by [`LOCK_WAIT`] or another limit (under loom: by a few
@@ -606,6 +640,35 @@ mod engine_tests {
         assert_eq!(check.load(line(n)).unwrap(), 9);
         assert!(engine.stripes.load(engine.stripes.index_of(line(0))) >> 1 == lsn, "written stripes carry the LSN");
         assert!(engine.in_place.with_free(|_| ()).is_some(), "the token is back");
+    }
+
+    /// A huge run's lists do not stay with the engine: the next, smaller run gives back what
+    /// it does not use, past `KEPT_LIST_BYTES` each. Runs of one size keep their lists.
+    #[test]
+    fn a_huge_runs_lists_go_back_with_the_next_smaller_run() {
+        let per_line = std::mem::size_of::<super::LineWrite>();
+        let huge = (8 * super::KEPT_LIST_BYTES / per_line) as u64;
+        let small = IN_PLACE_FROM as u64 + 100;
+        let engine = engine((BASE + huge * LINE_BYTES + (1 << 20)).next_multiple_of(1 << 21));
+        // Written once first: each later run saves a before-image per line.
+        transact(&engine, |tx| (0..huge).try_for_each(|i| tx.store(line(i), i)));
+        let undo_bytes = |engine: &Engine| engine.in_place.with_free(|s| s.undo.capacity() * per_line).expect("free");
+        for (round, n) in [huge, huge, small, small].into_iter().enumerate() {
+            let round = round as u64;
+            transact(&engine, |tx| (0..n).try_for_each(|i| tx.store(line(i), i + round)));
+            let mut check = engine.begin();
+            for i in (0..n).step_by(997) {
+                assert_eq!(check.load(line(i)).unwrap(), i + round);
+            }
+            let kept = undo_bytes(&engine);
+            if n == huge {
+                assert!(kept >= huge as usize * per_line, "round {round}: runs of one size keep their lists ({kept} bytes)");
+            } else {
+                assert!(kept <= super::KEPT_LIST_BYTES, "round {round}: {kept} bytes of before-images kept");
+                let lists = engine.in_place.with_free(|s| s.list_bytes()).expect("free");
+                assert!(lists <= 6 * super::KEPT_LIST_BYTES, "round {round}: {lists} bytes of lists kept");
+            }
+        }
     }
 
     /// An in-place transaction that ends without committing (dropped, or restarted) leaves
