@@ -398,7 +398,7 @@ impl InPlace {
     }
 
     /// Clears every bit set and empties the lists, keeping their memory for the next run
-    /// unless an earlier, larger run grew them ([`empty_list`]).
+    /// unless an earlier, larger run grew them (see `empty_list`).
     pub fn reset(&mut self) {
         for &s in &self.held {
             clear(&mut self.held_bits, u64::from(s));
