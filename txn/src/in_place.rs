@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use tusk_storage::line_record::MAX_WHOLE_LINES;
 
+use crate::kept::clear_for_reuse;
 use crate::snapshot::gate::Pass;
 use crate::sync::{Condvar, Mutex};
 use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
@@ -398,7 +399,7 @@ impl InPlace {
     }
 
     /// Clears every bit set and empties the lists, keeping their memory for the next run
-    /// unless an earlier, larger run grew them (see `empty_list`).
+    /// unless an earlier, larger run grew them (see `crate::kept`).
     pub fn reset(&mut self) {
         for &s in &self.held {
             clear(&mut self.held_bits, u64::from(s));
@@ -408,13 +409,13 @@ impl InPlace {
             clear(&mut self.saved_bits, line / LINE_BYTES);
             self.whole_words[(line / LINE_BYTES) as usize] = 0;
         }
-        empty_list(&mut self.partial);
-        empty_list(&mut self.masks);
-        empty_list(&mut self.held);
-        empty_list(&mut self.undo);
-        empty_list(&mut self.fresh);
+        clear_for_reuse(&mut self.partial, KEPT_LIST_BYTES);
+        clear_for_reuse(&mut self.masks, KEPT_LIST_BYTES);
+        clear_for_reuse(&mut self.held, KEPT_LIST_BYTES);
+        clear_for_reuse(&mut self.undo, KEPT_LIST_BYTES);
+        clear_for_reuse(&mut self.fresh, KEPT_LIST_BYTES);
         self.written_range = (u64::MAX, 0);
-        empty_list(&mut self.lines);
+        clear_for_reuse(&mut self.lines, KEPT_LIST_BYTES);
     }
 
     /// Bytes the lists hold allocated (tests).
@@ -438,19 +439,6 @@ const KEPT_LIST_BYTES: usize = 64 << 20;
 /// Small in tests, so that a test's run passes it.
 #[cfg(test)]
 const KEPT_LIST_BYTES: usize = 1 << 20;
-
-/// Empties `list` for the next run. A list past [`KEPT_LIST_BYTES`] that the run just ended
-/// used less than a quarter of (an earlier, larger run grew it) gives back all but
-/// [`KEPT_LIST_BYTES`] or twice that run's use: a 64 M-key load's lists (hundreds of MiB) go
-/// back with the next, smaller large transaction instead of staying with the engine for good.
-fn empty_list<T>(list: &mut Vec<T>) {
-    let used = list.len();
-    list.clear();
-    let kept = KEPT_LIST_BYTES / std::mem::size_of::<T>().max(1);
-    if list.capacity() > kept && used < list.capacity() / 4 {
-        list.shrink_to(kept.max(2 * used));
-    }
-}
 
 /// A wait for a stripe lock, bounded by [`LOCK_WAIT`] or another limit (under loom: by a few
 /// spins).

@@ -5,6 +5,7 @@
 //! - [`write_set`]: a transaction's buffered writes, word-granular with byte masks.
 //! - [`transaction`]: reads with opacity (TL2-style read version with extension), commit.
 //! - [`alloc`], [`roots`]: the allocator and the named roots, both transactional.
+//! - [`in_place`], [`kept`]: large transactions written in place, and the buffers they keep.
 //! - [`log`]: per-partition log buffers and flush slots (committers lead their own flushes; a
 //!   background flusher serves `Async`), the durable watermark.
 //! - [`engine`]: what a store shares between its threads.
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod error;
 pub mod growth;
 pub mod in_place;
+pub mod kept;
 pub mod log;
 #[cfg(all(test, loom))]
 mod loom_models;
