@@ -1,7 +1,9 @@
 //! What a store shares between its threads: the heap, the stripe locks, the LSN clock,
 //! the log, and the dirty epoch.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tusk_storage::log_files::SegmentInfo;
@@ -60,9 +62,26 @@ const OPTIMISTIC_COPY_ROUNDS: usize = 64;
 #[cfg(loom)]
 const OPTIMISTIC_COPY_ROUNDS: usize = 2;
 
+#[cfg(not(loom))]
 static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
 
+#[cfg(not(loom))]
 thread_local! {
+    static THREAD_SLOT: usize = NEXT_THREAD_SLOT.fetch_add(1, Ordering::Relaxed);
+}
+
+// Under loom, slots are drawn per execution and per model thread: loom runs a model's threads
+// as coroutines on one OS thread and an execution after another, so std's thread-locals and
+// statics would hand every model thread the same slot and a count that grows from one
+// execution to the next (making the gate's idle check load a different number of counters
+// each time: loom stops with "Is the model fully deterministic?").
+#[cfg(loom)]
+loom::lazy_static! {
+    static ref NEXT_THREAD_SLOT: loom::sync::atomic::AtomicUsize = loom::sync::atomic::AtomicUsize::new(0);
+}
+
+#[cfg(loom)]
+loom::thread_local! {
     static THREAD_SLOT: usize = NEXT_THREAD_SLOT.fetch_add(1, Ordering::Relaxed);
 }
 

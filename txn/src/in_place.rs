@@ -568,6 +568,7 @@ mod engine_tests {
     use tusk_storage::Heap;
 
     use super::IN_PLACE_FROM;
+    use crate::stripes::version;
     use crate::write_set::LINE_BYTES;
     use crate::{Commit, Engine, EngineConfig, Transaction, TxnError};
 
@@ -666,9 +667,13 @@ mod engine_tests {
         let engine = engine(8 << 20);
         let n = IN_PLACE_FROM as u64 + 500;
         transact(&engine, |tx| (0..n).try_for_each(|i| tx.store(line(i), i)));
-        let words: Vec<u64> = (0..n).map(|i| engine.stripes.load(engine.stripes.index_of(line(i)))).collect();
+        let stripe_word = |i: u64| engine.stripes.load(engine.stripes.index_of(line(i)));
+        let only_read = n + 64;
         for restart in [false, true] {
+            let words: Vec<u64> = (0..n).map(stripe_word).collect();
+            let read_word = stripe_word(only_read);
             let mut tx = engine.begin();
+            assert_eq!(tx.load(line(only_read)).unwrap(), 0);
             for i in 0..n {
                 tx.store(line(i), 999).unwrap();
             }
@@ -681,8 +686,14 @@ mod engine_tests {
             drop(tx);
             for i in 0..n {
                 assert_eq!(engine.heap().load_word(line(i)), i, "line {i} restored");
-                assert_eq!(engine.stripes.load(engine.stripes.index_of(line(i))), words[i as usize], "stripe of line {i}");
+                // A new version, not the old word: a reader that loaded the old word before the
+                // run and the line during it must not find the word unchanged afterwards.
+                let word = stripe_word(i);
+                assert!(!crate::stripes::is_locked(word), "stripe of line {i} unlocked");
+                assert!(version(word) > version(words[i as usize]), "stripe of line {i}: {word} after {}", words[i as usize]);
+                assert!(version(word) <= engine.last_lsn(), "a version is an LSN drawn");
             }
+            assert_eq!(stripe_word(only_read), read_word, "a stripe only read gets its word back");
         }
         transact(&engine, |tx| tx.store(line(0), 5));
         assert_eq!(engine.heap().load_word(line(0)), 5);

@@ -3,6 +3,7 @@
 //! the transaction (all three take part), so that those modules import downward only; the
 //! clock-mode models are in `transaction.rs`, which shares these helpers.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use loom::thread;
@@ -70,28 +71,48 @@ fn loom_writers_exclude_each_other() {
     });
 }
 
-/// A reader concurrent with a writer of two words sees both old or both new values,
-/// never a mix (opacity: not even a transaction that later aborts may see one), whether
-/// the words share a stripe or not.
-fn readers_see_whole_commits(a: u64, b: u64) {
+/// Runs `read` on a spawned thread in a new transaction beside a commit of `1` to the words
+/// `a` and `b` on this thread, in every interleaving loom explores; panics unless some of
+/// them ran the reader in clock mode.
+pub(crate) fn reader_beside_a_commit(a: u64, b: u64, read: fn(&mut Transaction<'_>, u64, u64)) {
+    // Outside the model: counts executions, which loom does not explore.
+    let in_clock_mode = Arc::new(AtomicUsize::new(0));
+    let counted = in_clock_mode.clone();
     loom::model(move || {
         let engine = engine();
-        let writer = {
-            let engine = engine.clone();
+        let reader = {
+            let (engine, counted) = (engine.clone(), counted.clone());
             thread::spawn(move || {
-                transact(&engine, |t| {
-                    t.store(a, 1)?;
-                    t.store(b, 1)
-                })
+                let mut t = engine.begin();
+                if t.in_clock_mode() {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+                read(&mut t, a, b);
             })
         };
-        let mut t = engine.begin();
+        transact(&engine, |t| {
+            t.store(a, 1)?;
+            t.store(b, 1)
+        });
+        reader.join().unwrap();
+    });
+    assert!(in_clock_mode.load(Ordering::Relaxed) > 0, "no execution ran the reader in clock mode");
+}
+
+/// A reader concurrent with a writer of two words sees both old or both new values, never a
+/// mix (opacity: not even a transaction that later aborts may see one), in clock mode or in
+/// stripe mode, whether the words share a stripe or not.
+///
+/// The reader runs on the spawned thread and the writer on the model's own: the other way
+/// round, loom 0.7 explored one interleaving only when the words were on two stripes
+/// (tokio-rs/loom#392: a spawned thread whose first operation is an atomic load, here
+/// `begin`'s, is never scheduled elsewhere), and the model checked nothing.
+fn readers_see_whole_commits(a: u64, b: u64) {
+    reader_beside_a_commit(a, b, |t, a, b| {
         if let (Ok(x), Ok(y)) = (t.load(a), t.load(b)) {
             assert_eq!(x, y, "a reader saw half of a commit");
-            assert_eq!(t.commit(crate::Commit::Async).unwrap(), None);
+            assert_eq!(t.commit(Commit::Async).unwrap(), None);
         }
-        drop(t);
-        writer.join().unwrap();
     });
 }
 
@@ -139,4 +160,103 @@ fn loom_dirty_epochs_and_consistent_copies() {
             assert!(engine.heap().page_epoch(0) > ended, "a commit the copy missed left its page looking clean");
         }
     });
+}
+
+
+/// In-place mode (under loom a transaction runs in place from its second line): a run that
+/// writes three lines, two on one stripe, beside a reader of them. The reader sees none of
+/// the run's writes or all of them (or a conflict), whether the run commits or is dropped
+/// after writing; a dropped run leaves every line and stripe as it found them.
+fn readers_see_in_place_runs_whole(commit: bool) {
+    const LINES: [u64; 3] = [64, 128, 192];
+    let ran_in_place = Arc::new(AtomicUsize::new(0));
+    let counted = ran_in_place.clone();
+    loom::model(move || {
+        let engine = engine();
+        let reader = {
+            let engine = engine.clone();
+            thread::spawn(move || {
+                let mut t = engine.begin();
+                let mut seen = Vec::new();
+                for line in LINES {
+                    match t.load(line) {
+                        Ok(v) => seen.push(v),
+                        Err(TxnError::Conflict) => return,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                assert!(seen.iter().all(|&v| v == seen[0]), "a reader saw part of an in-place run: {seen:?}");
+                assert!(commit || seen[0] == 0, "a reader saw a dropped run's writes");
+            })
+        };
+        if commit {
+            transact(&engine, |t| {
+                for line in LINES {
+                    t.store(line, 1)?;
+                }
+                if t.is_in_place() {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            });
+        } else {
+            let mut t = engine.begin();
+            let wrote = LINES.iter().try_for_each(|&line| t.store(line, 1));
+            if wrote.is_ok() && t.is_in_place() {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(t);
+        }
+        reader.join().unwrap();
+        let expect = u64::from(commit);
+        for line in LINES {
+            assert_eq!(engine.heap().load_word(line), expect, "line {line} after the run");
+            let word = engine.stripes.load(engine.stripes.index_of(line));
+            assert!(!crate::stripes::is_locked(word), "line {line}'s stripe left locked");
+        }
+    });
+    assert!(ran_in_place.load(Ordering::Relaxed) > 0, "no execution ran the writer in place");
+}
+
+#[test]
+fn loom_readers_see_committed_in_place_runs_whole() {
+    readers_see_in_place_runs_whole(true);
+}
+
+#[test]
+fn loom_readers_see_nothing_of_dropped_in_place_runs() {
+    readers_see_in_place_runs_whole(false);
+}
+
+/// An in-place run and a small transaction increment the same word (the run writes two more
+/// lines, so it runs in place): no update is lost, whichever waits or retries.
+#[test]
+fn loom_in_place_runs_lose_no_update() {
+    let ran_in_place = Arc::new(AtomicUsize::new(0));
+    let counted = ran_in_place.clone();
+    loom::model(move || {
+        let engine = engine();
+        let small = {
+            let engine = engine.clone();
+            thread::spawn(move || {
+                transact(&engine, |t| {
+                    let old = t.load(64)?;
+                    t.store(64, old + 1)
+                })
+            })
+        };
+        transact(&engine, |t| {
+            let old = t.load(64)?;
+            t.store(64, old + 1)?;
+            t.store(128, 1)?;
+            t.store(192, 1)?;
+            if t.is_in_place() {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        small.join().unwrap();
+        assert_eq!(engine.heap().load_word(64), 2, "an update was lost");
+    });
+    assert!(ran_in_place.load(Ordering::Relaxed) > 0, "no execution ran the large transaction in place");
 }
