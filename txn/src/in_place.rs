@@ -699,6 +699,28 @@ mod engine_tests {
         assert_eq!(engine.heap().load_word(line(0)), 5);
     }
 
+    /// A dropped run's written stripes get a version above every one they had: also above
+    /// that of a commit to a line the run wrote only after that commit, once in place. (Its
+    /// entry LSN would be below it: a reader that began between the two would then take the
+    /// commit's value as its own read version's.)
+    #[test]
+    fn a_dropped_runs_stripes_get_a_version_above_every_commit() {
+        let engine = engine(8 << 20);
+        let n = IN_PLACE_FROM as u64 + 10;
+        let mut run = engine.begin();
+        for i in 0..n {
+            run.store(line(i), 1).unwrap();
+        }
+        assert!(run.is_in_place());
+        let later = line(n + 100);
+        let lsn = transact(&engine, |tx| tx.store(later, 7)).expect("an LSN");
+        run.store(later, 8).unwrap();
+        drop(run);
+        assert_eq!(engine.heap().load_word(later), 7, "the commit's value restored");
+        let word = engine.stripes.load(engine.stripes.index_of(later));
+        assert!(version(word) > lsn, "version {} after the commit's {lsn}", version(word));
+    }
+
     /// A large transaction whose earlier reads were overwritten before it changed mode
     /// conflicts at the change, as it would at commit.
     #[test]

@@ -97,9 +97,6 @@ pub struct Transaction<'e> {
 struct InPlaceRun<'e> {
     state: Box<InPlace>,
     pass: RunPass<'e>,
-    /// The empty LSN drawn on entering: the version a dropped run leaves on the stripes it
-    /// wrote (see [`Transaction::abandon_in_place`]).
-    entered: Lsn,
 }
 
 /// A transaction's growable buffers, reused by the next transaction of the same thread.
@@ -807,10 +804,10 @@ impl<'e> Transaction<'e> {
         // The clock moves: a clock-mode reader that could see an in-place store finds it moved
         // and turns to the stripes, which this transaction holds (pairs with the acquire fence
         // of `Engine::clock_still`, as a commit's LSN does).
-        let entered = engine.draw_empty_lsn();
+        engine.draw_empty_lsn();
         crate::sync::fence(std::sync::atomic::Ordering::Release);
         self.clock_mode = false;
-        self.in_place = Some(InPlaceRun { state, pass, entered });
+        self.in_place = Some(InPlaceRun { state, pass });
         // Every stripe read so far: held from now on, and still at a version this transaction
         // may read (the check commit would make).
         let reads = std::mem::take(&mut self.bufs.reads);
@@ -997,9 +994,9 @@ impl<'e> Transaction<'e> {
 
     /// Ends an in-place run without committing: every written line gets its before-image
     /// back, the gate is left, a stripe only read gets the word it had, and a stripe written
-    /// gets the run's entry LSN as its version (below).
+    /// gets a newly drawn LSN as its version (below).
     fn abandon_in_place(&mut self) {
-        let Some(InPlaceRun { mut state, pass, entered }) = self.in_place.take() else { return };
+        let Some(InPlaceRun { mut state, pass }) = self.in_place.take() else { return };
         let engine = self.engine;
         let heap = engine.heap();
         for &line in &state.fresh {
@@ -1012,15 +1009,25 @@ impl<'e> Transaction<'e> {
                 heap.store_word(e.line + 8 * w as u64, value);
             }
         }
-        drop(pass);
         // A stripe whose lines were written and restored gets a new version: back at its old
         // word, a reader that loaded the word before the run locked it and a line between the
         // run's store and the restore would find the word unchanged after it and take a value
         // no commit wrote (found by the loom model `readers_see_nothing_of_dropped_in_place_runs`).
-        // So would a checkpoint's optimistic copy.
+        // So would a checkpoint's optimistic copy. The version is an LSN drawn now, above every
+        // version the stripes had (the run's entry LSN is not: a commit may have written a
+        // stripe between the run's entry and its lock), drawn without a record once the store
+        // is closed.
+        let wrote = state.held.iter().any(|&s| state.was_written(s));
+        let version = match wrote {
+            false => 0,
+            true if engine.check_open().is_ok() => engine.draw_empty_lsn(),
+            true => engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
+        };
+        crate::sync::fence(std::sync::atomic::Ordering::Release);
+        drop(pass);
         for &s in &state.held {
             if state.was_written(s) {
-                engine.stripes.unlock_with(s, entered);
+                engine.stripes.unlock_with(s, version);
             } else {
                 engine.stripes.unlock_unchanged(s);
             }
@@ -1039,7 +1046,7 @@ impl<'e> Transaction<'e> {
             self.abandon_in_place();
             return Err(e);
         }
-        let InPlaceRun { mut state, pass, .. } = self.in_place.take().expect("in place");
+        let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
         let heap = engine.heap();
         // The record holds the bytes this transaction wrote, read from the heap (where they
         // are its last values) as it is encoded, in line order, the lines in address order.
