@@ -34,6 +34,16 @@ pub(crate) fn transact<T>(engine: &Engine, body: impl Fn(&mut Transaction<'_>) -
     }
 }
 
+/// Runs `model` under loom with a counter kept outside the model (loom does not explore it)
+/// for `model` to count the executions that did what the model is about; panics, naming
+/// `what`, unless some execution did.
+pub(crate) fn model_where_some_execution(what: &'static str, model: impl Fn(&Arc<AtomicUsize>) + Send + Sync + 'static) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    loom::model(move || model(&counted));
+    assert!(count.load(Ordering::Relaxed) > 0, "no execution {what}");
+}
+
 /// Two read-modify-write transactions on one word: writers exclude each other (no lost
 /// update), the one that read the other's write has the larger LSN, and the stripe's
 /// version only grows, ending at the last LSN, unlocked.
@@ -75,10 +85,7 @@ fn loom_writers_exclude_each_other() {
 /// `a` and `b` on this thread, in every interleaving loom explores; panics unless some of
 /// them ran the reader in clock mode.
 pub(crate) fn reader_beside_a_commit(a: u64, b: u64, read: fn(&mut Transaction<'_>, u64, u64)) {
-    // Outside the model: counts executions, which loom does not explore.
-    let in_clock_mode = Arc::new(AtomicUsize::new(0));
-    let counted = in_clock_mode.clone();
-    loom::model(move || {
+    model_where_some_execution("ran the reader in clock mode", move |counted| {
         let engine = engine();
         let reader = {
             let (engine, counted) = (engine.clone(), counted.clone());
@@ -96,7 +103,6 @@ pub(crate) fn reader_beside_a_commit(a: u64, b: u64, read: fn(&mut Transaction<'
         });
         reader.join().unwrap();
     });
-    assert!(in_clock_mode.load(Ordering::Relaxed) > 0, "no execution ran the reader in clock mode");
 }
 
 /// A reader concurrent with a writer of two words sees both old or both new values, never a
@@ -169,9 +175,7 @@ fn loom_dirty_epochs_and_consistent_copies() {
 /// after writing; a dropped run leaves every line and stripe as it found them.
 fn readers_see_in_place_runs_whole(commit: bool) {
     const LINES: [u64; 3] = [64, 128, 192];
-    let ran_in_place = Arc::new(AtomicUsize::new(0));
-    let counted = ran_in_place.clone();
-    loom::model(move || {
+    model_where_some_execution("ran the writer in place", move |counted| {
         let engine = engine();
         let reader = {
             let engine = engine.clone();
@@ -215,7 +219,6 @@ fn readers_see_in_place_runs_whole(commit: bool) {
             assert!(!crate::stripes::is_locked(word), "line {line}'s stripe left locked");
         }
     });
-    assert!(ran_in_place.load(Ordering::Relaxed) > 0, "no execution ran the writer in place");
 }
 
 #[test]
@@ -232,9 +235,7 @@ fn loom_readers_see_nothing_of_dropped_in_place_runs() {
 /// lines, so it runs in place): no update is lost, whichever waits or retries.
 #[test]
 fn loom_in_place_runs_lose_no_update() {
-    let ran_in_place = Arc::new(AtomicUsize::new(0));
-    let counted = ran_in_place.clone();
-    loom::model(move || {
+    model_where_some_execution("ran the large transaction in place", |counted| {
         let engine = engine();
         let small = {
             let engine = engine.clone();
@@ -258,5 +259,4 @@ fn loom_in_place_runs_lose_no_update() {
         small.join().unwrap();
         assert_eq!(engine.heap().load_word(64), 2, "an update was lost");
     });
-    assert!(ran_in_place.load(Ordering::Relaxed) > 0, "no execution ran the large transaction in place");
 }
