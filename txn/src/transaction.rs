@@ -1018,18 +1018,16 @@ impl<'e> Transaction<'e> {
         // stripe between the run's entry and its lock), drawn without a record once the store
         // is closed.
         let wrote = state.held.iter().any(|&s| state.was_written(s));
-        let version = match wrote {
-            false => 0,
-            true if engine.check_open().is_ok() => engine.draw_empty_lsn(),
-            true => engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
-        };
-        crate::sync::fence(std::sync::atomic::Ordering::Release);
+        let version = wrote.then(|| match engine.check_open() {
+            Ok(()) => engine.draw_empty_lsn(),
+            Err(_) => engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
+        });
         drop(pass);
         for &s in &state.held {
-            if state.was_written(s) {
-                engine.stripes.unlock_with(s, version);
-            } else {
-                engine.stripes.unlock_unchanged(s);
+            match version {
+                // The release store of the unlock publishes the restored lines.
+                Some(version) if state.was_written(s) => engine.stripes.unlock_with(s, version),
+                _ => engine.stripes.unlock_unchanged(s),
             }
         }
         state.reset();
