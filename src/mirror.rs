@@ -12,7 +12,7 @@
 use tusk_index::mirror::{Mirror, MirrorError};
 use tusk_storage::HeapPtr;
 
-pub use tusk_index::mirror::{Backend as GpuBackend, GpuOptions, SyncReport};
+pub use tusk_index::mirror::{ArtLookupBuffers, Backend as GpuBackend, GpuOptions, LookupBuffers, RangeBuffers, StageTiming, SyncReport};
 
 use crate::{Error, Store};
 
@@ -77,6 +77,43 @@ impl GpuMirror {
         Ok(self.inner.sync()?)
     }
 
+    /// Buffers for batches of up to `capacity` B-link lookups, reused by every
+    /// [`MirrorBTree::get_into`]: set up once (on the GPU, page-locked host memory and its
+    /// device twin), so that a batch allocates nothing and its keys and answers cross the bus
+    /// straight from and into them, overlapped with the kernels.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tusk::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use tusk::{Commit, GpuOptions, Store};
+    /// let store = Store::open(dir.path(), tusk::Options::default())?;
+    /// store.transact(Commit::Async, |tx| tx.btree("orders")?.bulk_load((0..1000u64).map(|k| (k, 2 * k)), 1.0))?;
+    /// let mirror = store.gpu_mirror(GpuOptions::default())?;
+    /// let mut batch = mirror.lookup_buffers(1 << 16)?;      // once
+    /// batch.load_keys(&[7, 5000]);                           // or fill batch.keys_mut() in place
+    /// let lsn = mirror.btree("orders")?.get_into(&mut batch)?;
+    /// assert_eq!(lsn, mirror.lsn());
+    /// assert_eq!(batch.values(), &[14, 0]);                  // 0 where absent: see found
+    /// assert!(batch.found(0) && !batch.found(1));
+    /// assert_eq!(batch.answers().collect::<Vec<_>>(), vec![Some(14), None]);
+    /// # Ok(()) }
+    /// ```
+    pub fn lookup_buffers(&self, capacity: usize) -> Result<LookupBuffers, Error> {
+        Ok(self.inner.lookup_buffers(capacity)?)
+    }
+
+    /// Buffers for batches of up to `capacity` B-link range counts and sums
+    /// ([`MirrorBTree::count_sum_into`]).
+    pub fn range_buffers(&self, capacity: usize) -> Result<RangeBuffers, Error> {
+        Ok(self.inner.range_buffers(capacity)?)
+    }
+
+    /// Buffers for batches of up to `capacity` ART lookups of keys of exactly `key_len` bytes,
+    /// 1 to 32 ([`MirrorArt::get_into`]; longer keys: [`MirrorArt::get_batch`]).
+    pub fn art_lookup_buffers(&self, capacity: usize, key_len: usize) -> Result<ArtLookupBuffers, Error> {
+        Ok(self.inner.art_lookup_buffers(capacity, key_len)?)
+    }
+
     fn root(&self, name: &str) -> Result<HeapPtr, Error> {
         let mut image = tusk_index::image::HeapImage::new(self.inner.image());
         use tusk_index::heap::HeapRead;
@@ -121,6 +158,20 @@ impl MirrorBTree<'_> {
         Ok(Answers { values: self.mirror.inner.btree_get(self.meta, keys)?, lsn: self.mirror.lsn() })
     }
 
+    /// The value under each key of `buffers` ([`GpuMirror::lookup_buffers`]), into its values
+    /// and found bits; returns the LSN the answers are exact for. Allocates nothing.
+    pub fn get_into(&self, buffers: &mut LookupBuffers) -> Result<u64, Error> {
+        self.mirror.inner.btree_get_into(self.meta, buffers)?;
+        Ok(self.mirror.lsn())
+    }
+
+    /// Count and sum of each range of `buffers` ([`GpuMirror::range_buffers`]); returns the
+    /// LSN the answers are exact for. Allocates nothing.
+    pub fn count_sum_into(&self, buffers: &mut RangeBuffers) -> Result<u64, Error> {
+        self.mirror.inner.btree_count_sum_into(self.meta, buffers)?;
+        Ok(self.mirror.lsn())
+    }
+
     /// Count and sum of the values of the keys in each `[lo, hi]` (inclusive; empty when lo > hi).
     pub fn count_sum_batch(&self, ranges: &[(u64, u64)]) -> Result<Answers<(u64, u128)>, Error> {
         Ok(Answers { values: self.mirror.inner.btree_count_sum(self.meta, ranges)?, lsn: self.mirror.lsn() })
@@ -143,6 +194,13 @@ impl MirrorArt<'_> {
     /// same LSN.
     pub fn get_batch(&self, keys: &[&[u8]]) -> Result<Answers<Option<u64>>, Error> {
         Ok(Answers { values: self.mirror.inner.art_get(self.meta, keys)?, lsn: self.mirror.lsn() })
+    }
+
+    /// The value under each key of `buffers` ([`GpuMirror::art_lookup_buffers`]), into its
+    /// values and found bits; returns the LSN the answers are exact for. Allocates nothing.
+    pub fn get_into(&self, buffers: &mut ArtLookupBuffers) -> Result<u64, Error> {
+        self.mirror.inner.art_get_into(self.meta, buffers)?;
+        Ok(self.mirror.lsn())
     }
 
     /// Count and sum of the values of the keys starting with each prefix.

@@ -250,3 +250,80 @@ fn missing_roots_and_wrong_kinds_are_errors() {
     assert_eq!(empty.count_sum_batch(&[(0, u64::MAX)]).unwrap().values, vec![(0, 0)]);
     assert_eq!(empty.get_batch(&[]).unwrap().values, Vec::<Option<u64>>::new());
 }
+
+/// Batches into caller buffers answer exactly as the models say, batch after batch on the
+/// same buffers (made once), across syncs, and with buffers made by a mirror of the other
+/// backend; answers always belong to the last batch.
+#[test]
+fn caller_buffers_answer_as_the_trees_across_batches_and_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(91);
+    let mut models = load(&store, Order::Shuffled, &mut rng);
+    let mut mirror = store.gpu_mirror(GpuOptions::default()).unwrap();
+    let cpu = store.gpu_mirror(GpuOptions { backend: GpuBackend::Cpu, ..GpuOptions::default() }).unwrap();
+    // More lookups than one device chunk (1 M) where there is a GPU, so that chunks overlap.
+    let lookups = if mirror.on_gpu() { 2_500_000 } else { 20_000 };
+    let mut batch = mirror.lookup_buffers(lookups).unwrap();
+    let mut ranges = mirror.range_buffers(3000).unwrap();
+    let key_len = 9; // "user/NNNN": not a whole number of words
+    let mut art = mirror.art_lookup_buffers(4000, key_len).unwrap();
+    let mut art8 = cpu.art_lookup_buffers(4000, 8).unwrap();
+    for round in 0..3u64 {
+        let present: Vec<u64> = models.orders.keys().copied().collect();
+        let n = lookups - round as usize * 7; // a different length each round
+        batch.set_len(n);
+        for (i, k) in batch.keys_mut().iter_mut().enumerate() {
+            *k = if i % 2 == 0 { present[rng.random_range(0..present.len())] } else { rng.random() };
+        }
+        assert!(batch.values().is_empty(), "new keys, no answers yet");
+        let lsn = mirror.btree("orders").unwrap().get_into(&mut batch).unwrap();
+        assert_eq!(lsn, mirror.lsn());
+        let expected: Vec<Option<u64>> = batch.keys().iter().map(|k| models.orders.get(k).copied()).collect();
+        assert!(batch.answers().eq(expected.iter().copied()), "round {round}: B-link lookups into buffers on {}", mirror.backend());
+        assert_eq!(batch.found_bits().len(), n.div_ceil(64));
+        assert!(batch.values().iter().zip(&expected).all(|(v, e)| *v == e.unwrap_or(0)));
+
+        let wanted: Vec<(u64, u64)> = (0..2999)
+            .map(|i| {
+                let (a, b) = (present[rng.random_range(0..present.len())], present[rng.random_range(0..present.len())]);
+                if i == 0 { (5, 4) } else { (a.min(b), a.max(b)) }
+            })
+            .collect();
+        ranges.load_ranges(&wanted);
+        mirror.btree("orders").unwrap().count_sum_into(&mut ranges).unwrap();
+        let expected: Vec<(u64, u128)> = wanted
+            .iter()
+            .map(|&(lo, hi)| if lo > hi { (0, 0) } else { models.orders.range(lo..=hi).fold((0, 0), |(c, s), (_, v)| (c + 1, s + *v as u128)) })
+            .collect();
+        assert!(ranges.answers().eq(expected.iter().copied()), "round {round}: count/sum into buffers on {}", mirror.backend());
+
+        let fixed: Vec<Vec<u8>> = models.users.keys().filter(|k| k.len() == key_len).cloned().collect();
+        let mut probe: Vec<Vec<u8>> = (0..3000).map(|_| fixed[rng.random_range(0..fixed.len())].clone()).collect();
+        probe.extend((0..1000).map(|i| format!("user/{:04}", 9000 + i).into_bytes()));
+        art.load_keys(&probe);
+        assert_eq!(art.key(3000), b"user/9000");
+        mirror.art("users").unwrap().get_into(&mut art).unwrap();
+        let expected: Vec<Option<u64>> = probe.iter().map(|k| models.users.get(k).copied()).collect();
+        assert!(art.answers().eq(expected.iter().copied()), "round {round}: ART lookups into buffers on {}", mirror.backend());
+
+        // Buffers of the CPU backend, used with this mirror: the general path answers.
+        let eight: Vec<Vec<u8>> = models.users.keys().filter(|k| k.len() == 8).take(2000).cloned().collect();
+        art8.load_keys(&eight);
+        mirror.art("users").unwrap().get_into(&mut art8).unwrap();
+        assert!(art8.answers().eq(eight.iter().map(|k| models.users.get(k).copied())), "round {round}: CPU buffers on {}", mirror.backend());
+
+        // Commits, then a sync: the same buffers see them.
+        let ops: Vec<BTreeOp> = (0..2000).map(|_| BTreeOp::Upsert { key: rng.random(), value: round }).collect();
+        store.transact(Commit::Async, |tx| tx.btree("orders")?.apply_batch(&ops).map(|_| ())).unwrap();
+        for op in &ops {
+            models.orders.insert(op.key(), round);
+        }
+        mirror.sync().unwrap();
+    }
+    assert!(matches!(mirror.art_lookup_buffers(10, 0), Err(Error::Gpu(_))), "0-byte keys");
+    assert!(matches!(mirror.art_lookup_buffers(10, 33), Err(Error::Gpu(_))), "keys longer than the kernels take");
+    let mut empty = mirror.lookup_buffers(0).unwrap();
+    mirror.btree("orders").unwrap().get_into(&mut empty).unwrap();
+    assert_eq!(empty.answers().len(), 0);
+}

@@ -26,7 +26,7 @@ use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tusk::{BTreeOp, Commit, Durability, GpuOptions, Options, Store};
+use tusk::{ArtOp, BTreeOp, Commit, Durability, GpuOptions, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate, table};
@@ -60,6 +60,9 @@ pub struct GpuArgs {
     /// The heap is padded to this size (MiB) before the mirror opens (0: no padding).
     #[arg(long, default_value_t = 4096)]
     heap_mib: u64,
+    /// Upserts of the update path (`apply_batch`, `sync`, a lookup batch that sees them).
+    #[arg(long, default_value_t = 1_000_000)]
+    update_ops: usize,
     /// Timed rounds (medians reported).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
@@ -83,9 +86,13 @@ pub fn run(args: GpuArgs) -> CliResult {
                 &[
                     ("keys / batch", format!("{} / {} ({})", row["keys"], row["batch"], row["order"].as_str().unwrap_or(""))),
                     ("lookups/s, device-resident", f("lookups_per_s")),
-                    ("lookups/s, end to end", f("lookups_per_s_end_to_end")),
+                    ("lookups/s, end to end (get_batch)", f("lookups_per_s_end_to_end")),
+                    ("lookups/s, into caller buffers", f("lookups_per_s_into_buffers")),
+                    ("  its stages alone: in / kernels / out, ms", stage_line(&row["into_buffers_stages"])),
                     ("lookups/s, CPU engine", f("cpu_lookups_per_s")),
-                    ("count+sum ranges/s", f("count_sum_ranges_per_s")),
+                    ("count+sum ranges/s, device-resident", f("count_sum_ranges_per_s")),
+                    ("count+sum ranges/s, end to end", f("count_sum_ranges_per_s_end_to_end")),
+                    ("count+sum ranges/s, into caller buffers", f("count_sum_ranges_per_s_into_buffers")),
                     ("count+sum ranges/s, CPU engine", f("cpu_count_sum_ranges_per_s")),
                     (
                         "sync, 1% of pages dirty",
@@ -98,6 +105,17 @@ pub fn run(args: GpuArgs) -> CliResult {
                             row["sync_upload_ms"].as_f64().unwrap_or(f64::NAN)
                         ),
                     ),
+                    (
+                        "update path: apply_batch + sync + lookups",
+                        format!(
+                            "{} ops/s ({} upserts: {:.0} + {:.1} + {:.1} ms)",
+                            f("update_path_ops_per_s"),
+                            row["update_ops"],
+                            row["update_apply_ms"].as_f64().unwrap_or(f64::NAN),
+                            row["update_sync_ms"].as_f64().unwrap_or(f64::NAN),
+                            row["update_lookup_ms"].as_f64().unwrap_or(f64::NAN)
+                        ),
+                    ),
                     ("load", format!("{:.1} s", row["load_s"].as_f64().unwrap_or(f64::NAN))),
                 ],
             );
@@ -108,6 +126,15 @@ pub fn run(args: GpuArgs) -> CliResult {
         plot(dir, &rows)?;
     }
     Ok(())
+}
+
+/// "in / kernels / out (call)" of a stages object, or "-".
+fn stage_line(v: &serde_json::Value) -> String {
+    let ms = |k: &str| v[k].as_f64();
+    match (ms("copy_in_ms"), ms("kernels_ms"), ms("copy_out_ms"), ms("call_ms")) {
+        (Some(i), Some(k), Some(o), Some(c)) => format!("{i:.2} / {k:.2} / {o:.2} (call {c:.2})"),
+        _ => "-".into(),
+    }
 }
 
 /// `DIR/gpu.svg`: lookups and count+sum ranges per second on the device (resident and end to
@@ -128,14 +155,23 @@ fn plot(dir: &std::path::Path, rows: &[serde_json::Value]) -> CliResult {
             y_label: "lookups/s".into(),
             log_y: true,
             categories: categories.clone(),
-            series: series(&[("GPU, device-resident", "lookups_per_s"), ("GPU, end to end", "lookups_per_s_end_to_end"), ("CPU engine", "cpu_lookups_per_s")]),
+            series: series(&[
+                ("GPU, device-resident", "lookups_per_s"),
+                ("GPU, into caller buffers", "lookups_per_s_into_buffers"),
+                ("GPU, get_batch", "lookups_per_s_end_to_end"),
+                ("CPU engine", "cpu_lookups_per_s"),
+            ]),
         },
         Bars {
             title: "count+sum ranges".into(),
             y_label: "ranges/s".into(),
             log_y: true,
             categories: categories.clone(),
-            series: series(&[("GPU", "count_sum_ranges_per_s"), ("CPU engine", "cpu_count_sum_ranges_per_s")]),
+            series: series(&[
+                ("GPU, device-resident", "count_sum_ranges_per_s"),
+                ("GPU, into caller buffers", "count_sum_ranges_per_s_into_buffers"),
+                ("CPU engine", "cpu_count_sum_ranges_per_s"),
+            ]),
         },
         Bars {
             title: "mirror sync, 1% of pages dirty".into(),
@@ -258,8 +294,10 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     }
 
     phase(t0, "CPU engine timed");
-    // Device figures.
-    let (mut lookups, mut e2e, mut range_rate) = (None, None, None);
+    // Device figures: device-resident kernels, `get_batch` end to end, and batches into
+    // caller buffers (per stage, then the call).
+    let (mut lookups, mut e2e, mut range_rate, mut range_e2e) = (None, None, None, None);
+    let (mut into, mut ranges_into) = (None, None);
     if let Some(device) = inner.device() {
         let t = match index {
             GpuIndex::Btree => device.time_btree_get(meta, &batch, args.rounds)?,
@@ -267,11 +305,44 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         };
         lookups = Some(batch.len() as f64 / (t.kernel_ms / 1e3));
         e2e = Some(batch.len() as f64 / (t.end_to_end_ms / 1e3));
+        let expected = &inner.cpu();
+        into = Some(match index {
+            GpuIndex::Btree => {
+                let mut b = inner.lookup_buffers(batch.len())?;
+                b.load_keys(&batch);
+                let t = device.time_btree_get_into(meta, &mut b, args.rounds)?;
+                if !b.answers().take(check).eq(expected.btree_get(meta, &batch[..check])?) {
+                    return Err("B-link lookups into caller buffers differ from the CPU engine".into());
+                }
+                t
+            }
+            GpuIndex::Art => {
+                let mut b = inner.art_lookup_buffers(batch.len(), 8)?;
+                b.load_keys(&art_batch);
+                let t = device.time_art_get_into(meta, &mut b, args.rounds)?;
+                if !b.answers().take(check).eq(expected.art_get(meta, &art_refs[..check])?) {
+                    return Err("ART lookups into caller buffers differ from the CPU engine".into());
+                }
+                t
+            }
+        });
         if index == GpuIndex::Btree {
             let t = device.time_btree_count_sum(meta, &ranges, args.rounds)?;
             range_rate = Some(ranges.len() as f64 / (t.kernel_ms / 1e3));
+            range_e2e = Some(ranges.len() as f64 / (t.end_to_end_ms / 1e3));
+            let mut r = inner.range_buffers(ranges.len())?;
+            r.load_ranges(&ranges);
+            ranges_into = Some(device.time_btree_count_sum_into(meta, &mut r, args.rounds)?);
+            let few = ranges.len().min(1 << 16);
+            if !r.answers().take(few).eq(expected.btree_count_sum(meta, &ranges[..few])?) {
+                return Err("B-link count/sum into caller buffers differs from the CPU engine".into());
+            }
         }
     }
+    let per_s = |n: usize, ms: f64| n as f64 / (ms / 1e3);
+    let stages = |t: &Option<tusk::StageTiming>| {
+        t.map(|t| json!({"copy_in_ms": t.copy_in_ms, "kernels_ms": t.kernels_ms, "copy_out_ms": t.copy_out_ms, "call_ms": t.call_ms}))
+    };
 
     phase(t0, "device timed");
     // Sync after 1% of the heap's pages were dirtied by apply_batch.
@@ -308,6 +379,58 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     }
 
     phase(t0, "sync timed");
+    // The whole update path a user runs: a batch of upserts committed, a sync, and a lookup
+    // batch (into caller buffers) that sees every one of them.
+    let update_ops = args.update_ops.min(distinct.len());
+    let mut upd: Vec<u64> = distinct.choose_multiple(&mut rng, update_ops).copied().collect();
+    upd.sort_unstable();
+    let new_value = |k: u64| k.rotate_left(17) ^ 0x5555;
+    let started = Instant::now();
+    store.transact(Commit::Async, |tx| match index {
+        GpuIndex::Btree => {
+            let ops: Vec<BTreeOp> = upd.iter().map(|&k| BTreeOp::Upsert { key: k, value: new_value(k) }).collect();
+            tx.btree("t")?.apply_batch(&ops).map(|_| ())
+        }
+        GpuIndex::Art => {
+            let keys: Vec<[u8; 8]> = upd.iter().map(|&k| be(k)).collect();
+            let ops: Vec<ArtOp<'_>> = keys.iter().zip(&upd).map(|(key, &k)| ArtOp::Upsert { key, value: new_value(k) }).collect();
+            tx.art("t")?.apply_batch(&ops).map(|_| ())
+        }
+    })?;
+    let apply_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let upd_sync = mirror.sync()?;
+    let update_sync_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let seen = match index {
+        GpuIndex::Btree => {
+            let mut b = mirror.lookup_buffers(upd.len())?;
+            let alloc_ms = started.elapsed().as_secs_f64() * 1e3;
+            let started = Instant::now();
+            b.load_keys(&upd);
+            mirror.btree("t")?.get_into(&mut b)?;
+            let ok = b.answers().zip(&upd).all(|(v, &k)| v == Some(new_value(k)));
+            (ok, alloc_ms, started.elapsed().as_secs_f64() * 1e3)
+        }
+        GpuIndex::Art => {
+            let mut b = mirror.art_lookup_buffers(upd.len(), 8)?;
+            let alloc_ms = started.elapsed().as_secs_f64() * 1e3;
+            let started = Instant::now();
+            for (i, &k) in upd.iter().enumerate() {
+                b.set_len(i + 1);
+                b.set_key(i, &be(k));
+            }
+            mirror.art("t")?.get_into(&mut b)?;
+            let ok = b.answers().zip(&upd).all(|(v, &k)| v == Some(new_value(k)));
+            (ok, alloc_ms, started.elapsed().as_secs_f64() * 1e3)
+        }
+    };
+    let (seen_all, buffers_ms, update_lookup_ms) = seen;
+    if !seen_all {
+        return Err("after apply_batch and sync, a lookup batch does not see every update".into());
+    }
+    let update_path_ms = apply_ms + update_sync_ms + update_lookup_ms;
+
     Ok(json!({
         "bench": "gpu",
         "backend": backend,
@@ -317,7 +440,19 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         "batch": batch.len(),
         "lookups_per_s": lookups,
         "lookups_per_s_end_to_end": e2e,
+        "lookups_per_s_into_buffers": into.map(|t| per_s(batch.len(), t.call_ms)),
+        "into_buffers_stages": stages(&into),
         "count_sum_ranges_per_s": range_rate,
+        "count_sum_ranges_per_s_end_to_end": range_e2e,
+        "count_sum_ranges_per_s_into_buffers": ranges_into.map(|t| per_s(ranges.len(), t.call_ms)),
+        "ranges_into_buffers_stages": stages(&ranges_into),
+        "update_ops": upd.len(),
+        "update_path_ops_per_s": per_s(upd.len(), update_path_ms),
+        "update_apply_ms": apply_ms,
+        "update_sync_ms": update_sync_ms,
+        "update_sync_uploaded_bytes": upd_sync.uploaded,
+        "update_lookup_ms": update_lookup_ms,
+        "update_buffers_setup_ms": buffers_ms,
         "range_keys": args.range_keys,
         "sync_ms_1pct": sync_ms,
         "sync_pages": report.pages,

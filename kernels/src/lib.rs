@@ -29,6 +29,8 @@ pub const UPLOAD: &str = include_str!("../upload.cu");
 pub const BTREE: &str = include_str!("../btree.cu");
 /// ART lookups and prefix count/sum.
 pub const ART: &str = include_str!("../art.cu");
+/// Answers into a caller's buffers (found bytes to a bitmap).
+pub const ANSWERS: &str = include_str!("../answers.cu");
 
 /// Options besides the architecture. NVRTC optimizes device code fully by default (there is no
 /// `-O` flag to raise); `--use_fast_math` is left out: the kernels do integer work only.
@@ -41,6 +43,7 @@ pub mod names {
     pub const ART_GET: &str = "tusk_art_get";
     pub const ART_GET_NOSPEC: &str = "tusk_art_get_nospec";
     pub const ART_COUNT_SUM_PREFIX: &str = "tusk_art_count_sum_prefix";
+    pub const FOUND_BITS: &str = "tusk_found_bits";
 
     /// The B-link lookup kernel variants: (tile width, children preloaded, register-capped).
     pub const BTREE_GET_VARIANTS: [(u32, bool, bool); 12] = [
@@ -108,8 +111,8 @@ pub mod err {
 
 /// The whole translation unit.
 pub fn source() -> String {
-    let mut s = String::with_capacity(COMMON.len() + UPLOAD.len() + BTREE.len() + ART.len() + 256);
-    for (name, text) in [("common.cuh", COMMON), ("upload.cu", UPLOAD), ("btree.cu", BTREE), ("art.cu", ART)] {
+    let mut s = String::with_capacity(COMMON.len() + UPLOAD.len() + BTREE.len() + ART.len() + ANSWERS.len() + 256);
+    for (name, text) in [("common.cuh", COMMON), ("upload.cu", UPLOAD), ("btree.cu", BTREE), ("art.cu", ART), ("answers.cu", ANSWERS)] {
         s.push_str(&format!("#line 1 \"{name}\"\n"));
         s.push_str(text);
         s.push('\n');

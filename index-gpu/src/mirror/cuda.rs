@@ -19,7 +19,11 @@
 //! after it completes (a damaged offset or link in the mirror is reported as the CPU read
 //! path would report it, never followed). `unsafe` is confined to this module and `raw`.
 
-mod raw;
+mod into;
+pub(crate) mod raw;
+
+pub(crate) use into::DeviceQueue;
+pub use into::StageTiming;
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -100,6 +104,7 @@ struct Kernels {
     art_get: Kernel,
     art_get_nospec: Kernel,
     art_prefix: Kernel,
+    found_bits: Kernel,
 }
 
 /// One pinned staging buffer of the sync with its device twin: a table of
@@ -194,6 +199,35 @@ struct Layout {
     /// Lookups: the found flags after the values.
     found_at: usize,
     out_bytes: usize,
+}
+
+/// Device addresses of one launch's queries and answers: `input` (with the variable-length
+/// keys' `offs` and `lens`) holds `n` queries, `out` (with `found` for lookups) room for their
+/// answers, `err` an error slot of ERR_BYTES.
+#[derive(Clone, Copy, Debug)]
+struct KernelIo {
+    input: u64,
+    offs: u64,
+    lens: u64,
+    out: u64,
+    found: u64,
+    err: u64,
+    n: usize,
+}
+
+impl KernelIo {
+    /// A chunk laid out by [`layout`] in one input and one output buffer.
+    fn of_layout(layout: &Layout, dev_in: u64, dev_out: u64, err: u64) -> KernelIo {
+        KernelIo {
+            input: dev_in,
+            offs: dev_in + layout.offs_at as u64,
+            lens: dev_in + layout.lens_at as u64,
+            out: dev_out,
+            found: dev_out + layout.found_at as u64,
+            err,
+            n: layout.n,
+        }
+    }
 }
 
 fn align(x: usize) -> usize {
@@ -367,6 +401,8 @@ fn check_keys(keys: &[&[u8]], what: &str) -> Result<Option<usize>, MirrorError> 
 /// A device handle and the heap mirror on it.
 pub struct CudaMirror {
     name: String,
+    /// The CUDA device ordinal.
+    device: usize,
     compute: (u32, u32),
     /// The mirrored extent: heap bytes [0, extent) are on the device.
     extent: u64,
@@ -461,6 +497,7 @@ impl CudaMirror {
             art_get: kernel(kernels::names::ART_GET)?,
             art_get_nospec: kernel(kernels::names::ART_GET_NOSPEC)?,
             art_prefix: kernel(kernels::names::ART_COUNT_SUM_PREFIX)?,
+            found_bits: kernel(kernels::names::FOUND_BITS)?,
         };
 
         // The ART's slot geometry, straight from the Rust definitions.
@@ -506,6 +543,7 @@ impl CudaMirror {
         unsafe { sys::cuCtxSynchronize() }.result().map_err(|e| driver("cuCtxSynchronize", e))?;
         Ok(CudaMirror {
             name: format!("{name} (sm_{}{})", compute.0, compute.1),
+            device: options.device,
             compute,
             extent: 0,
             heap: None,
@@ -743,23 +781,21 @@ impl CudaMirror {
         }
     }
 
-    /// Launches `op`'s kernel over `layout.n` queries whose inputs sit at `dev_in` and whose
-    /// answers go to `dev_out`, on `stream`.
-    #[allow(clippy::too_many_arguments)]
-    fn launch(&self, op: Op, meta: u64, heap: u64, dev_in: u64, dev_out: u64, err: u64, layout: &Layout, fixed_len: i32, stream: sys::CUstream) -> Result<(), MirrorError> {
+    /// Launches `op`'s kernel over the queries and answers `io` names, on `stream`.
+    fn launch(&self, op: Op, meta: u64, heap: u64, io: KernelIo, fixed_len: i32, stream: sys::CUstream) -> Result<(), MirrorError> {
         let k = self.kernel_for(op);
         let threads_per_query: u64 = match op {
             Op::BtreeGet => self.btree_kernel.0 as u64,
             Op::BtreeCountSum | Op::ArtPrefix => 32,
             Op::ArtGet => 1,
         };
-        let want = (layout.n as u64 * threads_per_query).div_ceil(BLOCK as u64);
+        let want = (io.n as u64 * threads_per_query).div_ceil(BLOCK as u64);
         let blocks = want.clamp(1, k.blocks as u64) as u32;
-        let (mut a_heap, mut a_extent, mut a_meta, mut a_n, mut a_err) = (heap, self.extent, meta, layout.n as u64, err);
+        let (mut a_heap, mut a_extent, mut a_meta, mut a_n, mut a_err) = (heap, self.extent, meta, io.n as u64, io.err);
         let mut a_geom = self.art_geometry.ptr();
-        let (mut a_in, mut a_offs, mut a_lens) = (dev_in, dev_in + layout.offs_at as u64, dev_in + layout.lens_at as u64);
+        let (mut a_in, mut a_offs, mut a_lens) = (io.input, io.offs, io.lens);
         let mut a_fixed = fixed_len;
-        let (mut a_out, mut a_found) = (dev_out, dev_out + layout.found_at as u64);
+        let (mut a_out, mut a_found) = (io.out, io.found);
         macro_rules! p {
             ($x:expr) => {
                 $x as *mut _ as *mut c_void
@@ -797,9 +833,9 @@ impl CudaMirror {
             ],
         };
         // SAFETY: the parameter lists match the kernels' signatures (btree.cu, art.cu) in
-        // order and type; the input and output pointers name device buffers holding the
-        // layout's bytes, the heap pointer `extent` bytes (every offset the kernels follow is
-        // checked against it), the error slot ERR_BYTES.
+        // order and type; the input and output pointers name device memory holding `io.n`
+        // queries' inputs and answers (KernelIo's contract), the heap pointer `extent` bytes
+        // (every offset the kernels follow is checked against it), the error slot ERR_BYTES.
         unsafe { cu::launch_kernel(k.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, &mut params) }.map_err(|e| driver(&format!("launching the {op:?} kernel"), e))
     }
 
@@ -887,7 +923,7 @@ impl CudaMirror {
                     sys::cuMemcpyHtoDAsync_v2(slot.dev_in.ptr(), slot.pin_in.ptr(), layout.in_bytes, stream).result().map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
                 }
             }
-            self.launch(op, meta, heap, slot.dev_in.ptr(), slot.dev_out.ptr(), slot.dev_err.ptr(), &layout, input.fixed_len(), stream)?;
+            self.launch(op, meta, heap, KernelIo::of_layout(&layout, slot.dev_in.ptr(), slot.dev_out.ptr(), slot.dev_err.ptr()), input.fixed_len(), stream)?;
             // SAFETY: as above.
             unsafe {
                 sys::cuMemcpyDtoHAsync_v2(slot.pin_out.mut_ptr(), slot.dev_out.ptr(), layout.out_bytes, stream).result().map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
@@ -962,7 +998,8 @@ impl CudaMirror {
             }
             Ok(())
         };
-        let launch = || self.launch(op, meta, heap, dev_in.ptr(), dev_out.ptr(), dev_err.ptr(), &layout, input.fixed_len(), stream.raw());
+        let io = KernelIo::of_layout(&layout, dev_in.ptr(), dev_out.ptr(), dev_err.ptr());
+        let launch = || self.launch(op, meta, heap, io, input.fixed_len(), stream.raw());
         launch()?;
         check(&stream)?;
         let mut kernel = Vec::with_capacity(rounds);

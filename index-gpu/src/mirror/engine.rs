@@ -18,7 +18,9 @@ use tusk_txn::snapshot::copy::{CopyState, PageSink};
 use tusk_txn::snapshot::image::ImageTarget;
 use tusk_txn::{Engine, TxnError};
 
+use super::buffers::{ArtLookupBuffers, BatchKind, BatchMemory, LookupBuffers, RangeBuffers};
 use super::cpu;
+use super::cuda::raw::HostMemory;
 use super::cuda::CudaMirror;
 use super::{Backend, GpuOptions, MirrorError};
 
@@ -175,6 +177,76 @@ impl Mirror {
             |d, short| d.art_count_sum_prefix(meta, short),
             |long| cpu::art_count_sum_prefix(self.image(), self.threads, meta, long),
         )
+    }
+
+    /// Buffers for batches of up to `capacity` B-link lookups, reused by every
+    /// [`Mirror::btree_get_into`]: on the CUDA backend pinned host memory with device twins
+    /// (allocated here, once), so that a batch copies straight between them.
+    pub fn lookup_buffers(&self, capacity: usize) -> Result<LookupBuffers, MirrorError> {
+        Ok(LookupBuffers { mem: self.batch_memory(BatchKind::BtreeGet, capacity)? })
+    }
+
+    /// Buffers for batches of up to `capacity` B-link range counts and sums.
+    pub fn range_buffers(&self, capacity: usize) -> Result<RangeBuffers, MirrorError> {
+        Ok(RangeBuffers { mem: self.batch_memory(BatchKind::BtreeCountSum, capacity)? })
+    }
+
+    /// Buffers for batches of up to `capacity` ART lookups of keys of `key_len` bytes (1 to
+    /// [`DEVICE_MAX_KEY`]: longer keys go through [`Mirror::art_get`]).
+    pub fn art_lookup_buffers(&self, capacity: usize, key_len: usize) -> Result<ArtLookupBuffers, MirrorError> {
+        if !(1..=DEVICE_MAX_KEY).contains(&key_len) {
+            return Err(MirrorError::Unsupported(format!("ART lookup buffers take keys of 1 to {DEVICE_MAX_KEY} bytes, not {key_len}")));
+        }
+        Ok(ArtLookupBuffers { mem: self.batch_memory(BatchKind::ArtGet { key_len }, capacity)? })
+    }
+
+    fn batch_memory(&self, kind: BatchKind, capacity: usize) -> Result<BatchMemory, MirrorError> {
+        match &self.device {
+            Some(d) => d.batch_memory(kind, capacity),
+            None => Ok(BatchMemory::plain(kind, capacity)),
+        }
+    }
+
+    /// The value under each key set in `buffers`, into its answer memory (values and found
+    /// bits), exact at [`Mirror::lsn`].
+    pub fn btree_get_into(&self, meta: u64, buffers: &mut LookupBuffers) -> Result<(), MirrorError> {
+        self.answer_into(meta, &mut buffers.mem)
+    }
+
+    /// Count and sum of each range set in `buffers`, into its answer memory.
+    pub fn btree_count_sum_into(&self, meta: u64, buffers: &mut RangeBuffers) -> Result<(), MirrorError> {
+        self.answer_into(meta, &mut buffers.mem)
+    }
+
+    /// The value under each ART key set in `buffers`, into its answer memory.
+    pub fn art_get_into(&self, meta: u64, buffers: &mut ArtLookupBuffers) -> Result<(), MirrorError> {
+        self.answer_into(meta, &mut buffers.mem)
+    }
+
+    fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
+        if let Some(device) = self.device.as_ref().filter(|d| d.owns(mem)) {
+            return device.answer_into(meta, mem);
+        }
+        // The CPU engine, or buffers made by a mirror of another backend or device: the
+        // general path, its answers written into the buffers.
+        match mem.kind {
+            BatchKind::BtreeGet => {
+                let answers = self.btree_get(meta, mem.input_words())?;
+                mem.write_lookups(&answers);
+            }
+            BatchKind::BtreeCountSum => {
+                let ranges: Vec<(u64, u64)> = mem.input_words().chunks_exact(2).map(|w| (w[0], w[1])).collect();
+                let answers = self.btree_count_sum(meta, &ranges)?;
+                mem.write_count_sums(&answers);
+            }
+            BatchKind::ArtGet { key_len } => {
+                let stride = 8 * mem.kind.in_words();
+                let keys: Vec<&[u8]> = HostMemory::word_bytes(mem.input_words()).chunks_exact(stride).map(|k| &k[..key_len]).collect();
+                let answers = self.art_get(meta, &keys)?;
+                mem.write_lookups(&answers);
+            }
+        }
+        Ok(())
     }
 
     /// The CPU engine's answers at the mirror's LSN (what GPU answers must equal).

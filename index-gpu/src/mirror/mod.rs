@@ -2,10 +2,13 @@
 //! the same offsets, synced by copying only the pages dirtied since the last sync, and batch
 //! kernels for B-link lookups and range count/sum and ART lookups and prefix count/sum.
 
+pub mod buffers;
 pub mod cpu;
 pub mod cuda;
 pub mod engine;
 
+pub use buffers::{ArtLookupBuffers, LookupBuffers, RangeBuffers};
+pub use cuda::StageTiming;
 pub use engine::{CpuEngine, Mirror, SyncReport, DEVICE_MAX_KEY};
 
 /// How a mirror is made.

@@ -128,6 +128,12 @@ impl Stream {
         // SAFETY: the stream is live.
         unsafe { cu::stream::synchronize(self.0) }.map_err(|e| driver("cuStreamSynchronize", e))
     }
+
+    /// Work queued on this stream after this call waits for `event`'s recorded work.
+    pub(crate) fn wait(&self, event: &Event) -> Result<(), MirrorError> {
+        // SAFETY: stream and event are live.
+        unsafe { cu::stream::wait_event(self.0, event.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }.map_err(|e| driver("cuStreamWaitEvent", e))
+    }
 }
 
 impl Drop for Stream {
@@ -143,6 +149,11 @@ pub(crate) struct Event(sys::CUevent);
 impl Event {
     pub(crate) fn new() -> Result<Event, MirrorError> {
         cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map(Event).map_err(|e| driver("cuEventCreate", e))
+    }
+
+    /// An event for ordering only (cheaper to record and wait for).
+    pub(crate) fn untimed() -> Result<Event, MirrorError> {
+        cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map(Event).map_err(|e| driver("cuEventCreate", e))
     }
 
     pub(crate) fn record(&self, stream: &Stream) -> Result<(), MirrorError> {
@@ -194,5 +205,63 @@ impl Drop for Module {
     fn drop(&mut self) {
         // SAFETY: the module is live and unloaded once, after all launches completed.
         let _ = unsafe { cu::module::unload(self.0) };
+    }
+}
+
+/// A batch's host memory, in u64 words: page-locked with the CUDA backend, so that its copies
+/// to and from the device run at the bus's rate straight from and into it (no staging copy);
+/// ordinary memory with the CPU backend.
+pub enum HostMemory {
+    Pinned { buffer: PinnedBuffer, words: usize },
+    Plain(Vec<u64>),
+}
+
+impl HostMemory {
+    /// `words` zeroed words of pinned memory (every page touched now, not at the first batch).
+    pub(crate) fn pinned(words: usize) -> Result<HostMemory, MirrorError> {
+        Ok(HostMemory::Pinned { buffer: PinnedBuffer::alloc(8 * words)?, words })
+    }
+
+    pub(crate) fn plain(words: usize) -> HostMemory {
+        HostMemory::Plain(vec![0; words])
+    }
+
+    pub(crate) fn words(&self) -> &[u64] {
+        match self {
+            // SAFETY: cuMemHostAlloc memory is page-aligned and holds at least 8 * words
+            // initialized (zeroed at allocation) bytes; the borrow of self orders host access as
+            // PinnedBuffer::as_slice says.
+            HostMemory::Pinned { buffer, words } => unsafe { std::slice::from_raw_parts(buffer.ptr as *const u64, *words) },
+            HostMemory::Plain(v) => v,
+        }
+    }
+
+    pub(crate) fn words_mut(&mut self) -> &mut [u64] {
+        match self {
+            // SAFETY: as in `words`, with an exclusive borrow.
+            HostMemory::Pinned { buffer, words } => unsafe { std::slice::from_raw_parts_mut(buffer.ptr as *mut u64, *words) },
+            HostMemory::Plain(v) => v,
+        }
+    }
+
+    /// Words as their bytes in memory.
+    pub(crate) fn word_bytes(words: &[u64]) -> &[u8] {
+        // SAFETY: any u64 is 8 initialized bytes; same memory and borrow, 8 bytes per word.
+        unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 8 * words.len()) }
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        let words = self.words_mut();
+        // SAFETY: any bytes are valid u64 words and the other way round; same memory, same
+        // exclusive borrow, 8 bytes per word.
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, 8 * words.len()) }
+    }
+
+    /// The pinned buffer's address, for the device's copies (None: ordinary memory).
+    pub(crate) fn pinned_addr(&self) -> Option<u64> {
+        match self {
+            HostMemory::Pinned { buffer, .. } => Some(buffer.ptr as u64),
+            HostMemory::Plain(_) => None,
+        }
     }
 }

@@ -1,0 +1,276 @@
+//! Batches into the caller's buffers (`mirror::buffers`) on the device. The buffers' memory is
+//! pinned and has device twins of its size, so a batch is three streams of work and nothing on
+//! the host: chunk by chunk, `copy_in` copies the queries from the caller's pinned memory,
+//! `run` answers them (and packs lookups' found bytes into bits), `copy_out` copies the
+//! answers into the caller's pinned memory. Each stream waits only for the chunk it needs
+//! (events), so chunk c+1's copy in, chunk c's kernels and chunk c−1's copy out run at once:
+//! the call costs the slowest of the three plus one chunk of each of the others.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use cudarc::driver::CudaContext;
+
+use super::raw::{driver, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
+use super::{err_slot, kernel_error, median, CudaMirror, KernelIo, Op, BLOCK, ERR_BYTES};
+use crate::mirror::buffers::{ArtLookupBuffers, BatchKind, BatchMemory, LookupBuffers, RangeBuffers};
+use crate::mirror::MirrorError;
+
+/// Queries per chunk: a multiple of 64 (one found-bit word), large enough that a kernel fills
+/// the device (1 M lookups: 8 MiB of keys, about 0.15 ms of copy each way at 55 GB/s).
+pub(crate) const CHUNK_QUERIES: usize = 1 << 20;
+const _: () = assert!(CHUNK_QUERIES.is_multiple_of(64));
+
+/// The device side of a set of caller buffers.
+pub(crate) struct DeviceQueue {
+    /// The device the twins live on (buffers work with a mirror of that device only).
+    device: usize,
+    dev_in: DeviceBuffer,
+    dev_out: DeviceBuffer,
+    /// Lookups: a found byte per query, then packed into `dev_bits`.
+    dev_found: DeviceBuffer,
+    dev_bits: DeviceBuffer,
+    dev_err: DeviceBuffer,
+    pin_err: PinnedBuffer,
+    copy_in: Stream,
+    run: Stream,
+    copy_out: Stream,
+    /// Per chunk: its queries are on the device; its answers are ready.
+    copied: Vec<Event>,
+    answered: Vec<Event>,
+    // Dropped after the buffers above (their Drop needs the context current: `Drop` below).
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for DeviceQueue {
+    fn drop(&mut self) {
+        // The buffers' frees need the context current; nothing may still copy into them.
+        if self.ctx.bind_to_thread().is_ok() {
+            for s in [&self.copy_in, &self.run, &self.copy_out] {
+                let _ = s.sync();
+            }
+        }
+    }
+}
+
+/// Milliseconds per stage of one batch into caller buffers, each stage alone and then the
+/// whole call (medians of the rounds, host clock: each includes its launches).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StageTiming {
+    pub copy_in_ms: f64,
+    pub kernels_ms: f64,
+    pub copy_out_ms: f64,
+    /// The call as users make it: the three stages overlapped.
+    pub call_ms: f64,
+}
+
+/// Which stages a pass enqueues (timing runs them alone).
+#[derive(Clone, Copy)]
+struct Stages {
+    copy_in: bool,
+    kernels: bool,
+    copy_out: bool,
+}
+
+const ALL_STAGES: Stages = Stages { copy_in: true, kernels: true, copy_out: true };
+
+impl CudaMirror {
+    /// Pinned host memory and device twins for `capacity` queries of `kind`.
+    pub(crate) fn batch_memory(&self, kind: BatchKind, capacity: usize) -> Result<BatchMemory, MirrorError> {
+        self.bind()?;
+        let (in_words, out_words, found_words) = (capacity * kind.in_words(), capacity * kind.out_words(), BatchMemory::found_words(kind, capacity));
+        let chunks = capacity.div_ceil(CHUNK_QUERIES).max(1);
+        let mut copied = Vec::with_capacity(chunks);
+        let mut answered = Vec::with_capacity(chunks);
+        for _ in 0..chunks {
+            copied.push(Event::untimed()?);
+            answered.push(Event::untimed()?);
+        }
+        let queue = DeviceQueue {
+            device: self.device,
+            dev_in: DeviceBuffer::alloc(8 * in_words)?,
+            dev_out: DeviceBuffer::alloc(8 * out_words)?,
+            dev_found: DeviceBuffer::alloc(if kind.lookups() { capacity } else { 0 })?,
+            dev_bits: DeviceBuffer::alloc(8 * found_words)?,
+            dev_err: DeviceBuffer::alloc(ERR_BYTES)?,
+            pin_err: PinnedBuffer::alloc(ERR_BYTES)?,
+            copy_in: Stream::new()?,
+            run: Stream::new()?,
+            copy_out: Stream::new()?,
+            copied,
+            answered,
+            ctx: self.ctx.clone(),
+        };
+        let input = HostMemory::pinned(in_words)?;
+        let output = HostMemory::pinned(out_words)?;
+        let found = HostMemory::pinned(found_words)?;
+        Ok(BatchMemory::new(kind, capacity, input, output, found, Some(queue)))
+    }
+
+    /// Answers the queries set in `mem` into its answer memory, at the mirror's LSN. `mem`
+    /// must come from [`CudaMirror::batch_memory`] of this device.
+    pub(crate) fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
+        self.pass_into(meta, mem, ALL_STAGES)?;
+        mem.mark_answered();
+        Ok(())
+    }
+
+    /// One pass of `stages` over the queries set in `mem`; returns once every copy and kernel
+    /// of it completed.
+    fn pass_into(&self, meta: u64, mem: &mut BatchMemory, stages: Stages) -> Result<(), MirrorError> {
+        let n = mem.len();
+        let kind = mem.kind;
+        let queue = match mem.device.as_ref() {
+            Some(q) if q.device == self.device => q,
+            Some(q) => return Err(MirrorError::Unsupported(format!("buffers made for CUDA device {} used with a mirror on device {}", q.device, self.device))),
+            None => return Err(MirrorError::Unsupported("buffers without device memory used with the CUDA backend".into())),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let heap = self.heap_ptr(meta)?;
+        let pinned = |m: &HostMemory| m.pinned_addr().expect("device buffers are pinned");
+        let (host_in, host_out, host_bits) = (pinned(&mem.input), pinned(&mem.output), pinned(&mem.found));
+        let queued = self.enqueue(meta, heap, kind, queue, n, host_in, host_out, host_bits, stages);
+        // Whatever happened, nothing may still copy into the caller's memory after this returns.
+        let mut synced = Ok(());
+        for s in [&queue.copy_in, &queue.run, &queue.copy_out] {
+            let r = s.sync();
+            if synced.is_ok() {
+                synced = r;
+            }
+        }
+        queued?;
+        synced?;
+        if stages.kernels {
+            let (code, at) = err_slot(queue.pin_err.as_slice());
+            if code != 0 {
+                return Err(kernel_error(op_of(kind), code, at));
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(&self, meta: u64, heap: u64, kind: BatchKind, q: &DeviceQueue, n: usize, host_in: u64, host_out: u64, host_bits: u64, stages: Stages) -> Result<(), MirrorError> {
+        let (in_bytes, out_bytes) = (8 * kind.in_words(), 8 * kind.out_words());
+        let fixed_len = match kind {
+            BatchKind::ArtGet { key_len } => key_len as i32,
+            _ => -1,
+        };
+        let op = op_of(kind);
+        if stages.kernels {
+            // SAFETY: the slot holds ERR_BYTES bytes; ordered before this pass's kernels.
+            unsafe { cu::memset_d8_async(q.dev_err.ptr(), 0, ERR_BYTES, q.run.raw()) }.map_err(|e| driver("cuMemsetD8Async", e))?;
+        }
+        for (c, start) in (0..n).step_by(CHUNK_QUERIES).enumerate() {
+            let len = CHUNK_QUERIES.min(n - start);
+            let (at_in, at_out) = (start * in_bytes, start * out_bytes);
+            let bits_at = 8 * (start / 64);
+            let bits_len = 8 * len.div_ceil(64);
+            if stages.copy_in {
+                // SAFETY: both ranges lie inside the buffers made for `capacity ≥ n` queries of
+                // this kind; the caller's pinned memory is borrowed exclusively until the pass
+                // has synchronized every stream.
+                unsafe { sys::cuMemcpyHtoDAsync_v2(q.dev_in.at(at_in), (host_in + at_in as u64) as *const c_void, len * in_bytes, q.copy_in.raw()) }
+                    .result()
+                    .map_err(|e| driver("cuMemcpyHtoDAsync (batch queries)", e))?;
+                q.copied[c].record(&q.copy_in)?;
+            }
+            if stages.kernels {
+                q.run.wait(&q.copied[c])?;
+                let io = KernelIo { input: q.dev_in.at(at_in), offs: 0, lens: 0, out: q.dev_out.at(at_out), found: q.dev_found.at(start), err: q.dev_err.ptr(), n: len };
+                self.launch(op, meta, heap, io, fixed_len, q.run.raw())?;
+                if kind.lookups() {
+                    self.launch_found_bits(q.dev_found.at(start), len, q.dev_bits.at(bits_at), &q.run)?;
+                }
+                q.answered[c].record(&q.run)?;
+            }
+            if stages.copy_out {
+                q.copy_out.wait(&q.answered[c])?;
+                // SAFETY: as for the copy in, for the answer memory.
+                unsafe {
+                    sys::cuMemcpyDtoHAsync_v2((host_out + at_out as u64) as *mut c_void, q.dev_out.at(at_out), len * out_bytes, q.copy_out.raw())
+                        .result()
+                        .map_err(|e| driver("cuMemcpyDtoHAsync (batch answers)", e))?;
+                    if kind.lookups() {
+                        sys::cuMemcpyDtoHAsync_v2((host_bits + bits_at as u64) as *mut c_void, q.dev_bits.at(bits_at), bits_len, q.copy_out.raw())
+                            .result()
+                            .map_err(|e| driver("cuMemcpyDtoHAsync (found bits)", e))?;
+                    }
+                }
+            }
+        }
+        if stages.kernels {
+            // SAFETY: the pinned slot holds ERR_BYTES bytes; read only after the pass syncs.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(q.pin_err.ptr() as *mut c_void, q.dev_err.ptr(), ERR_BYTES, q.run.raw()) }
+                .result()
+                .map_err(|e| driver("cuMemcpyDtoHAsync (error slot)", e))?;
+        }
+        Ok(())
+    }
+
+    /// Packs `n` found bytes at `found` into bits at `bits` (answers.cu).
+    fn launch_found_bits(&self, found: u64, n: usize, bits: u64, stream: &Stream) -> Result<(), MirrorError> {
+        let k = self.kernels.found_bits;
+        let (mut a_found, mut a_n, mut a_bits) = (found, n as u64, bits);
+        let mut params = [&mut a_found as *mut u64 as *mut c_void, &mut a_n as *mut u64 as *mut c_void, &mut a_bits as *mut u64 as *mut c_void];
+        let blocks = (n.div_ceil(64) as u64).div_ceil(BLOCK as u64).clamp(1, k.blocks as u64) as u32;
+        // SAFETY: the parameters match tusk_found_bits; `found` holds n bytes and `bits`
+        // ceil(n / 64) words of device memory (the queue's buffers, sized for its capacity).
+        unsafe { cu::launch_kernel(k.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream.raw(), &mut params) }.map_err(|e| driver("launching tusk_found_bits", e))
+    }
+
+    /// Whether `mem` has device twins on this mirror's device.
+    pub(crate) fn owns(&self, mem: &BatchMemory) -> bool {
+        mem.device.as_ref().is_some_and(|q| q.device == self.device)
+    }
+
+    /// B-link lookups into caller buffers, timed per stage ([`StageTiming`]).
+    pub fn time_btree_get_into(&self, meta: u64, buffers: &mut LookupBuffers, rounds: usize) -> Result<StageTiming, MirrorError> {
+        self.time_into(meta, &mut buffers.mem, rounds)
+    }
+
+    /// B-link range count/sum into caller buffers, timed per stage.
+    pub fn time_btree_count_sum_into(&self, meta: u64, buffers: &mut RangeBuffers, rounds: usize) -> Result<StageTiming, MirrorError> {
+        self.time_into(meta, &mut buffers.mem, rounds)
+    }
+
+    /// ART lookups into caller buffers, timed per stage.
+    pub fn time_art_get_into(&self, meta: u64, buffers: &mut ArtLookupBuffers, rounds: usize) -> Result<StageTiming, MirrorError> {
+        self.time_into(meta, &mut buffers.mem, rounds)
+    }
+
+    /// Times a batch into `mem`'s buffers: each stage alone, then the whole call; medians of
+    /// `rounds` after a warm-up. The answers are left in `mem`.
+    fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<StageTiming, MirrorError> {
+        let time = |stages: Stages, mem: &mut BatchMemory| -> Result<f64, MirrorError> {
+            self.pass_into(meta, mem, stages)?;
+            let mut ms = Vec::with_capacity(rounds.max(1));
+            for _ in 0..rounds.max(1) {
+                let started = Instant::now();
+                self.pass_into(meta, mem, stages)?;
+                ms.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(median(ms))
+        };
+        let copy_in_ms = time(Stages { copy_in: true, kernels: false, copy_out: false }, mem)?;
+        let kernels_ms = time(Stages { copy_in: false, kernels: true, copy_out: false }, mem)?;
+        let copy_out_ms = time(Stages { copy_in: false, kernels: false, copy_out: true }, mem)?;
+        let call_ms = time(ALL_STAGES, mem)?;
+        mem.mark_answered();
+        Ok(StageTiming { copy_in_ms, kernels_ms, copy_out_ms, call_ms })
+    }
+}
+
+fn op_of(kind: BatchKind) -> Op {
+    match kind {
+        BatchKind::BtreeGet => Op::BtreeGet,
+        BatchKind::BtreeCountSum => Op::BtreeCountSum,
+        BatchKind::ArtGet { .. } => Op::ArtGet,
+    }
+}
