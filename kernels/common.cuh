@@ -1,5 +1,5 @@
 // tusk kernels: shared definitions. Compiled by NVRTC as one translation unit together with
-// upload.cu, btree.cu and art.cu (tusk-kernels concatenates them in that order): no include
+// upload.cu, btree.cu, art.cu and answers.cu (tusk-kernels concatenates them in that order): no include
 // directives and no system headers, so the fixed-width types are our own.
 //
 // The heap mirror: one device buffer holding heap bytes [0, extent) at their heap offsets.

@@ -218,6 +218,7 @@ impl From<MirrorError> for Error {
             e @ (MirrorError::NoDriver(_) | MirrorError::NoDevice(_) | MirrorError::Compile(_)) => Error::GpuUnavailable(e.to_string()),
             MirrorError::Driver(what) => Error::Gpu(what),
             MirrorError::Unsupported(what) => Error::Gpu(what),
+            e @ MirrorError::SyncFailed(_) => Error::Gpu(e.to_string()),
         }
     }
 }

@@ -327,3 +327,65 @@ fn caller_buffers_answer_as_the_trees_across_batches_and_syncs() {
     mirror.btree("orders").unwrap().get_into(&mut empty).unwrap();
     assert_eq!(empty.answers().len(), 0);
 }
+
+/// A sync that fails leaves the mirror refusing queries (its image and device could hold a
+/// mix of states) with an error that says so, rather than answering from a torn copy.
+#[test]
+fn a_failed_sync_refuses_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.transact(Commit::Sync, |tx| tx.btree("orders")?.insert(1, 10).map(|_| ())).unwrap();
+    let mut mirror = store.gpu_mirror(GpuOptions::default()).unwrap();
+    let mut batch = mirror.lookup_buffers(4).unwrap();
+    batch.load_keys(&[1, 2]);
+    assert_eq!(mirror.btree("orders").unwrap().get_batch(&[1]).unwrap().values, vec![Some(10)]);
+    store.close().unwrap();
+    assert!(mirror.sync().is_err(), "a sync of a closed store fails");
+    let orders = mirror.btree("orders").unwrap();
+    for e in [orders.get_batch(&[1]).err(), orders.get_into(&mut batch).err(), orders.count_sum_batch(&[(0, 9)]).err()] {
+        match e {
+            Some(Error::Gpu(why)) => assert!(why.contains("last sync failed"), "{why}"),
+            other => panic!("queries after a failed sync must be refused, got {other:?}"),
+        }
+    }
+}
+
+/// Syncs while a writer commits: pages written during a sync's open pass are copied (and, on
+/// the GPU, uploaded) twice, and the device must end with the second, consistent copy. After
+/// each sync the device answers exactly as the CPU engine over the host image at the same LSN,
+/// for every key the tree may hold.
+#[test]
+fn syncs_beside_a_writer_leave_the_device_equal_to_the_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let keys: Vec<u64> = (0..200_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    store.transact(Commit::Async, |tx| tx.btree("orders")?.bulk_load(sorted.iter().map(|&k| (k, 0)), 0.7)).unwrap();
+    let mut mirror = store.gpu_mirror(GpuOptions::default()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut rng = SmallRng::seed_from_u64(5);
+            let mut round = 1u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let ops: Vec<BTreeOp> = (0..4000).map(|_| BTreeOp::Upsert { key: keys[rng.random_range(0..keys.len())], value: round }).collect();
+                store.transact(Commit::Async, |tx| tx.btree("orders")?.apply_batch(&ops).map(|_| ())).unwrap();
+                round += 1;
+            }
+            round
+        });
+        let mut last = 0;
+        for _ in 0..12 {
+            let report = mirror.sync().unwrap();
+            assert!(report.lsn >= last);
+            last = report.lsn;
+            let meta = mirror.btree("orders").unwrap().ptr().offset();
+            let device = mirror.btree("orders").unwrap().get_batch(&keys).unwrap().values;
+            let image = mirror.inner().cpu().btree_get(meta, &keys).unwrap();
+            assert!(device == image, "after a sync to LSN {} on {}, the device differs from the image", report.lsn, mirror.backend());
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(writer.join().unwrap() > 12, "the writer committed beside the syncs");
+    });
+}

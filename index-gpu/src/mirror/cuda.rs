@@ -20,6 +20,7 @@
 //! path would report it, never followed). `unsafe` is confined to this module and `raw`.
 
 mod into;
+mod mapped;
 pub(crate) mod raw;
 
 pub(crate) use into::DeviceQueue;
@@ -99,6 +100,7 @@ struct Kernel {
 
 struct Kernels {
     scatter: Kernel,
+    scatter_mapped: Kernel,
     btree_get: Vec<((u32, bool, bool), Kernel)>,
     btree_count_sum: Kernel,
     art_get: Kernel,
@@ -410,6 +412,10 @@ pub struct CudaMirror {
     /// ART slot sizes then base exponents, one u64 per kind each (from `art::link`).
     art_geometry: DeviceBuffer,
     staging: Vec<Staging>,
+    /// The host image as registered with the device, for streamed syncs (`cuda/mapped.rs`).
+    mapped: Option<mapped::MappedImage>,
+    /// Why syncs cannot stream from the image (registration refused), if so.
+    mapped_refused: Option<String>,
     pieces_per_staging: usize,
     /// Bytes of a staging buffer before its pieces (the table, rounded up to a piece).
     table_bytes: usize,
@@ -492,6 +498,7 @@ impl CudaMirror {
         }
         let kernels = Kernels {
             scatter: kernel(kernels::names::SCATTER)?,
+            scatter_mapped: kernel(kernels::names::SCATTER_MAPPED)?,
             btree_get,
             btree_count_sum: kernel(kernels::names::BTREE_COUNT_SUM)?,
             art_get: kernel(kernels::names::ART_GET)?,
@@ -549,6 +556,8 @@ impl CudaMirror {
             heap: None,
             art_geometry,
             staging,
+            mapped: None,
+            mapped_refused: None,
             pieces_per_staging,
             table_bytes,
             query: Mutex::new(slots),
@@ -643,8 +652,8 @@ impl CudaMirror {
         Ok(())
     }
 
-    /// Makes the device buffer hold at least `extent` bytes, keeping [0, self.extent) and
-    /// zeroing the rest.
+    /// Makes the device buffer hold at least `extent` bytes, keeping what it held (a streamed
+    /// sync may have uploaded beyond the old extent) and zeroing the rest.
     fn grow(&mut self, extent: u64) -> Result<(), MirrorError> {
         let cap = self.heap.as_ref().map_or(0, |h| h.bytes() as u64);
         if extent <= cap && self.heap.is_some() {
@@ -655,7 +664,7 @@ impl CudaMirror {
             Err(MirrorError::OutOfMemory { .. }) => DeviceBuffer::alloc(extent.next_multiple_of(PIECE as u64) as usize)?,
             r => r?,
         };
-        let keep = self.extent.min(cap) as usize;
+        let keep = cap as usize;
         let stream = &self.staging[0].stream;
         if let Some(old) = &self.heap {
             if keep > 0 {
@@ -1068,6 +1077,9 @@ impl Drop for CudaMirror {
             }
             for s in self.query.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
                 let _ = s.stream.sync();
+            }
+            if let Some(m) = self.mapped.as_mut() {
+                m.unregister();
             }
         }
     }

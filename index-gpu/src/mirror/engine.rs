@@ -36,11 +36,17 @@ pub struct SyncReport {
     pub pages: u64,
     /// Bytes uploaded to the device (0 on the CPU backend).
     pub uploaded: u64,
-    /// Time of the host copy and of the upload.
+    /// Time of the host copy, and of the upload after it. A streamed sync uploads while the
+    /// host copies (its `host` includes those uploads' launches), so its `upload` is only the
+    /// wait for the last portions.
     pub host: Duration,
     pub upload: Duration,
     /// How long commits were held at the gate.
     pub pause: Duration,
+    /// Of `host`: finding the dirty pages (the epochs' scans), and copying them (with a
+    /// streamed sync, the uploads' launches too).
+    pub scan: Duration,
+    pub copy: Duration,
 }
 
 /// A page sink that fills the host image and remembers what it copied.
@@ -55,6 +61,43 @@ impl PageSink for Recording<'_> {
         self.runs.extend(runs.iter().cloned());
         Ok(())
     }
+}
+
+/// Bytes of the image handed to the device at a time while the copy runs: large enough that a
+/// launch per portion costs little, small enough that the bus starts early.
+const STREAM_PORTION: u64 = 2 << 20;
+
+/// A page sink that fills the host image and uploads each portion of it as soon as it is
+/// there. An upload error does not stop the copy (the image must still reach its LSN); it is
+/// kept and reported after.
+struct Streaming<'a> {
+    image: &'a mut ImageTarget,
+    device: &'a mut CudaMirror,
+    uploaded: u64,
+    failed: Option<MirrorError>,
+}
+
+impl PageSink for Streaming<'_> {
+    fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
+        let (device, uploaded, failed) = (&mut *self.device, &mut self.uploaded, &mut self.failed);
+        let result = self.image.copy_runs_streamed(heap, runs, STREAM_PORTION, &mut |portion| {
+            if failed.is_none() {
+                *uploaded += portion.iter().map(|r| r.end - r.start).sum::<u64>();
+                device.upload_streamed(portion)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = result {
+            self.failed.get_or_insert(e);
+        }
+        Ok(())
+    }
+}
+
+/// Ends a streamed sync on the device, if any.
+fn device_end(device: Option<&mut CudaMirror>, extent: u64) -> Result<(), MirrorError> {
+    device.map_or(Ok(()), |d| d.end_streamed(extent))
 }
 
 /// Sorted, merged, disjoint runs.
@@ -78,6 +121,9 @@ pub struct Mirror {
     device: Option<CudaMirror>,
     backend: String,
     threads: usize,
+    /// Why the last sync failed, if it did: the image and the device may then hold a mix of
+    /// states, so queries are refused until a sync succeeds.
+    failed_sync: Option<String>,
 }
 
 impl Mirror {
@@ -104,7 +150,7 @@ impl Mirror {
             },
         };
         let image = ImageTarget::new(engine.heap().capacity(), threads)?;
-        let mut mirror = Mirror { engine, image, state: None, lsn: 0, device, backend, threads };
+        let mut mirror = Mirror { engine, image, state: None, lsn: 0, device, backend, threads, failed_sync: None };
         mirror.sync()?;
         Ok(mirror)
     }
@@ -112,6 +158,12 @@ impl Mirror {
     /// "cuda (device)" or "cpu (threads; why no GPU)".
     pub fn backend(&self) -> &str {
         &self.backend
+    }
+
+    /// Why syncs go through the staging buffers instead of streaming from the host image (None:
+    /// they stream, or there is no device).
+    pub fn streamed_uploads_refused(&self) -> Option<&str> {
+        self.device.as_ref().and_then(|d| d.streamed_uploads())
     }
 
     /// Whether queries run on the GPU.
@@ -130,21 +182,37 @@ impl Mirror {
     }
 
     /// Brings the mirror to the committed state at one LSN, copying only the pages dirtied
-    /// since the last sync, to the host image and then to the device.
+    /// since the last sync, to the host image and then to the device. On the CUDA backend the
+    /// upload streams from the image while the host copy runs (`cuda/mapped.rs`) where the
+    /// image can be registered with the device, else it follows the copy through the staging
+    /// buffers.
     pub fn sync(&mut self) -> Result<SyncReport, MirrorError> {
+        let result = self.sync_once();
+        self.failed_sync = result.as_ref().err().map(|e| e.to_string());
+        if result.is_err() {
+            // The next sync copies everything again.
+            self.state = None;
+        }
+        result
+    }
+
+    fn sync_once(&mut self) -> Result<SyncReport, MirrorError> {
         let started = Instant::now();
+        let streamed = match self.device.as_mut() {
+            Some(device) => device.begin_streamed(self.image.reserved(), self.engine.used_extent())?,
+            None => false,
+        };
+        if streamed {
+            return self.sync_streamed(started);
+        }
         let mut sink = Recording { image: &mut self.image, runs: Vec::new() };
         let (state, copy) = self.engine.copy_pages_consistent(self.state, &mut sink)?;
         let runs = coalesce(sink.runs);
         let host = started.elapsed();
-        let mut report = SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, host, pause: copy.pause, ..SyncReport::default() };
+        let mut report = SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, host, pause: copy.pause, scan: copy.scan, copy: copy.copy, ..SyncReport::default() };
         if let Some(device) = self.device.as_mut() {
             let started = Instant::now();
-            if let Err(e) = device.upload(self.image.bytes(), &runs, copy.extent) {
-                // The device copy is now unknown: the next sync uploads everything.
-                self.state = None;
-                return Err(e);
-            }
+            device.upload(self.image.bytes(), &runs, copy.extent)?;
             report.upload = started.elapsed();
             report.uploaded = runs.iter().map(|r| r.end - r.start).sum();
         }
@@ -153,7 +221,44 @@ impl Mirror {
         Ok(report)
     }
 
+    /// [`Mirror::sync`] with each copied portion of the image uploaded at once.
+    fn sync_streamed(&mut self, started: Instant) -> Result<SyncReport, MirrorError> {
+        let device = self.device.as_mut().expect("streams only to a device");
+        let mut sink = Streaming { image: &mut self.image, device, uploaded: 0, failed: None };
+        let copied = self.engine.copy_pages_consistent(self.state, &mut sink);
+        let (uploaded, failed) = (sink.uploaded, sink.failed.take());
+        let host = started.elapsed();
+        let drained = Instant::now();
+        let result = match (copied, failed) {
+            (Err(e), _) => Err(e.into()),
+            (Ok(_), Some(e)) => Err(e),
+            (Ok((state, copy)), None) => device_end(self.device.as_mut(), copy.extent).map(|()| (state, copy)),
+        };
+        let (state, copy) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                // Let the uploads end (the device keeps its extent; its contents are unknown
+                // until the next sync, which `sync` makes copy everything).
+                let extent = self.device.as_ref().map_or(0, |d| d.extent());
+                let _ = device_end(self.device.as_mut(), extent);
+                return Err(e);
+            }
+        };
+        self.state = Some(state);
+        self.lsn = copy.lsn;
+        Ok(SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, uploaded, host, upload: drained.elapsed(), pause: copy.pause, scan: copy.scan, copy: copy.copy })
+    }
+
+    /// Refuses queries after a failed sync.
+    fn check_synced(&self) -> Result<(), MirrorError> {
+        match &self.failed_sync {
+            Some(why) => Err(MirrorError::SyncFailed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
     pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
+        self.check_synced()?;
         match &self.device {
             Some(d) => d.btree_get(meta, keys),
             None => Ok(cpu::btree_get(self.image(), self.threads, meta, keys)?),
@@ -161,6 +266,7 @@ impl Mirror {
     }
 
     pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        self.check_synced()?;
         match &self.device {
             Some(d) => d.btree_count_sum(meta, ranges),
             None => Ok(cpu::btree_count_sum(self.image(), self.threads, meta, ranges)?),
@@ -168,10 +274,12 @@ impl Mirror {
     }
 
     pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
+        self.check_synced()?;
         self.split_by_length(keys, |d, short| d.art_get(meta, short), |long| cpu::art_get(self.image(), self.threads, meta, long))
     }
 
     pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
+        self.check_synced()?;
         self.split_by_length(
             prefixes,
             |d, short| d.art_count_sum_prefix(meta, short),
@@ -224,6 +332,7 @@ impl Mirror {
     }
 
     fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
+        self.check_synced()?;
         if let Some(device) = self.device.as_ref().filter(|d| d.owns(mem)) {
             return device.answer_into(meta, mem);
         }
@@ -292,6 +401,14 @@ impl Mirror {
             out[*i] = Some(v);
         }
         Ok(out.into_iter().map(|v| v.expect("every key answered")).collect())
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        // The device first: it unregisters the host image it reads in place, which must still
+        // be mapped then.
+        self.device.take();
     }
 }
 

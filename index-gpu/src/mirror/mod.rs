@@ -58,6 +58,10 @@ pub enum MirrorError {
     /// on the CPU.
     #[error("not answered on the GPU: {0}")]
     Unsupported(String),
+    /// The mirror's last sync failed (the reason follows): its answers could mix states, so it
+    /// answers nothing until a sync succeeds.
+    #[error("the mirror's last sync failed, sync again before querying: {0}")]
+    SyncFailed(String),
     /// Any other CUDA driver error.
     #[error("CUDA: {0}")]
     Driver(String),

@@ -57,6 +57,9 @@ pub struct CopyReport {
     pub pages_closed: u64,
     /// How long writers were held at the gate (both closings).
     pub pause: Duration,
+    /// Time spent finding the pages to copy (the dirty epochs' scans) and copying them.
+    pub scan: Duration,
+    pub copy: Duration,
     /// Wall time of the whole copy.
     pub elapsed: Duration,
 }
@@ -110,6 +113,7 @@ impl Engine {
         // What the target lacks now (its state's epoch is ≤ e_mid, so this covers every page
         // written up to step 1 and perhaps some after).
         let extent_open = self.used_extent();
+        let scan = Instant::now();
         let lacking = match state {
             None => {
                 runs.push(0..extent_open);
@@ -124,11 +128,14 @@ impl Engine {
                 dirty + (extent_open - old) / PAGE_SIZE
             }
         };
+        report.scan += scan.elapsed();
         // Step 2, only when the target lacks much; else step 3 copies it all.
         let optimistic = lacking * PAGE_SIZE > DIRECT_COPY_BYTES;
         let (since_closed, covered) = if optimistic {
             report.pages_open = lacking;
+            let copy = Instant::now();
             sink.copy_runs(heap, &runs)?;
+            report.copy += copy.elapsed();
             (e_mid, extent_open)
         } else {
             (state.map_or(0, |s| s.epoch), state.map_or(0, |s| s.extent))
@@ -138,12 +145,16 @@ impl Engine {
         let closed = self.gate.close();
         let extent = self.used_extent().max(covered);
         runs.clear();
+        let scan = Instant::now();
         let mut pages = heap.dirty_runs(0..covered.min(extent) / PAGE_SIZE, since_closed, &mut runs);
         if extent > covered {
             push_run(&mut runs, covered..extent);
             pages += (extent - covered) / PAGE_SIZE;
         }
+        report.scan += scan.elapsed();
+        let copy = Instant::now();
         let copied = sink.copy_runs(heap, &runs);
+        report.copy += copy.elapsed();
         report.lsn = self.last_lsn();
         let epoch = self.advance_dirty_epoch();
         drop(closed);

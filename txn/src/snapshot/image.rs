@@ -43,6 +43,70 @@ impl ImageTarget {
     pub fn set_threads(&mut self, threads: usize) {
         self.threads = threads.max(1);
     }
+
+    /// The image's first byte (heap offset 0), fixed for the image's life, and the bytes
+    /// reserved from it: for a device that reads the image in place.
+    pub fn reserved(&self) -> (*const u8, u64) {
+        (self.region.base_ptr(), self.region.capacity())
+    }
+
+    /// [`PageSink::copy_runs`], handing each portion of about `portion` bytes to `copied` as
+    /// soon as it is in the image, while the other threads go on copying: what consumes the
+    /// image (an upload to a device) then overlaps the copy. `copied` runs on the calling
+    /// thread, in no particular order of portions; its first error is returned once every
+    /// copy has ended.
+    pub fn copy_runs_streamed<E>(&mut self, heap: &Heap, runs: &[Range<u64>], portion: u64, copied: &mut dyn FnMut(&[Range<u64>]) -> Result<(), E>) -> Result<(), E> {
+        let Some(end) = runs.last().map(|r| r.end) else { return Ok(()) };
+        self.len = self.len.max(end);
+        let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
+        let portion = portion.max(PAGE_SIZE);
+        let threads = if total < PARALLEL_COPY_BYTES { 1 } else { self.threads };
+        let jobs = split_runs(self.region.bytes_mut(end), runs, total.div_ceil(threads as u64).next_multiple_of(PAGE_SIZE));
+        // Each job's pieces, sent on in portions once copied.
+        let copy_job = |job: Vec<(u64, &mut [u8])>, send: &mut dyn FnMut(Vec<Range<u64>>)| {
+            let (mut done, mut bytes): (Vec<Range<u64>>, u64) = (Vec::new(), 0);
+            for (off, dst) in job {
+                heap.copy_out(off, dst);
+                let len = dst.len() as u64;
+                match done.last_mut() {
+                    Some(r) if r.end == off => r.end += len,
+                    _ => done.push(off..off + len),
+                }
+                bytes += len;
+                if bytes >= portion {
+                    send(std::mem::take(&mut done));
+                    bytes = 0;
+                }
+            }
+            if !done.is_empty() {
+                send(done);
+            }
+        };
+        let mut result = Ok(());
+        let mut consume = |portion: Vec<Range<u64>>| {
+            if result.is_ok() {
+                result = copied(&portion);
+            }
+        };
+        if jobs.len() <= 1 {
+            for job in jobs {
+                copy_job(job, &mut consume);
+            }
+            return result;
+        }
+        let (tx, rx) = crossbeam_channel::unbounded::<Vec<Range<u64>>>();
+        std::thread::scope(|s| {
+            for job in jobs {
+                let tx = tx.clone();
+                s.spawn(move || copy_job(job, &mut |p| tx.send(p).expect("the calling thread receives until every copier ends")));
+            }
+            drop(tx);
+            for portion in rx {
+                consume(portion);
+            }
+        });
+        result
+    }
 }
 
 impl PageSink for ImageTarget {
@@ -120,6 +184,61 @@ mod tests {
             }
         }
         assert_eq!(covered, runs.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>());
+    }
+
+    /// Streamed copies hand over every copied byte exactly once, on one thread or several, and
+    /// leave the image equal to the heap in every run; a consumer's error comes back after the
+    /// copy ended.
+    #[test]
+    fn streamed_copies_hand_over_each_run_once_after_copying_it() {
+        let heap = Heap::new(64 << 20).unwrap();
+        for i in 0..(40u64 << 20) / 8 {
+            heap.store_word(i * 8, i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        }
+        let runs: Vec<Range<u64>> = (0..2000u64).map(|i| (i * 5 + i % 3) * PAGE_SIZE..(i * 5 + i % 3 + 1 + i % 2) * PAGE_SIZE).collect();
+        let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
+        for threads in [1, 4] {
+            let mut image = ImageTarget::new(heap.capacity(), threads).unwrap();
+            let mut seen: Vec<Range<u64>> = Vec::new();
+            let mut portions = 0;
+            image
+                .copy_runs_streamed::<()>(&heap, &runs, 1 << 20, &mut |portion| {
+                    portions += 1;
+                    for r in portion {
+                        seen.push(r.clone());
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            assert!(portions >= (total >> 20) as usize, "{portions} portions for {total} bytes in portions of 1 MiB");
+            seen.sort_unstable_by_key(|r| r.start);
+            let mut merged: Vec<Range<u64>> = Vec::new();
+            for r in seen {
+                match merged.last_mut() {
+                    Some(m) if m.end == r.start => m.end = r.end,
+                    _ => merged.push(r),
+                }
+            }
+            let mut expected: Vec<Range<u64>> = Vec::new();
+            for r in &runs {
+                match expected.last_mut() {
+                    Some(m) if m.end == r.start => m.end = r.end,
+                    _ => expected.push(r.clone()),
+                }
+            }
+            assert_eq!(merged, expected, "{threads} threads: every run once");
+            for r in &runs {
+                let mut want = vec![0u8; (r.end - r.start) as usize];
+                heap.read_bytes(r.start, &mut want);
+                assert!(image.bytes()[r.start as usize..r.end as usize] == want[..], "{threads} threads: run {r:?} copied");
+            }
+            let mut calls = 0;
+            let failed = image.copy_runs_streamed(&heap, &runs, 1 << 20, &mut |_| {
+                calls += 1;
+                Err(calls)
+            });
+            assert_eq!(failed, Err(1), "the first error, and no call after it");
+        }
     }
 
     #[test]
