@@ -31,24 +31,3 @@ tusk_scatter(u8* __restrict__ heap, u64 extent, const u64* __restrict__ table,
     }
 }
 
-// Mirror sync straight from the host image: the image is page-locked and mapped into the
-// device's address space, so each piece is read over the bus by the kernel itself (no staging
-// copy on the host, no separate copy on the device). Table entry p: heap offset, the device
-// address of the image's bytes for it, length (at most TUSK_PIECE, 16-byte aligned). One block
-// per piece, one 16-byte load per thread: a warp asks for 512 contiguous bytes at once, and
-// the many blocks in flight keep the bus busy.
-extern "C" __global__ void __launch_bounds__(256)
-tusk_scatter_mapped(u8* __restrict__ heap, u64 extent, const u64* __restrict__ table, u64 pieces, u64* err) {
-    for (u64 p = blockIdx.x; p < pieces; p += gridDim.x) {
-        const u64 dst = table[3 * p];
-        const u8* src = reinterpret_cast<const u8*>(table[3 * p + 1]);
-        const u64 len = table[3 * p + 2];
-        if (len > TUSK_PIECE || !tusk_in_heap(extent, dst, len) || ((dst | len | (u64)src) & 15ull) != 0) {
-            if (threadIdx.x == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, dst);
-            continue;
-        }
-        for (u64 i = (u64)threadIdx.x * 16; i < len; i += (u64)blockDim.x * 16) {
-            *reinterpret_cast<ulonglong2*>(heap + dst + i) = *reinterpret_cast<const ulonglong2*>(src + i);
-        }
-    }
-}

@@ -452,7 +452,6 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         "update_sync_ms": update_sync_ms,
         "update_sync_uploaded_bytes": upd_sync.uploaded,
         "update_sync_gb_per_s": upd_sync.uploaded as f64 / (update_sync_ms / 1e3) / 1e9,
-        "sync_streamed": mirror.inner().device().map(|d| d.streamed_uploads().unwrap_or("streamed from the image").to_string()),
         "update_lookup_ms": update_lookup_ms,
         "update_buffers_setup_ms": buffers_ms,
         "range_keys": args.range_keys,

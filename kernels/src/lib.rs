@@ -2,7 +2,7 @@
 //! compilation by NVRTC at run time, for the architecture of the device at hand.
 //!
 //! - [`source`]: the one translation unit NVRTC compiles (common definitions, the sync
-//!   scatters, the B-link and ART kernels, the answers' bit packing, concatenated in that
+//!   scatter, the B-link and ART kernels, the answers' bit packing, concatenated in that
 //!   order: no `#include`s, so NVRTC needs no header search path).
 //! - [`compile`]: PTX for a compute capability, cached per process (a map keyed by
 //!   architecture and driver version) and on disk (`$XDG_CACHE_HOME/tusk` or `~/.cache/tusk`,
@@ -39,7 +39,6 @@ pub const OPTIONS: &[&str] = &["--std=c++17"];
 /// The kernels' names, as the module exports them (`extern "C"`).
 pub mod names {
     pub const SCATTER: &str = "tusk_scatter";
-    pub const SCATTER_MAPPED: &str = "tusk_scatter_mapped";
     pub const BTREE_COUNT_SUM: &str = "tusk_btree_count_sum";
     pub const ART_GET: &str = "tusk_art_get";
     pub const ART_GET_NOSPEC: &str = "tusk_art_get_nospec";

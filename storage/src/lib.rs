@@ -7,6 +7,7 @@
 //!   [`line_record`]: the commit path's encoder of a write set as one record.
 //! - [`io`]: the I/O backends (io_uring, plain pwrite/fdatasync, fault injection).
 //! - [`process`]: fork, shared memory and pipes for fork snapshots.
+//! - [`workers`]: the thread pool of scans and image copies.
 //!
 //! `unsafe` lives here and in the few modules docs/ARCHITECTURE.md (Crates and folders) names.
 
@@ -24,6 +25,7 @@ pub mod log_format;
 pub mod region;
 pub mod sched;
 pub mod sync;
+pub mod workers;
 
 pub use error::StorageError;
 pub use heap::{Heap, HeapPtr, PAGE_SIZE};

@@ -186,12 +186,6 @@ impl ImageRegion {
         self.touched
     }
 
-    /// The region's first byte: the address a device registers to read the image in place
-    /// (the mapping never moves while the region lives).
-    pub fn base_ptr(&self) -> *const u8 {
-        self.region.base
-    }
-
     /// The first `len` bytes.
     pub fn bytes(&self, len: u64) -> &[u8] {
         assert!(len <= self.capacity(), "{len} bytes of a {}-byte region", self.capacity());

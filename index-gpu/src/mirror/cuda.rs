@@ -20,7 +20,7 @@
 //! path would report it, never followed). `unsafe` is confined to this module and `raw`.
 
 mod into;
-mod mapped;
+pub(crate) mod streamed;
 pub(crate) mod raw;
 
 pub(crate) use into::DeviceQueue;
@@ -100,7 +100,6 @@ struct Kernel {
 
 struct Kernels {
     scatter: Kernel,
-    scatter_mapped: Kernel,
     btree_get: Vec<((u32, bool, bool), Kernel)>,
     btree_count_sum: Kernel,
     art_get: Kernel,
@@ -412,10 +411,8 @@ pub struct CudaMirror {
     /// ART slot sizes then base exponents, one u64 per kind each (from `art::link`).
     art_geometry: DeviceBuffer,
     staging: Vec<Staging>,
-    /// The host image as registered with the device, for streamed syncs (`cuda/mapped.rs`).
-    mapped: Option<mapped::MappedImage>,
-    /// Why syncs cannot stream from the image (registration refused), if so.
-    mapped_refused: Option<String>,
+    /// The buffers of streamed syncs (`cuda/streamed.rs`), made at the first one.
+    streams: Option<streamed::StreamBuffers>,
     pieces_per_staging: usize,
     /// Bytes of a staging buffer before its pieces (the table, rounded up to a piece).
     table_bytes: usize,
@@ -498,7 +495,6 @@ impl CudaMirror {
         }
         let kernels = Kernels {
             scatter: kernel(kernels::names::SCATTER)?,
-            scatter_mapped: kernel(kernels::names::SCATTER_MAPPED)?,
             btree_get,
             btree_count_sum: kernel(kernels::names::BTREE_COUNT_SUM)?,
             art_get: kernel(kernels::names::ART_GET)?,
@@ -556,8 +552,7 @@ impl CudaMirror {
             heap: None,
             art_geometry,
             staging,
-            mapped: None,
-            mapped_refused: None,
+            streams: None,
             pieces_per_staging,
             table_bytes,
             query: Mutex::new(slots),
@@ -1078,8 +1073,8 @@ impl Drop for CudaMirror {
             for s in self.query.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
                 let _ = s.stream.sync();
             }
-            if let Some(m) = self.mapped.as_mut() {
-                m.unregister();
+            if let Some(streams) = &self.streams {
+                streams.sync_copies();
             }
         }
     }

@@ -13,15 +13,16 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tusk_storage::Heap;
+use tusk_storage::{Heap, PAGE_SIZE};
 use tusk_txn::snapshot::copy::{CopyState, PageSink};
 use tusk_txn::snapshot::image::ImageTarget;
 use tusk_txn::{Engine, TxnError};
 
 use super::buffers::{ArtLookupBuffers, BatchKind, BatchMemory, LookupBuffers, RangeBuffers};
 use super::cpu;
-use super::cuda::raw::HostMemory;
-use super::cuda::CudaMirror;
+use super::cuda::raw::{HostMemory, PinnedBuffer};
+use super::cuda::{streamed, CudaMirror};
+use crossbeam_channel::Receiver;
 use super::{Backend, GpuOptions, MirrorError};
 
 /// Longest ART key or prefix the kernels take; longer ones are answered on the CPU.
@@ -49,48 +50,39 @@ pub struct SyncReport {
     pub copy: Duration,
 }
 
-/// A page sink that fills the host image and remembers what it copied.
-struct Recording<'a> {
-    image: &'a mut ImageTarget,
-    runs: Vec<Range<u64>>,
-}
-
-impl PageSink for Recording<'_> {
-    fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
-        self.image.copy_runs(heap, runs)?;
-        self.runs.extend(runs.iter().cloned());
-        Ok(())
-    }
-}
-
-/// Bytes of the image handed to the device at a time while the copy runs: large enough that a
-/// launch per portion costs little, small enough that the bus starts early.
-const STREAM_PORTION: u64 = 2 << 20;
-
 /// A page sink that fills the host image and uploads each portion of it as soon as it is
-/// there. An upload error does not stop the copy (the image must still reach its LSN); it is
-/// kept and reported after.
+/// there (`cuda/streamed.rs`). An upload error does not stop the copy (the image must still
+/// reach its LSN); it is kept and reported after, and later portions go back to the pool.
 struct Streaming<'a> {
     image: &'a mut ImageTarget,
     device: &'a mut CudaMirror,
+    pool: Receiver<(usize, PinnedBuffer)>,
     uploaded: u64,
     failed: Option<MirrorError>,
 }
 
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
+        let pool = &self.pool;
+        let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces);
+        // About four portions per copier, so that the bus starts early, but none so small that
+        // a buffer's fixed costs dominate.
+        let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
+        let portion = (total / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64) / PAGE_SIZE * PAGE_SIZE;
         let (device, uploaded, failed) = (&mut *self.device, &mut self.uploaded, &mut self.failed);
-        let result = self.image.copy_runs_streamed(heap, runs, STREAM_PORTION, &mut |portion| {
-            if failed.is_none() {
-                *uploaded += portion.iter().map(|r| r.end - r.start).sum::<u64>();
-                device.upload_streamed(portion)
-            } else {
+        self.image
+            .copy_runs_streamed::<_, std::convert::Infallible>(heap, runs, portion, &prepare, &mut |packed| {
+                if failed.is_some() {
+                    device.give_back(packed);
+                    return Ok(());
+                }
+                *uploaded += packed.bytes();
+                if let Err(e) = device.submit_streamed(packed) {
+                    *failed = Some(e);
+                }
                 Ok(())
-            }
-        });
-        if let Err(e) = result {
-            self.failed.get_or_insert(e);
-        }
+            })
+            .unwrap_or_else(|never| match never {});
         Ok(())
     }
 }
@@ -98,19 +90,6 @@ impl PageSink for Streaming<'_> {
 /// Ends a streamed sync on the device, if any.
 fn device_end(device: Option<&mut CudaMirror>, extent: u64) -> Result<(), MirrorError> {
     device.map_or(Ok(()), |d| d.end_streamed(extent))
-}
-
-/// Sorted, merged, disjoint runs.
-fn coalesce(mut runs: Vec<Range<u64>>) -> Vec<Range<u64>> {
-    runs.sort_unstable_by_key(|r| r.start);
-    let mut out: Vec<Range<u64>> = Vec::with_capacity(runs.len());
-    for r in runs {
-        match out.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => out.push(r),
-        }
-    }
-    out
 }
 
 pub struct Mirror {
@@ -160,12 +139,6 @@ impl Mirror {
         &self.backend
     }
 
-    /// Why syncs go through the staging buffers instead of streaming from the host image (None:
-    /// they stream, or there is no device).
-    pub fn streamed_uploads_refused(&self) -> Option<&str> {
-        self.device.as_ref().and_then(|d| d.streamed_uploads())
-    }
-
     /// Whether queries run on the GPU.
     pub fn on_gpu(&self) -> bool {
         self.device.is_some()
@@ -182,10 +155,9 @@ impl Mirror {
     }
 
     /// Brings the mirror to the committed state at one LSN, copying only the pages dirtied
-    /// since the last sync, to the host image and then to the device. On the CUDA backend the
-    /// upload streams from the image while the host copy runs (`cuda/mapped.rs`) where the
-    /// image can be registered with the device, else it follows the copy through the staging
-    /// buffers.
+    /// since the last sync to the host image and, on the CUDA backend, to the device: each
+    /// portion is uploaded as soon as it is copied, while the host copies the next
+    /// (`cuda/streamed.rs`).
     pub fn sync(&mut self) -> Result<SyncReport, MirrorError> {
         let result = self.sync_once();
         self.failed_sync = result.as_ref().err().map(|e| e.to_string());
@@ -198,33 +170,21 @@ impl Mirror {
 
     fn sync_once(&mut self) -> Result<SyncReport, MirrorError> {
         let started = Instant::now();
-        let streamed = match self.device.as_mut() {
-            Some(device) => device.begin_streamed(self.image.reserved(), self.engine.used_extent())?,
-            None => false,
-        };
-        if streamed {
-            return self.sync_streamed(started);
-        }
-        let mut sink = Recording { image: &mut self.image, runs: Vec::new() };
-        let (state, copy) = self.engine.copy_pages_consistent(self.state, &mut sink)?;
-        let runs = coalesce(sink.runs);
-        let host = started.elapsed();
-        let mut report = SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, host, pause: copy.pause, scan: copy.scan, copy: copy.copy, ..SyncReport::default() };
         if let Some(device) = self.device.as_mut() {
-            let started = Instant::now();
-            device.upload(self.image.bytes(), &runs, copy.extent)?;
-            report.upload = started.elapsed();
-            report.uploaded = runs.iter().map(|r| r.end - r.start).sum();
+            let pool = device.begin_streamed(self.engine.used_extent())?;
+            return self.sync_streamed(started, pool);
         }
+        // The CPU backend: the image is all there is.
+        let (state, copy) = self.engine.copy_pages_consistent(self.state, &mut self.image)?;
         self.state = Some(state);
         self.lsn = copy.lsn;
-        Ok(report)
+        Ok(SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, host: started.elapsed(), pause: copy.pause, scan: copy.scan, copy: copy.copy, ..SyncReport::default() })
     }
 
     /// [`Mirror::sync`] with each copied portion of the image uploaded at once.
-    fn sync_streamed(&mut self, started: Instant) -> Result<SyncReport, MirrorError> {
+    fn sync_streamed(&mut self, started: Instant, pool: Receiver<(usize, PinnedBuffer)>) -> Result<SyncReport, MirrorError> {
         let device = self.device.as_mut().expect("streams only to a device");
-        let mut sink = Streaming { image: &mut self.image, device, uploaded: 0, failed: None };
+        let mut sink = Streaming { image: &mut self.image, device, pool, uploaded: 0, failed: None };
         let copied = self.engine.copy_pages_consistent(self.state, &mut sink);
         let (uploaded, failed) = (sink.uploaded, sink.failed.take());
         let host = started.elapsed();
@@ -401,14 +361,6 @@ impl Mirror {
             out[*i] = Some(v);
         }
         Ok(out.into_iter().map(|v| v.expect("every key answered")).collect())
-    }
-}
-
-impl Drop for Mirror {
-    fn drop(&mut self) {
-        // The device first: it unregisters the host image it reads in place, which must still
-        // be mapped then.
-        self.device.take();
     }
 }
 

@@ -73,6 +73,11 @@ pub(crate) struct PinnedBuffer {
     bytes: usize,
 }
 
+// SAFETY: page-locked host memory is plain memory, usable from any thread; the owner moves it
+// between threads only while no copy uses it (a streamed sync hands idle buffers to the
+// threads that fill them and takes them back before it copies them).
+unsafe impl Send for PinnedBuffer {}
+
 impl PinnedBuffer {
     pub(crate) fn alloc(bytes: usize) -> Result<PinnedBuffer, MirrorError> {
         let bytes = bytes.max(8);
@@ -159,6 +164,16 @@ impl Event {
     pub(crate) fn record(&self, stream: &Stream) -> Result<(), MirrorError> {
         // SAFETY: event and stream are live.
         unsafe { cu::event::record(self.0, stream.raw()) }.map_err(|e| driver("cuEventRecord", e))
+    }
+
+    /// Whether the work recorded before the event has completed.
+    pub(crate) fn done(&self) -> Result<bool, MirrorError> {
+        // SAFETY: the event is live.
+        match unsafe { sys::cuEventQuery(self.0) } {
+            sys::cudaError_enum::CUDA_SUCCESS => Ok(true),
+            sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(driver("cuEventQuery", DriverError(e))),
+        }
     }
 
     pub(crate) fn sync(&self) -> Result<(), MirrorError> {

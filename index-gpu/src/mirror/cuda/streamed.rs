@@ -1,0 +1,252 @@
+//! Syncs that upload while the host copy runs.
+//!
+//! The consistent copy fills the host image in portions, on its copier threads
+//! (`ImageTarget::copy_runs_streamed`). Each copier packs the portion it has just copied, its
+//! bytes still in that core's caches, into an idle pinned stream buffer ([`pack`]: a table of
+//! (heap offset, length) pairs, then the pieces [`PIECE`] bytes apart), and the calling thread
+//! submits each packed buffer at once ([`CudaMirror::submit_streamed`]): one copy to the
+//! buffer's device twin at the bus's rate and one scatter launch. So the bus carries one
+//! portion while the copiers copy and pack the next, and the packing, which one thread did
+//! before, is spread over all of them.
+//!
+//! Every submission goes to one stream, in the order the portions arrive. A page copied
+//! twice (written during the copy's open pass, so copied again under the closed gate) is
+//! scattered twice in that order, and the consistent copy is the one left on the device.
+//!
+//! Buffers go round: idle ones wait in a channel the copiers take from; a submitted one
+//! comes back once its scatter has completed. At most all but one are in flight, so a
+//! copier waiting for a buffer always has one coming (see `submit_streamed`).
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+
+use super::raw::{driver, DeviceBuffer, Event, PinnedBuffer, Stream};
+use super::{err_slot, CudaMirror, BLOCK, ERR_BYTES, PIECE};
+use crate::mirror::MirrorError;
+
+/// Most bytes of heap a stream buffer carries (the image copy's largest portion).
+pub(crate) const STREAM_PORTION: usize = 4 << 20;
+/// Least bytes of a portion: below it, a buffer's fixed costs (a copy's setup, a launch) take a
+/// large share of its time on the bus.
+pub(crate) const MIN_STREAM_PORTION: usize = 1 << 20;
+/// Stream buffers: enough that copiers rarely wait for one while earlier ones cross the bus.
+const STREAM_BUFFERS: usize = 16;
+/// Table entries a buffer has room for: a portion cut into whole pieces (portions are made of
+/// whole pages, and a page is a piece).
+const TABLE_ENTRIES: usize = STREAM_PORTION / PIECE;
+const _: () = assert!(PIECE as u64 == tusk_storage::PAGE_SIZE);
+/// Bytes before a buffer's pieces, and of the whole buffer (copied to the device in one go).
+const TABLE_BYTES: usize = 16 * TABLE_ENTRIES;
+const BUFFER_BYTES: usize = TABLE_BYTES + STREAM_PORTION;
+
+/// A stream buffer on its way: which one, its pinned memory, and the pieces packed in it.
+pub(crate) struct Packed {
+    id: usize,
+    buffer: PinnedBuffer,
+    pieces: usize,
+}
+
+impl Packed {
+    /// Heap bytes packed.
+    pub(crate) fn bytes(&self) -> u64 {
+        let table = &self.buffer.as_slice()[..16 * self.pieces];
+        table.chunks_exact(16).map(|e| u64::from_le_bytes(e[8..].try_into().expect("8 bytes"))).sum()
+    }
+}
+
+/// A stream buffer's device side: its twin, and the events of its last copy and scatter.
+struct Twin {
+    dev: DeviceBuffer,
+    copied: Event,
+    done: Event,
+}
+
+/// The stream buffers of a mirror.
+pub(crate) struct StreamBuffers {
+    /// By buffer id.
+    device: Vec<Twin>,
+    /// The copies' stream (the scatters go on the sync stream, each after its copy): a copy
+    /// crosses the bus while the scatter before it runs.
+    copy: Stream,
+    /// Idle pinned buffers, for the copiers (`pool`); the sender puts buffers back.
+    pool: Receiver<(usize, PinnedBuffer)>,
+    back: Sender<(usize, PinnedBuffer)>,
+    /// Submitted, oldest first.
+    in_flight: VecDeque<(usize, PinnedBuffer)>,
+}
+
+impl StreamBuffers {
+    fn new() -> Result<StreamBuffers, MirrorError> {
+        let (back, pool) = crossbeam_channel::bounded(STREAM_BUFFERS);
+        let mut device = Vec::with_capacity(STREAM_BUFFERS);
+        for id in 0..STREAM_BUFFERS {
+            device.push(Twin { dev: DeviceBuffer::alloc(BUFFER_BYTES)?, copied: Event::untimed()?, done: Event::untimed()? });
+            back.send((id, PinnedBuffer::alloc(BUFFER_BYTES)?)).expect("room for every buffer");
+        }
+        Ok(StreamBuffers { device, copy: Stream::new()?, pool, back, in_flight: VecDeque::new() })
+    }
+
+    /// Waits for the copies in flight (before the buffers are freed).
+    pub(crate) fn sync_copies(&self) {
+        let _ = self.copy.sync();
+    }
+
+    /// The channel idle buffers are taken from, for [`pack`].
+    pub(crate) fn pool(&self) -> &Receiver<(usize, PinnedBuffer)> {
+        &self.pool
+    }
+}
+
+/// Packs `pieces` (heap offset, bytes; whole pages, at most [`STREAM_PORTION`] bytes in all)
+/// into an idle buffer from `pool`, waiting for one if none is idle. Runs on the copier
+/// threads.
+pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8])]) -> Packed {
+    let (id, mut buffer) = pool.recv().expect("the mirror keeps its stream buffers while a sync runs");
+    let bytes = buffer.as_mut_slice();
+    let (table, data) = bytes.split_at_mut(TABLE_BYTES);
+    let mut n = 0usize;
+    for &(off, piece) in pieces {
+        assert!(off.is_multiple_of(PIECE as u64) && piece.len().is_multiple_of(PIECE), "a portion of whole pages: {} bytes at {off}", piece.len());
+        for (i, part) in piece.chunks(PIECE).enumerate() {
+            assert!(n < TABLE_ENTRIES, "a portion of more than {TABLE_ENTRIES} pieces");
+            let at = off + (i * PIECE) as u64;
+            table[16 * n..16 * n + 8].copy_from_slice(&at.to_le_bytes());
+            table[16 * n + 8..16 * n + 16].copy_from_slice(&(part.len() as u64).to_le_bytes());
+            data[n * PIECE..n * PIECE + part.len()].copy_from_slice(part);
+            n += 1;
+        }
+    }
+    Packed { id, buffer, pieces: n }
+}
+
+impl CudaMirror {
+    /// Starts a streamed sync of an image whose extent is about `extent_hint`: grows the device
+    /// heap, and returns the stream buffers' pool for [`pack`].
+    pub(crate) fn begin_streamed(&mut self, extent_hint: u64) -> Result<Receiver<(usize, PinnedBuffer)>, MirrorError> {
+        self.bind()?;
+        self.grow(extent_hint)?;
+        if self.streams.is_none() {
+            self.streams = Some(StreamBuffers::new()?);
+        }
+        Ok(self.streams.as_ref().expect("made above").pool().clone())
+    }
+
+    /// Copies a packed buffer to its device twin and scatters it into the heap, on the sync
+    /// stream, without waiting; takes back buffers whose scatter has completed, and waits for
+    /// the oldest when all but one are in flight (so that a copier waiting for an idle buffer
+    /// is never left without one).
+    pub(crate) fn submit_streamed(&mut self, packed: Packed) -> Result<(), MirrorError> {
+        match self.try_submit(&packed) {
+            Ok(()) => {
+                let streams = self.streams.as_mut().expect("begin_streamed made the buffers");
+                streams.in_flight.push_back((packed.id, packed.buffer));
+                self.take_back_done()
+            }
+            Err(e) => {
+                // Back to the pool, so that no copier waits for it forever. A copy from it may
+                // still be queued, but this sync fails and the next copies everything again,
+                // so what the device gets from it no longer matters.
+                self.give_back(packed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Puts a packed buffer back in the pool unsent (after a failed sync's error, the copiers
+    /// still pack what they copied; their buffers must come back or they would wait forever).
+    pub(crate) fn give_back(&mut self, packed: Packed) {
+        let streams = self.streams.as_mut().expect("begin_streamed made the buffers");
+        streams.back.send((packed.id, packed.buffer)).expect("room for every buffer");
+    }
+
+    fn try_submit(&mut self, packed: &Packed) -> Result<(), MirrorError> {
+        self.bind()?;
+        let end = packed_end(packed);
+        self.grow(end)?;
+        let heap = self.heap.as_ref().expect("grown above");
+        let (mut a_heap, mut a_extent) = (heap.ptr(), heap.bytes() as u64);
+        let scatter = self.kernels.scatter;
+        let stream = &self.staging[0].stream;
+        let streams = self.streams.as_ref().expect("begin_streamed made the buffers");
+        let twin = &streams.device[packed.id];
+        let dev = &twin.dev;
+        // SAFETY: the table and the pieces, [0, TABLE_BYTES + pieces * PIECE), lie inside the
+        // pinned buffer and its device twin (both BUFFER_BYTES); the pinned bytes stay untouched
+        // until `done` completes (the buffer comes back to the pool only after that), and the
+        // twin is not written again before then either (only through that buffer).
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dev.ptr(), packed.buffer.ptr(), TABLE_BYTES + packed.pieces * PIECE, streams.copy.raw()) }
+            .result()
+            .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
+        twin.copied.record(&streams.copy)?;
+        stream.wait(&twin.copied)?;
+        let (mut a_table, mut a_data, mut a_n, mut a_err) = (dev.ptr(), dev.at(TABLE_BYTES), packed.pieces as u64, self.staging[0].err.ptr());
+        let mut params = [
+            &mut a_heap as *mut u64 as *mut c_void,
+            &mut a_extent as *mut u64 as *mut c_void,
+            &mut a_table as *mut u64 as *mut c_void,
+            &mut a_data as *mut u64 as *mut c_void,
+            &mut a_n as *mut u64 as *mut c_void,
+            &mut a_err as *mut u64 as *mut c_void,
+        ];
+        let blocks = (packed.pieces as u32).min(scatter.blocks).max(1);
+        // SAFETY: the parameters match tusk_scatter's signature; every pointer is a live device
+        // buffer of the sizes the kernel reads or writes (it bounds-checks heap writes).
+        unsafe { cu::launch_kernel(scatter.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream.raw(), &mut params) }.map_err(|e| driver("launching tusk_scatter", e))?;
+        twin.done.record(stream)?;
+        Ok(())
+    }
+
+    /// Takes back the submitted buffers whose scatter has completed, waiting for the oldest
+    /// while all but one are in flight.
+    fn take_back_done(&mut self) -> Result<(), MirrorError> {
+        let streams = self.streams.as_mut().expect("begin_streamed made the buffers");
+        while let Some(&(id, _)) = streams.in_flight.front() {
+            let all_but_one = streams.in_flight.len() >= STREAM_BUFFERS - 1;
+            if !all_but_one && !streams.device[id].done.done()? {
+                break;
+            }
+            streams.device[id].done.sync()?;
+            let idle = streams.in_flight.pop_front().expect("front exists");
+            streams.back.send(idle).expect("room for every buffer");
+        }
+        Ok(())
+    }
+
+    /// Ends a streamed sync: waits for every upload, takes every buffer back, checks the
+    /// scatter's error slot, and answers for heap bytes [0, extent) from now on.
+    pub(crate) fn end_streamed(&mut self, extent: u64) -> Result<(), MirrorError> {
+        self.bind()?;
+        if let Some(streams) = self.streams.as_ref() {
+            streams.copy.sync()?;
+        }
+        self.staging[0].stream.sync()?;
+        if let Some(streams) = self.streams.as_mut() {
+            while let Some(idle) = streams.in_flight.pop_front() {
+                streams.back.send(idle).expect("room for every buffer");
+            }
+        }
+        let err = &self.staging[0].err;
+        let mut slot = [0u8; ERR_BYTES];
+        // SAFETY: the slot holds ERR_BYTES bytes; its stream is idle.
+        unsafe { cu::memcpy_dtoh_sync(&mut slot, err.ptr()) }.map_err(|e| driver("cuMemcpyDtoH", e))?;
+        let (code, at) = err_slot(&slot);
+        if code != 0 {
+            // SAFETY: as above; clears the slot for the next sync.
+            unsafe { cu::memset_d8_sync(err.ptr(), 0, ERR_BYTES) }.map_err(|e| driver("cuMemsetD8", e))?;
+            return Err(MirrorError::Driver(format!("sync scatter refused a piece at heap offset {at} (code {code})")));
+        }
+        self.grow(extent)?;
+        self.extent = extent;
+        Ok(())
+    }
+}
+
+/// The end of the heap bytes a packed buffer writes.
+fn packed_end(packed: &Packed) -> u64 {
+    let table = &packed.buffer.as_slice()[..16 * packed.pieces];
+    table.chunks_exact(16).map(|e| u64::from_le_bytes(e[..8].try_into().expect("8 bytes")) + u64::from_le_bytes(e[8..].try_into().expect("8 bytes"))).max().unwrap_or(0)
+}
