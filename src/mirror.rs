@@ -12,7 +12,7 @@
 use tusk_index::mirror::{Mirror, MirrorError};
 use tusk_storage::HeapPtr;
 
-pub use tusk_index::mirror::{ArtLookupBuffers, Backend as GpuBackend, GpuOptions, LookupBuffers, RangeBuffers, StageTiming, SyncReport};
+pub use tusk_index::mirror::{ArtLookupBuffers, Backend as GpuBackend, GpuDevices, GpuOptions, LookupBuffers, RangeBuffers, StageTiming, SyncReport};
 
 use crate::{Error, Store};
 

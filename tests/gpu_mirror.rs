@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use common::small_opts;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{BTreeOp, Commit, Error, GpuBackend, GpuMirror, GpuOptions, Options, Store};
+use tusk::{BTreeOp, Commit, Error, GpuBackend, GpuDevices, GpuMirror, GpuOptions, Options, Store};
 
 fn opts() -> Options {
     Options { heap_capacity: 256 << 20, checkpoint_interval: None, ..small_opts() }
@@ -388,4 +388,41 @@ fn syncs_beside_a_writer_leave_the_device_equal_to_the_image() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(writer.join().unwrap() > 12, "the writer committed beside the syncs");
     });
+}
+
+/// A mirror on every GPU of the host answers as the trees do: batches cut across the devices
+/// (sizes that leave a device a partial or an empty slice included), caller buffers, and
+/// after syncs, when every replica must have followed. Where the host has fewer than two
+/// GPUs this checks the same answers on what it has and says so.
+#[test]
+fn every_gpu_of_the_host_answers_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(123);
+    let mut models = load(&store, Order::Shuffled, &mut rng);
+    let mut mirror = store.gpu_mirror(GpuOptions { devices: GpuDevices::All, ..GpuOptions::default() }).unwrap();
+    let gpus = mirror.inner().devices().map_or(0, |d| d.len());
+    if gpus < 2 {
+        eprintln!("SKIPPED the several-GPU split: {gpus} GPUs here ({}); checking answers on what there is", mirror.backend());
+    }
+    let mut buffers = mirror.lookup_buffers(70_000).unwrap();
+    for round in 0..3u64 {
+        let present: Vec<u64> = models.orders.keys().copied().collect();
+        for n in [0, 1, 63, 65, 129, 10_001, 70_000] {
+            let keys: Vec<u64> = (0..n).map(|i| if i % 3 == 0 { rng.random() } else { present[rng.random_range(0..present.len())] }).collect();
+            let expected: Vec<Option<u64>> = keys.iter().map(|k| models.orders.get(k).copied()).collect();
+            let orders = mirror.btree("orders").unwrap();
+            assert_eq!(orders.get_batch(&keys).unwrap().values, expected, "round {round}: {n} lookups on {}", mirror.backend());
+            buffers.load_keys(&keys);
+            orders.get_into(&mut buffers).unwrap();
+            assert!(buffers.answers().eq(expected.iter().copied()), "round {round}: {n} lookups into buffers on {}", mirror.backend());
+        }
+        check_mirror(&mirror, &models, &mut rng, &format!("every GPU, round {round}"));
+        let ops: Vec<BTreeOp> = (0..5000).map(|_| BTreeOp::Upsert { key: rng.random(), value: round }).collect();
+        store.transact(Commit::Async, |tx| tx.btree("orders")?.apply_batch(&ops).map(|_| ())).unwrap();
+        for op in &ops {
+            models.orders.insert(op.key(), round);
+        }
+        mirror.sync().unwrap();
+    }
 }

@@ -26,7 +26,7 @@ use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tusk::{ArtOp, BTreeOp, Commit, Durability, GpuOptions, Options, Store};
+use tusk::{ArtOp, BTreeOp, Commit, Durability, GpuDevices, GpuOptions, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate, table};
@@ -60,6 +60,9 @@ pub struct GpuArgs {
     /// The heap is padded to this size (MiB) before the mirror opens (0: no padding).
     #[arg(long, default_value_t = 4096)]
     heap_mib: u64,
+    /// GPUs of the mirror: an ordinal, a comma-separated list, or `all`.
+    #[arg(long, default_value = "0")]
+    devices: String,
     /// Upserts of the update path (`apply_batch`, `sync`, a lookup batch that sees them).
     #[arg(long, default_value_t = 1_000_000)]
     update_ops: usize,
@@ -191,6 +194,18 @@ fn phase(started: Instant, what: &str) {
     eprintln!("[{:7.1} s] {what}", started.elapsed().as_secs_f64());
 }
 
+/// `--devices`: "all", or ordinals separated by commas.
+fn parse_devices(text: &str) -> Result<GpuDevices, String> {
+    if text == "all" {
+        return Ok(GpuDevices::All);
+    }
+    let list = text.split(',').map(|d| d.trim().parse::<usize>().map_err(|_| format!("--devices takes `all` or ordinals like 0,1, not {text:?}"))).collect::<Result<Vec<_>, _>>()?;
+    Ok(match list.as_slice() {
+        [one] => GpuDevices::One(*one),
+        _ => GpuDevices::List(list),
+    })
+}
+
 fn be(k: u64) -> [u8; 8] {
     k.to_be_bytes()
 }
@@ -234,7 +249,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     let heap_pages = store.heap_used().div_ceil(4096);
 
     phase(t0, "heap padded and populated");
-    let mut mirror = store.gpu_mirror(GpuOptions::default())?;
+    let mut mirror = store.gpu_mirror(GpuOptions { devices: parse_devices(&args.devices)?, ..GpuOptions::default() })?;
     phase(t0, "mirror opened and synced");
     let backend = mirror.backend().to_string();
     let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5EED);
@@ -310,7 +325,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
             GpuIndex::Btree => {
                 let mut b = inner.lookup_buffers(batch.len())?;
                 b.load_keys(&batch);
-                let t = device.time_btree_get_into(meta, &mut b, args.rounds)?;
+                let t = inner.time_btree_get_into(meta, &mut b, args.rounds)?.ok_or("no GPU timing")?;
                 if !b.answers().take(check).eq(expected.btree_get(meta, &batch[..check])?) {
                     return Err("B-link lookups into caller buffers differ from the CPU engine".into());
                 }
@@ -319,7 +334,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
             GpuIndex::Art => {
                 let mut b = inner.art_lookup_buffers(batch.len(), 8)?;
                 b.load_keys(&art_batch);
-                let t = device.time_art_get_into(meta, &mut b, args.rounds)?;
+                let t = inner.time_art_get_into(meta, &mut b, args.rounds)?.ok_or("no GPU timing")?;
                 if !b.answers().take(check).eq(expected.art_get(meta, &art_refs[..check])?) {
                     return Err("ART lookups into caller buffers differ from the CPU engine".into());
                 }
@@ -332,7 +347,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
             range_e2e = Some(ranges.len() as f64 / (t.end_to_end_ms / 1e3));
             let mut r = inner.range_buffers(ranges.len())?;
             r.load_ranges(&ranges);
-            ranges_into = Some(device.time_btree_count_sum_into(meta, &mut r, args.rounds)?);
+            ranges_into = inner.time_btree_count_sum_into(meta, &mut r, args.rounds)?;
             let few = ranges.len().min(1 << 16);
             if !r.answers().take(few).eq(expected.btree_count_sum(meta, &ranges[..few])?) {
                 return Err("B-link count/sum into caller buffers differs from the CPU engine".into());
@@ -434,6 +449,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     Ok(json!({
         "bench": "gpu",
         "backend": backend,
+        "devices": mirror.inner().devices().map_or(0, |d| d.len()),
         "index": match index { GpuIndex::Btree => "btree", GpuIndex::Art => "art" },
         "order": args.order.name(),
         "keys": distinct.len(),

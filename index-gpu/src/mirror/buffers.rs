@@ -58,8 +58,8 @@ pub(crate) struct BatchMemory {
     pub(crate) input: HostMemory,
     pub(crate) output: HostMemory,
     pub(crate) found: HostMemory,
-    /// Device twins and streams (CUDA backend).
-    pub(crate) device: Option<DeviceQueue>,
+    /// Each device's twins and streams, for its slice (CUDA backend; empty otherwise).
+    pub(crate) device: Vec<DeviceQueue>,
 }
 
 impl BatchMemory {
@@ -68,7 +68,7 @@ impl BatchMemory {
         if kind.lookups() { capacity.div_ceil(64) } else { 0 }
     }
 
-    pub(crate) fn new(kind: BatchKind, capacity: usize, input: HostMemory, output: HostMemory, found: HostMemory, device: Option<DeviceQueue>) -> BatchMemory {
+    pub(crate) fn new(kind: BatchKind, capacity: usize, input: HostMemory, output: HostMemory, found: HostMemory, device: Vec<DeviceQueue>) -> BatchMemory {
         assert_eq!(input.words().len(), capacity * kind.in_words(), "input memory for {capacity} queries of {kind:?}");
         assert_eq!(output.words().len(), capacity * kind.out_words(), "answer memory for {capacity} queries of {kind:?}");
         assert_eq!(found.words().len(), Self::found_words(kind, capacity), "found bits for {capacity} queries");
@@ -78,7 +78,7 @@ impl BatchMemory {
     /// Ordinary memory (the CPU backend).
     pub(crate) fn plain(kind: BatchKind, capacity: usize) -> BatchMemory {
         let (i, o, f) = (capacity * kind.in_words(), capacity * kind.out_words(), Self::found_words(kind, capacity));
-        BatchMemory::new(kind, capacity, HostMemory::plain(i), HostMemory::plain(o), HostMemory::plain(f), None)
+        BatchMemory::new(kind, capacity, HostMemory::plain(i), HostMemory::plain(o), HostMemory::plain(f), Vec::new())
     }
 
     pub(crate) fn len(&self) -> usize {

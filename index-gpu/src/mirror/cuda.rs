@@ -23,8 +23,7 @@ mod into;
 pub(crate) mod streamed;
 pub(crate) mod raw;
 
-pub(crate) use into::DeviceQueue;
-pub use into::StageTiming;
+pub(crate) use into::{DeviceQueue, HostSlice, Stages};
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -399,6 +398,33 @@ fn check_keys(keys: &[&[u8]], what: &str) -> Result<Option<usize>, MirrorError> 
     Ok(same.then_some(first))
 }
 
+/// Runs a driver call sequence: an error without libcuda, and an error, not a crash, where
+/// cudarc panics (a driver older than its bindings lacks an entry point).
+fn guarded<T>(f: impl FnOnce() -> Result<T, MirrorError> + std::panic::UnwindSafe) -> Result<T, MirrorError> {
+    // SAFETY: probing for the driver library only dlopens (and closes) it.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(MirrorError::NoDriver("libcuda.so.1 (the NVIDIA driver library) is not on this machine".into()));
+    }
+    match std::panic::catch_unwind(f) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(MirrorError::Driver(format!("CUDA driver unusable: {}", msg.unwrap_or_else(|| "panic".into()))))
+        }
+    }
+}
+
+/// cuInit, its failure typed.
+fn init() -> Result<(), MirrorError> {
+    cu::init().map_err(|e| {
+        if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
+            MirrorError::NoDevice(format!("cuInit: {e}"))
+        } else {
+            MirrorError::NoDriver(format!("cuInit: {e}"))
+        }
+    })
+}
+
 /// A device handle and the heap mirror on it.
 pub struct CudaMirror {
     name: String,
@@ -436,37 +462,33 @@ unsafe impl Send for CudaMirror {}
 unsafe impl Sync for CudaMirror {}
 
 impl CudaMirror {
-    /// Opens the device. Never panics: without libcuda, without a device (or the one asked
-    /// for), or when NVRTC is missing or fails, returns the typed error.
+    /// Opens the first device `options` name. Never panics: without libcuda, without a device
+    /// (or the one asked for), or when NVRTC is missing or fails, returns the typed error.
     pub fn open(options: &GpuOptions) -> Result<CudaMirror, MirrorError> {
-        // SAFETY: probing for the driver library only dlopens (and closes) it.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(MirrorError::NoDriver("libcuda.so.1 (the NVIDIA driver library) is not on this machine".into()));
-        }
-        // cudarc panics when a driver entry point is missing (a driver older than its
-        // bindings): an error here, not a crash.
-        match std::panic::catch_unwind(|| CudaMirror::open_device(options)) {
-            Ok(r) => r,
-            Err(p) => {
-                let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                Err(MirrorError::Driver(format!("CUDA driver unusable: {}", msg.unwrap_or_else(|| "panic".into()))))
-            }
-        }
+        let first = options.devices.ordinals(CudaMirror::device_count()?)?[0];
+        CudaMirror::open_ordinal(options, first)
     }
 
-    fn open_device(options: &GpuOptions) -> Result<CudaMirror, MirrorError> {
-        cu::init().map_err(|e| {
-            if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
-                MirrorError::NoDevice(format!("cuInit: {e}"))
-            } else {
-                MirrorError::NoDriver(format!("cuInit: {e}"))
-            }
-        })?;
+    /// How many CUDA devices the host has (an error without a driver).
+    pub fn device_count() -> Result<usize, MirrorError> {
+        guarded(|| {
+            init()?;
+            Ok(cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?.max(0) as usize)
+        })
+    }
+
+    /// Opens device `ordinal` with `options`' buffers.
+    pub fn open_ordinal(options: &GpuOptions, ordinal: usize) -> Result<CudaMirror, MirrorError> {
+        guarded(|| CudaMirror::open_device(options, ordinal))
+    }
+
+    fn open_device(options: &GpuOptions, ordinal: usize) -> Result<CudaMirror, MirrorError> {
+        init()?;
         let count = cu::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
-        if options.device >= count.max(0) as usize {
-            return Err(MirrorError::NoDevice(format!("device {} asked for, {count} present", options.device)));
+        if ordinal >= count.max(0) as usize {
+            return Err(MirrorError::NoDevice(format!("device {ordinal} asked for, {count} present")));
         }
-        let ctx = CudaContext::new(options.device).map_err(|e| driver("retaining the primary context", e))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver("retaining the primary context", e))?;
         ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| driver("compute capability", e))?;
         let compute = (major as u32, minor as u32);
@@ -546,7 +568,7 @@ impl CudaMirror {
         unsafe { sys::cuCtxSynchronize() }.result().map_err(|e| driver("cuCtxSynchronize", e))?;
         Ok(CudaMirror {
             name: format!("{name} (sm_{}{})", compute.0, compute.1),
-            device: options.device,
+            device: ordinal,
             compute,
             extent: 0,
             heap: None,
@@ -567,6 +589,11 @@ impl CudaMirror {
 
     fn bind(&self) -> Result<(), MirrorError> {
         self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.device
     }
 
     /// The device, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".

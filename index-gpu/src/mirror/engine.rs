@@ -22,6 +22,7 @@ use super::buffers::{ArtLookupBuffers, BatchKind, BatchMemory, LookupBuffers, Ra
 use super::cpu;
 use super::cuda::raw::{HostMemory, PinnedBuffer};
 use super::cuda::{streamed, CudaMirror};
+use super::devices::{Devices, StageTiming};
 use crossbeam_channel::Receiver;
 use super::{Backend, GpuOptions, MirrorError};
 
@@ -59,10 +60,15 @@ struct Streaming<'a> {
     pool: Receiver<(usize, PinnedBuffer)>,
     uploaded: u64,
     failed: Option<MirrorError>,
+    /// Every run copied, for the other devices (None: there are none).
+    runs: Option<Vec<Range<u64>>>,
 }
 
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
+        if let Some(all) = self.runs.as_mut() {
+            all.extend(runs.iter().cloned());
+        }
         let pool = &self.pool;
         let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces);
         // About four portions per copier, so that the bus starts early, but none so small that
@@ -87,9 +93,17 @@ impl PageSink for Streaming<'_> {
     }
 }
 
-/// Ends a streamed sync on the device, if any.
-fn device_end(device: Option<&mut CudaMirror>, extent: u64) -> Result<(), MirrorError> {
-    device.map_or(Ok(()), |d| d.end_streamed(extent))
+/// Sorted, merged, disjoint runs (a page copied in both passes of a sync, once).
+fn coalesce(mut runs: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    runs.sort_unstable_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(runs.len());
+    for r in runs {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 pub struct Mirror {
@@ -97,7 +111,8 @@ pub struct Mirror {
     image: ImageTarget,
     state: Option<CopyState>,
     lsn: u64,
-    device: Option<CudaMirror>,
+    /// The GPUs (none: the CPU backend).
+    devices: Option<Devices>,
     backend: String,
     threads: usize,
     /// Why the last sync failed, if it did: the image and the device may then hold a mix of
@@ -113,23 +128,23 @@ impl Mirror {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             t => t,
         };
-        let (device, backend) = match options.backend {
+        let (devices, backend) = match options.backend {
             Backend::Cpu => (None, format!("cpu ({threads} threads, chosen)")),
             Backend::Cuda => {
-                let d = CudaMirror::open(options)?;
-                let name = format!("cuda ({})", d.device_name());
+                let d = Devices::open(options)?;
+                let name = format!("cuda ({})", d.name());
                 (Some(d), name)
             }
-            Backend::Auto => match CudaMirror::open(options) {
+            Backend::Auto => match Devices::open(options) {
                 Ok(d) => {
-                    let name = format!("cuda ({})", d.device_name());
+                    let name = format!("cuda ({})", d.name());
                     (Some(d), name)
                 }
                 Err(why) => (None, format!("cpu ({threads} threads; no GPU: {why})")),
             },
         };
         let image = ImageTarget::new(engine.heap().capacity(), threads)?;
-        let mut mirror = Mirror { engine, image, state: None, lsn: 0, device, backend, threads, failed_sync: None };
+        let mut mirror = Mirror { engine, image, state: None, lsn: 0, devices, backend, threads, failed_sync: None };
         mirror.sync()?;
         Ok(mirror)
     }
@@ -141,7 +156,7 @@ impl Mirror {
 
     /// Whether queries run on the GPU.
     pub fn on_gpu(&self) -> bool {
-        self.device.is_some()
+        self.devices.is_some()
     }
 
     /// Every answer is exact for this LSN.
@@ -170,8 +185,8 @@ impl Mirror {
 
     fn sync_once(&mut self) -> Result<SyncReport, MirrorError> {
         let started = Instant::now();
-        if let Some(device) = self.device.as_mut() {
-            let pool = device.begin_streamed(self.engine.used_extent())?;
+        if let Some(devices) = self.devices.as_mut() {
+            let pool = devices.primary_mut().begin_streamed(self.engine.used_extent())?;
             return self.sync_streamed(started, pool);
         }
         // The CPU backend: the image is all there is.
@@ -183,24 +198,28 @@ impl Mirror {
 
     /// [`Mirror::sync`] with each copied portion of the image uploaded at once.
     fn sync_streamed(&mut self, started: Instant, pool: Receiver<(usize, PinnedBuffer)>) -> Result<SyncReport, MirrorError> {
-        let device = self.device.as_mut().expect("streams only to a device");
-        let mut sink = Streaming { image: &mut self.image, device, pool, uploaded: 0, failed: None };
+        let devices = self.devices.as_mut().expect("streams only to a device");
+        let replicas = devices.len() > 1;
+        let mut sink = Streaming { image: &mut self.image, device: devices.primary_mut(), pool, uploaded: 0, failed: None, runs: replicas.then(Vec::new) };
         let copied = self.engine.copy_pages_consistent(self.state, &mut sink);
-        let (uploaded, failed) = (sink.uploaded, sink.failed.take());
+        let (uploaded, failed, runs) = (sink.uploaded, sink.failed.take(), sink.runs.take());
         let host = started.elapsed();
         let drained = Instant::now();
         let result = match (copied, failed) {
             (Err(e), _) => Err(e.into()),
             (Ok(_), Some(e)) => Err(e),
-            (Ok((state, copy)), None) => device_end(self.device.as_mut(), copy.extent).map(|()| (state, copy)),
+            (Ok((state, copy)), None) => {
+                let devices = self.devices.as_mut().expect("streamed to the devices");
+                devices.primary_mut().end_streamed(copy.extent).and_then(|()| devices.replicate(self.image.bytes(), &coalesce(runs.unwrap_or_default()), copy.extent)).map(|()| (state, copy))
+            }
         };
         let (state, copy) = match result {
             Ok(done) => done,
             Err(e) => {
                 // Let the uploads end (the device keeps its extent; its contents are unknown
                 // until the next sync, which `sync` makes copy everything).
-                let extent = self.device.as_ref().map_or(0, |d| d.extent());
-                let _ = device_end(self.device.as_mut(), extent);
+                let primary = self.devices.as_mut().expect("streamed to the devices").primary_mut();
+                let _ = primary.end_streamed(primary.extent());
                 return Err(e);
             }
         };
@@ -219,30 +238,30 @@ impl Mirror {
 
     pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
         self.check_synced()?;
-        match &self.device {
-            Some(d) => d.btree_get(meta, keys),
+        match &self.devices {
+            Some(d) => d.split(keys.len(), |d, r| d.btree_get(meta, &keys[r])),
             None => Ok(cpu::btree_get(self.image(), self.threads, meta, keys)?),
         }
     }
 
     pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
         self.check_synced()?;
-        match &self.device {
-            Some(d) => d.btree_count_sum(meta, ranges),
+        match &self.devices {
+            Some(d) => d.split(ranges.len(), |d, r| d.btree_count_sum(meta, &ranges[r])),
             None => Ok(cpu::btree_count_sum(self.image(), self.threads, meta, ranges)?),
         }
     }
 
     pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
         self.check_synced()?;
-        self.split_by_length(keys, |d, short| d.art_get(meta, short), |long| cpu::art_get(self.image(), self.threads, meta, long))
+        self.split_by_length(keys, |d, short| d.split(short.len(), |d, r| d.art_get(meta, &short[r])), |long| cpu::art_get(self.image(), self.threads, meta, long))
     }
 
     pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
         self.check_synced()?;
         self.split_by_length(
             prefixes,
-            |d, short| d.art_count_sum_prefix(meta, short),
+            |d, short| d.split(short.len(), |d, r| d.art_count_sum_prefix(meta, &short[r])),
             |long| cpu::art_count_sum_prefix(self.image(), self.threads, meta, long),
         )
     }
@@ -269,7 +288,7 @@ impl Mirror {
     }
 
     fn batch_memory(&self, kind: BatchKind, capacity: usize) -> Result<BatchMemory, MirrorError> {
-        match &self.device {
+        match &self.devices {
             Some(d) => d.batch_memory(kind, capacity),
             None => Ok(BatchMemory::plain(kind, capacity)),
         }
@@ -293,8 +312,8 @@ impl Mirror {
 
     fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
         self.check_synced()?;
-        if let Some(device) = self.device.as_ref().filter(|d| d.owns(mem)) {
-            return device.answer_into(meta, mem);
+        if let Some(devices) = self.devices.as_ref().filter(|d| d.own(mem)) {
+            return devices.answer_into(meta, mem);
         }
         // The CPU engine, or buffers made by a mirror of another backend or device: the
         // general path, its answers written into the buffers.
@@ -323,9 +342,38 @@ impl Mirror {
         CpuEngine { image: self.image(), threads: self.threads }
     }
 
-    /// The CUDA backend, for the benchmark's device-resident timings.
+    /// The first GPU, for the benchmark's device-resident timings.
     pub fn device(&self) -> Option<&CudaMirror> {
-        self.device.as_ref()
+        self.devices.as_ref().map(|d| d.primary())
+    }
+
+    /// The GPUs.
+    pub fn devices(&self) -> Option<&Devices> {
+        self.devices.as_ref()
+    }
+
+    /// B-link lookups into caller buffers timed per stage on every GPU ([`StageTiming`]);
+    /// None on the CPU backend.
+    pub fn time_btree_get_into(&self, meta: u64, buffers: &mut LookupBuffers, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
+        self.time_into(meta, &mut buffers.mem, rounds)
+    }
+
+    /// B-link range count/sum into caller buffers timed per stage.
+    pub fn time_btree_count_sum_into(&self, meta: u64, buffers: &mut RangeBuffers, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
+        self.time_into(meta, &mut buffers.mem, rounds)
+    }
+
+    /// ART lookups into caller buffers timed per stage.
+    pub fn time_art_get_into(&self, meta: u64, buffers: &mut ArtLookupBuffers, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
+        self.time_into(meta, &mut buffers.mem, rounds)
+    }
+
+    fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
+        self.check_synced()?;
+        match self.devices.as_ref().filter(|d| d.own(mem)) {
+            Some(d) => Ok(Some(d.time_into(meta, mem, rounds)?)),
+            None => Ok(None),
+        }
     }
 
     /// Sends keys of at most [`DEVICE_MAX_KEY`] bytes to the device and longer ones to the
@@ -333,10 +381,10 @@ impl Mirror {
     fn split_by_length<T>(
         &self,
         keys: &[&[u8]],
-        on_device: impl FnOnce(&CudaMirror, &[&[u8]]) -> Result<Vec<T>, MirrorError>,
+        on_device: impl FnOnce(&Devices, &[&[u8]]) -> Result<Vec<T>, MirrorError>,
         on_cpu: impl Fn(&[&[u8]]) -> Result<Vec<T>, crate::IndexError>,
     ) -> Result<Vec<T>, MirrorError> {
-        let Some(device) = &self.device else { return Ok(on_cpu(keys)?) };
+        let Some(device) = &self.devices else { return Ok(on_cpu(keys)?) };
         if keys.iter().all(|k| k.len() <= DEVICE_MAX_KEY) {
             // A batch the kernels cannot finish (a subtree deeper than their walk's stack)
             // is answered by the CPU engine, at the same LSN.

@@ -4,11 +4,13 @@
 
 pub mod buffers;
 pub mod cpu;
+pub mod devices;
 pub mod cuda;
 pub mod engine;
 
 pub use buffers::{ArtLookupBuffers, LookupBuffers, RangeBuffers};
-pub use cuda::StageTiming;
+pub use cuda::CudaMirror;
+pub use devices::{Devices, StageTiming};
 pub use engine::{CpuEngine, Mirror, SyncReport, DEVICE_MAX_KEY};
 
 /// How a mirror is made.
@@ -16,8 +18,9 @@ pub use engine::{CpuEngine, Mirror, SyncReport, DEVICE_MAX_KEY};
 pub struct GpuOptions {
     /// Which backend: `Auto` uses CUDA when a usable device is present, else the CPU.
     pub backend: Backend,
-    /// CUDA device ordinal.
-    pub device: usize,
+    /// Which CUDA devices mirror the heap: each holds a replica, and a batch is split across
+    /// them (each answer exact at the one LSN of the last sync).
+    pub devices: GpuDevices,
     /// Pinned staging buffers for syncs, and the bytes of each.
     pub staging_buffers: usize,
     pub staging_bytes: usize,
@@ -27,7 +30,42 @@ pub struct GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> GpuOptions {
-        GpuOptions { backend: Backend::Auto, device: 0, staging_buffers: 4, staging_bytes: 8 << 20, cpu_threads: 0 }
+        GpuOptions { backend: Backend::Auto, devices: GpuDevices::One(0), staging_buffers: 4, staging_bytes: 8 << 20, cpu_threads: 0 }
+    }
+}
+
+/// The CUDA devices of a mirror.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuDevices {
+    /// This device ordinal.
+    One(usize),
+    /// These ordinals (distinct).
+    List(Vec<usize>),
+    /// Every device of the host.
+    All,
+}
+
+impl GpuDevices {
+    /// The ordinals, given how many devices the host has; an error names one that is not
+    /// there, a repeated one, or an empty list.
+    pub fn ordinals(&self, present: usize) -> Result<Vec<usize>, MirrorError> {
+        let list = match self {
+            GpuDevices::One(d) => vec![*d],
+            GpuDevices::List(l) => l.clone(),
+            GpuDevices::All => (0..present).collect(),
+        };
+        if list.is_empty() {
+            return Err(MirrorError::NoDevice(format!("no CUDA device named ({present} present)")));
+        }
+        for (i, d) in list.iter().enumerate() {
+            if *d >= present {
+                return Err(MirrorError::NoDevice(format!("device {d} asked for, {present} present")));
+            }
+            if list[..i].contains(d) {
+                return Err(MirrorError::NoDevice(format!("device {d} named twice")));
+            }
+        }
+        Ok(list)
     }
 }
 
@@ -69,4 +107,23 @@ pub enum MirrorError {
     Txn(#[from] tusk_txn::TxnError),
     #[error(transparent)]
     Index(#[from] crate::IndexError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists_name_devices_that_are_there_once() {
+        assert_eq!(GpuDevices::All.ordinals(3).unwrap(), [0, 1, 2]);
+        assert_eq!(GpuDevices::One(1).ordinals(2).unwrap(), [1]);
+        assert_eq!(GpuDevices::List(vec![2, 0]).ordinals(3).unwrap(), [2, 0]);
+        for (bad, why) in [(GpuDevices::One(2), "asked for"), (GpuDevices::List(vec![]), "no CUDA device"), (GpuDevices::List(vec![0, 0]), "twice"), (GpuDevices::All, "no CUDA device")] {
+            let present = if bad == GpuDevices::All { 0 } else { 2 };
+            match bad.ordinals(present) {
+                Err(MirrorError::NoDevice(e)) => assert!(e.contains(why), "{bad:?}: {e}"),
+                other => panic!("{bad:?} with {present} devices: {other:?}"),
+            }
+        }
+    }
 }

@@ -8,15 +8,14 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::time::Instant;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 
 use super::raw::{driver, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
-use super::{err_slot, kernel_error, median, CudaMirror, KernelIo, Op, BLOCK, ERR_BYTES};
-use crate::mirror::buffers::{ArtLookupBuffers, BatchKind, BatchMemory, LookupBuffers, RangeBuffers};
+use super::{err_slot, kernel_error, CudaMirror, KernelIo, Op, BLOCK, ERR_BYTES};
+use crate::mirror::buffers::{BatchKind, BatchMemory};
 use crate::mirror::MirrorError;
 
 /// Queries per chunk: a multiple of 64 (one found-bit word), large enough that a kernel fills
@@ -24,10 +23,10 @@ use crate::mirror::MirrorError;
 pub(crate) const CHUNK_QUERIES: usize = 1 << 20;
 const _: () = assert!(CHUNK_QUERIES.is_multiple_of(64));
 
-/// The device side of a set of caller buffers.
+/// One device's side of a set of caller buffers (its share of them).
 pub(crate) struct DeviceQueue {
-    /// The device the twins live on (buffers work with a mirror of that device only).
-    device: usize,
+    /// The device the twins live on.
+    pub(crate) device: usize,
     dev_in: DeviceBuffer,
     dev_out: DeviceBuffer,
     /// Lookups: a found byte per query, then packed into `dev_bits`.
@@ -56,30 +55,35 @@ impl Drop for DeviceQueue {
     }
 }
 
-/// Milliseconds per stage of one batch into caller buffers, each stage alone and then the
-/// whole call (medians of the rounds, host clock: each includes its launches).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StageTiming {
-    pub copy_in_ms: f64,
-    pub kernels_ms: f64,
-    pub copy_out_ms: f64,
-    /// The call as users make it: the three stages overlapped.
-    pub call_ms: f64,
-}
-
 /// Which stages a pass enqueues (timing runs them alone).
 #[derive(Clone, Copy)]
-struct Stages {
+pub(crate) struct Stages {
     copy_in: bool,
     kernels: bool,
     copy_out: bool,
 }
 
-const ALL_STAGES: Stages = Stages { copy_in: true, kernels: true, copy_out: true };
+impl Stages {
+    pub(crate) const ALL: Stages = Stages { copy_in: true, kernels: true, copy_out: true };
+    pub(crate) const COPY_IN: Stages = Stages { copy_in: true, kernels: false, copy_out: false };
+    pub(crate) const KERNELS: Stages = Stages { copy_in: false, kernels: true, copy_out: false };
+    pub(crate) const COPY_OUT: Stages = Stages { copy_in: false, kernels: false, copy_out: true };
+}
+
+/// The caller's pinned memory of one device's slice of a batch: where its queries start,
+/// where their answers and found bits go.
+#[derive(Clone, Copy)]
+pub(crate) struct HostSlice {
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+    pub(crate) bits: u64,
+    pub(crate) n: usize,
+}
 
 impl CudaMirror {
-    /// Pinned host memory and device twins for `capacity` queries of `kind`.
-    pub(crate) fn batch_memory(&self, kind: BatchKind, capacity: usize) -> Result<BatchMemory, MirrorError> {
+    /// Device twins and streams for `capacity` queries of `kind` (this device's share of a
+    /// batch's buffers).
+    pub(crate) fn queue(&self, kind: BatchKind, capacity: usize) -> Result<DeviceQueue, MirrorError> {
         self.bind()?;
         let (in_words, out_words, found_words) = (capacity * kind.in_words(), capacity * kind.out_words(), BatchMemory::found_words(kind, capacity));
         let chunks = capacity.div_ceil(CHUNK_QUERIES).max(1);
@@ -89,7 +93,7 @@ impl CudaMirror {
             copied.push(Event::untimed()?);
             answered.push(Event::untimed()?);
         }
-        let queue = DeviceQueue {
+        Ok(DeviceQueue {
             device: self.device,
             dev_in: DeviceBuffer::alloc(8 * in_words)?,
             dev_out: DeviceBuffer::alloc(8 * out_words)?,
@@ -103,40 +107,33 @@ impl CudaMirror {
             copied,
             answered,
             ctx: self.ctx.clone(),
-        };
-        let input = HostMemory::pinned(in_words)?;
-        let output = HostMemory::pinned(out_words)?;
-        let found = HostMemory::pinned(found_words)?;
-        Ok(BatchMemory::new(kind, capacity, input, output, found, Some(queue)))
+        })
     }
 
-    /// Answers the queries set in `mem` into its answer memory, at the mirror's LSN. `mem`
-    /// must come from [`CudaMirror::batch_memory`] of this device.
-    pub(crate) fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
-        self.pass_into(meta, mem, ALL_STAGES)?;
-        mem.mark_answered();
-        Ok(())
+    /// Pinned host memory for `capacity` queries of `kind` (portable: every device's copies
+    /// reach it).
+    pub(crate) fn host_memory(kind: BatchKind, capacity: usize) -> Result<[HostMemory; 3], MirrorError> {
+        let (in_words, out_words, found_words) = (capacity * kind.in_words(), capacity * kind.out_words(), BatchMemory::found_words(kind, capacity));
+        Ok([HostMemory::pinned(in_words)?, HostMemory::pinned(out_words)?, HostMemory::pinned(found_words)?])
     }
 
-    /// One pass of `stages` over the queries set in `mem`; returns once every copy and kernel
-    /// of it completed.
-    fn pass_into(&self, meta: u64, mem: &mut BatchMemory, stages: Stages) -> Result<(), MirrorError> {
-        let n = mem.len();
-        let kind = mem.kind;
-        let queue = match mem.device.as_ref() {
-            Some(q) if q.device == self.device => q,
-            Some(q) => return Err(MirrorError::Unsupported(format!("buffers made for CUDA device {} used with a mirror on device {}", q.device, self.device))),
-            None => return Err(MirrorError::Unsupported("buffers without device memory used with the CUDA backend".into())),
-        };
-        if n == 0 {
+    /// Queues `stages` of a pass over `host`'s queries on `queue` (made by this device),
+    /// without waiting: [`CudaMirror::finish_pass`] waits.
+    pub(crate) fn start_pass(&self, meta: u64, kind: BatchKind, queue: &DeviceQueue, host: HostSlice, stages: Stages) -> Result<(), MirrorError> {
+        assert_eq!(queue.device, self.device, "a device's queue on its own device");
+        if host.n == 0 {
             return Ok(());
         }
         self.bind()?;
         let heap = self.heap_ptr(meta)?;
-        let pinned = |m: &HostMemory| m.pinned_addr().expect("device buffers are pinned");
-        let (host_in, host_out, host_bits) = (pinned(&mem.input), pinned(&mem.output), pinned(&mem.found));
-        let queued = self.enqueue(meta, heap, kind, queue, n, host_in, host_out, host_bits, stages);
-        // Whatever happened, nothing may still copy into the caller's memory after this returns.
+        self.enqueue(meta, heap, kind, queue, host.n, host.input, host.output, host.bits, stages)
+    }
+
+    /// Waits for every copy and kernel of the pass on `queue` and checks its kernels' error
+    /// slot. Always waits, even after an error: nothing may still copy into the caller's memory
+    /// once the call returns.
+    pub(crate) fn finish_pass(&self, kind: BatchKind, queue: &DeviceQueue, n: usize, stages: Stages) -> Result<(), MirrorError> {
+        self.bind()?;
         let mut synced = Ok(());
         for s in [&queue.copy_in, &queue.run, &queue.copy_out] {
             let r = s.sync();
@@ -144,9 +141,9 @@ impl CudaMirror {
                 synced = r;
             }
         }
-        queued?;
         synced?;
-        if stages.kernels {
+        // (No queries: no kernel ran, and the slot still holds an earlier pass's report.)
+        if stages.kernels && n > 0 {
             let (code, at) = err_slot(queue.pin_err.as_slice());
             if code != 0 {
                 return Err(kernel_error(op_of(kind), code, at));
@@ -225,46 +222,6 @@ impl CudaMirror {
         unsafe { cu::launch_kernel(k.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream.raw(), &mut params) }.map_err(|e| driver("launching tusk_found_bits", e))
     }
 
-    /// Whether `mem` has device twins on this mirror's device.
-    pub(crate) fn owns(&self, mem: &BatchMemory) -> bool {
-        mem.device.as_ref().is_some_and(|q| q.device == self.device)
-    }
-
-    /// B-link lookups into caller buffers, timed per stage ([`StageTiming`]).
-    pub fn time_btree_get_into(&self, meta: u64, buffers: &mut LookupBuffers, rounds: usize) -> Result<StageTiming, MirrorError> {
-        self.time_into(meta, &mut buffers.mem, rounds)
-    }
-
-    /// B-link range count/sum into caller buffers, timed per stage.
-    pub fn time_btree_count_sum_into(&self, meta: u64, buffers: &mut RangeBuffers, rounds: usize) -> Result<StageTiming, MirrorError> {
-        self.time_into(meta, &mut buffers.mem, rounds)
-    }
-
-    /// ART lookups into caller buffers, timed per stage.
-    pub fn time_art_get_into(&self, meta: u64, buffers: &mut ArtLookupBuffers, rounds: usize) -> Result<StageTiming, MirrorError> {
-        self.time_into(meta, &mut buffers.mem, rounds)
-    }
-
-    /// Times a batch into `mem`'s buffers: each stage alone, then the whole call; medians of
-    /// `rounds` after a warm-up. The answers are left in `mem`.
-    fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<StageTiming, MirrorError> {
-        let time = |stages: Stages, mem: &mut BatchMemory| -> Result<f64, MirrorError> {
-            self.pass_into(meta, mem, stages)?;
-            let mut ms = Vec::with_capacity(rounds.max(1));
-            for _ in 0..rounds.max(1) {
-                let started = Instant::now();
-                self.pass_into(meta, mem, stages)?;
-                ms.push(started.elapsed().as_secs_f64() * 1e3);
-            }
-            Ok(median(ms))
-        };
-        let copy_in_ms = time(Stages { copy_in: true, kernels: false, copy_out: false }, mem)?;
-        let kernels_ms = time(Stages { copy_in: false, kernels: true, copy_out: false }, mem)?;
-        let copy_out_ms = time(Stages { copy_in: false, kernels: false, copy_out: true }, mem)?;
-        let call_ms = time(ALL_STAGES, mem)?;
-        mem.mark_answered();
-        Ok(StageTiming { copy_in_ms, kernels_ms, copy_out_ms, call_ms })
-    }
 }
 
 fn op_of(kind: BatchKind) -> Op {

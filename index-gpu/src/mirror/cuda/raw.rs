@@ -82,7 +82,9 @@ impl PinnedBuffer {
     pub(crate) fn alloc(bytes: usize) -> Result<PinnedBuffer, MirrorError> {
         let bytes = bytes.max(8);
         // SAFETY: a plain allocation; zeroed below before any read.
-        let ptr = unsafe { cu::malloc_host(bytes, 0) }.map_err(|e| alloc_error("cuMemHostAlloc", bytes, e))? as *mut u8;
+        // Portable: every device's copies may read and write it (several GPUs split batches
+        // over one set of caller buffers).
+        let ptr = unsafe { cu::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| alloc_error("cuMemHostAlloc", bytes, e))? as *mut u8;
         // SAFETY: ptr points to `bytes` writable bytes just allocated.
         unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
         Ok(PinnedBuffer { ptr, bytes })

@@ -1,0 +1,192 @@
+//! Every GPU a mirror uses ([`GpuDevices`]): each holds a replica of the mirrored heap, and a
+//! batch is cut into one contiguous slice per device, answered on all of them at once and
+//! put back in order. All replicas are synced together, to one LSN, so every answer of a
+//! batch is exact at that LSN whichever device gave it.
+//!
+//! - **Syncs**: the first device gets the streamed upload (`cuda/streamed.rs`); the others
+//!   then get the same runs from the host image through their own staging buffers, each on
+//!   its own thread.
+//! - **Batches** (`get_batch` and the like): one host thread per device, each running that
+//!   device's chunked pipeline over its slice.
+//! - **Caller buffers**: one set of pinned host memory (portable, so every device's copies
+//!   reach it) and one queue of device twins per device, sized for its slice; every device's
+//!   pass is queued before any is waited for.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use super::buffers::{BatchKind, BatchMemory};
+use super::cuda::{CudaMirror, HostSlice, Stages};
+use super::{GpuDevices, GpuOptions, MirrorError};
+
+/// Milliseconds per stage of one batch into caller buffers, each stage alone and then the
+/// whole call (medians of the rounds, host clock: each includes its launches), over every
+/// device of the mirror at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StageTiming {
+    pub copy_in_ms: f64,
+    pub kernels_ms: f64,
+    pub copy_out_ms: f64,
+    /// The call as users make it: the three stages overlapped.
+    pub call_ms: f64,
+}
+
+/// The devices of a mirror (at least one).
+pub struct Devices {
+    list: Vec<CudaMirror>,
+}
+
+impl Devices {
+    /// Opens every device `options` name.
+    pub fn open(options: &GpuOptions) -> Result<Devices, MirrorError> {
+        let ordinals = match &options.devices {
+            GpuDevices::One(d) => vec![*d],
+            other => other.ordinals(CudaMirror::device_count()?)?,
+        };
+        let list = ordinals.into_iter().map(|d| CudaMirror::open_ordinal(options, d)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Devices { list })
+    }
+
+    /// The devices, in the order batches are cut.
+    pub fn all(&self) -> &[CudaMirror] {
+        &self.list
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// "NVIDIA H100 80GB HBM3 (sm_90)", or "2 × …" for several of one name.
+    pub fn name(&self) -> String {
+        let first = self.list[0].device_name();
+        match self.list.len() {
+            1 => first,
+            n if self.list.iter().all(|d| d.device_name() == first) => format!("{n} × {first}"),
+            _ => self.list.iter().map(|d| d.device_name()).collect::<Vec<_>>().join(" + "),
+        }
+    }
+
+    pub(crate) fn primary_mut(&mut self) -> &mut CudaMirror {
+        &mut self.list[0]
+    }
+
+    pub(crate) fn primary(&self) -> &CudaMirror {
+        &self.list[0]
+    }
+
+    /// Uploads `runs` of `image` to every device but the first (which streamed them), each
+    /// from its own thread.
+    pub(crate) fn replicate(&mut self, image: &[u8], runs: &[Range<u64>], extent: u64) -> Result<(), MirrorError> {
+        let others = &mut self.list[1..];
+        if others.is_empty() {
+            return Ok(());
+        }
+        std::thread::scope(|s| {
+            let uploads: Vec<_> = others.iter_mut().map(|d| s.spawn(move || d.upload(image, runs, extent))).collect();
+            uploads.into_iter().map(|u| u.join().expect("an upload thread does not panic")).collect::<Result<Vec<()>, _>>()
+        })?;
+        Ok(())
+    }
+
+    /// Where device `i`'s slice of `n` queries starts and ends: equal slices, each starting at
+    /// a multiple of 64 queries (one found-bit word).
+    fn slice(&self, i: usize, n: usize) -> Range<usize> {
+        let share = n.div_ceil(self.list.len()).next_multiple_of(64);
+        (i * share).min(n)..((i + 1) * share).min(n)
+    }
+
+    /// Runs `f` on every device over its slice of `n` queries, each on its own thread, and
+    /// puts the answers back in order.
+    pub(crate) fn split<T: Send>(&self, n: usize, f: impl Fn(&CudaMirror, Range<usize>) -> Result<Vec<T>, MirrorError> + Sync) -> Result<Vec<T>, MirrorError> {
+        if self.list.len() == 1 {
+            return f(&self.list[0], 0..n);
+        }
+        let parts: Vec<Result<Vec<T>, MirrorError>> = std::thread::scope(|s| {
+            let f = &f;
+            let handles: Vec<_> = self.list.iter().enumerate().map(|(i, d)| (d, self.slice(i, n))).map(|(d, r)| s.spawn(move || f(d, r))).collect();
+            handles.into_iter().map(|h| h.join().expect("a device thread does not panic")).collect()
+        });
+        let mut out = Vec::with_capacity(n);
+        for part in parts {
+            out.extend(part?);
+        }
+        Ok(out)
+    }
+
+    /// Pinned host memory and each device's queue for batches of up to `capacity` queries.
+    pub(crate) fn batch_memory(&self, kind: BatchKind, capacity: usize) -> Result<BatchMemory, MirrorError> {
+        let queues = (0..self.list.len()).map(|i| self.list[i].queue(kind, self.slice(i, capacity).len())).collect::<Result<Vec<_>, _>>()?;
+        let [input, output, found] = CudaMirror::host_memory(kind, capacity)?;
+        Ok(BatchMemory::new(kind, capacity, input, output, found, queues))
+    }
+
+    /// Whether `mem`'s queues are this mirror's devices', in order.
+    pub(crate) fn own(&self, mem: &BatchMemory) -> bool {
+        mem.device.len() == self.list.len() && mem.device.iter().zip(&self.list).all(|(q, d)| q.device == d.ordinal())
+    }
+
+    /// One pass of `stages` over the queries set in `mem`, on every device at once.
+    pub(crate) fn pass(&self, meta: u64, mem: &BatchMemory, stages: Stages) -> Result<(), MirrorError> {
+        assert!(self.own(mem), "buffers of these devices");
+        let (n, kind) = (mem.len(), mem.kind);
+        let pinned = |m: &super::cuda::raw::HostMemory| m.pinned_addr().expect("device buffers are pinned");
+        let (input, output, bits) = (pinned(&mem.input), pinned(&mem.output), pinned(&mem.found));
+        let mut started = Vec::with_capacity(self.list.len());
+        let mut result = Ok(());
+        for (i, (d, q)) in self.list.iter().zip(&mem.device).enumerate() {
+            let r = self.slice(i, n);
+            let host = HostSlice {
+                input: input + (8 * kind.in_words() * r.start) as u64,
+                output: output + (8 * kind.out_words() * r.start) as u64,
+                bits: bits + (8 * (r.start / 64)) as u64,
+                n: r.len(),
+            };
+            result = d.start_pass(meta, kind, q, host, stages);
+            started.push((d, q));
+            if result.is_err() {
+                break;
+            }
+        }
+        // Every started pass is waited for, whatever failed.
+        for (i, (d, q)) in started.into_iter().enumerate() {
+            let r = d.finish_pass(kind, q, self.slice(i, n).len(), stages);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    /// Answers the queries set in `mem` into its answer memory.
+    pub(crate) fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
+        self.pass(meta, mem, Stages::ALL)?;
+        mem.mark_answered();
+        Ok(())
+    }
+
+    /// Times a batch into `mem`'s buffers: each stage alone, then the whole call, on every
+    /// device at once; medians of `rounds` after a warm-up. The answers are left in `mem`.
+    pub(crate) fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<StageTiming, MirrorError> {
+        let time = |stages: Stages, mem: &BatchMemory| -> Result<f64, MirrorError> {
+            self.pass(meta, mem, stages)?;
+            let mut ms = Vec::with_capacity(rounds.max(1));
+            for _ in 0..rounds.max(1) {
+                let started = Instant::now();
+                self.pass(meta, mem, stages)?;
+                ms.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            ms.sort_by(f64::total_cmp);
+            Ok(ms[ms.len() / 2])
+        };
+        let copy_in_ms = time(Stages::COPY_IN, mem)?;
+        let kernels_ms = time(Stages::KERNELS, mem)?;
+        let copy_out_ms = time(Stages::COPY_OUT, mem)?;
+        let call_ms = time(Stages::ALL, mem)?;
+        mem.mark_answered();
+        Ok(StageTiming { copy_in_ms, kernels_ms, copy_out_ms, call_ms })
+    }
+}
