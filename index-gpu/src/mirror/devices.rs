@@ -3,9 +3,9 @@
 //! put back in order. All replicas are synced together, to one LSN, so every answer of a
 //! batch is exact at that LSN whichever device gave it.
 //!
-//! - **Syncs**: the first device gets the streamed upload (`cuda/streamed.rs`); the others
-//!   then get the same runs from the host image through their own staging buffers, each on
-//!   its own thread.
+//! - **Syncs**: every device takes each streamed portion from the same pinned buffer
+//!   (`cuda/streamed.rs`), so a sync of several costs about what a sync of one does while
+//!   the host's memory keeps up.
 //! - **Batches** (`get_batch` and the like): one host thread per device, each running that
 //!   device's chunked pipeline over its slice.
 //! - **Caller buffers**: one set of pinned host memory (portable, so every device's copies
@@ -14,6 +14,7 @@
 
 use std::ops::Range;
 use std::time::Instant;
+
 
 use super::buffers::{BatchKind, BatchMemory};
 use super::cuda::{CudaMirror, HostSlice, Stages};
@@ -70,26 +71,16 @@ impl Devices {
         }
     }
 
+    pub(crate) fn all_mut(&mut self) -> &mut [CudaMirror] {
+        &mut self.list
+    }
+
     pub(crate) fn primary_mut(&mut self) -> &mut CudaMirror {
         &mut self.list[0]
     }
 
     pub(crate) fn primary(&self) -> &CudaMirror {
         &self.list[0]
-    }
-
-    /// Uploads `runs` of `image` to every device but the first (which streamed them), each
-    /// from its own thread.
-    pub(crate) fn replicate(&mut self, image: &[u8], runs: &[Range<u64>], extent: u64) -> Result<(), MirrorError> {
-        let others = &mut self.list[1..];
-        if others.is_empty() {
-            return Ok(());
-        }
-        std::thread::scope(|s| {
-            let uploads: Vec<_> = others.iter_mut().map(|d| s.spawn(move || d.upload(image, runs, extent))).collect();
-            uploads.into_iter().map(|u| u.join().expect("an upload thread does not panic")).collect::<Result<Vec<()>, _>>()
-        })?;
-        Ok(())
     }
 
     /// Where device `i`'s slice of `n` queries starts and ends: equal slices, each starting at

@@ -56,26 +56,21 @@ pub struct SyncReport {
 /// reach its LSN); it is kept and reported after, and later portions go back to the pool.
 struct Streaming<'a> {
     image: &'a mut ImageTarget,
-    device: &'a mut CudaMirror,
+    devices: &'a mut Devices,
     pool: Receiver<(usize, PinnedBuffer)>,
     uploaded: u64,
     failed: Option<MirrorError>,
-    /// Every run copied, for the other devices (None: there are none).
-    runs: Option<Vec<Range<u64>>>,
 }
 
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
-        if let Some(all) = self.runs.as_mut() {
-            all.extend(runs.iter().cloned());
-        }
         let pool = &self.pool;
         let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces);
         // About four portions per copier, so that the bus starts early, but none so small that
         // a buffer's fixed costs dominate.
         let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
         let portion = (total / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64) / PAGE_SIZE * PAGE_SIZE;
-        let (device, uploaded, failed) = (&mut *self.device, &mut self.uploaded, &mut self.failed);
+        let (device, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
         self.image
             .copy_runs_streamed::<_, std::convert::Infallible>(heap, runs, portion, &prepare, &mut |packed| {
                 if failed.is_some() {
@@ -91,19 +86,6 @@ impl PageSink for Streaming<'_> {
             .unwrap_or_else(|never| match never {});
         Ok(())
     }
-}
-
-/// Sorted, merged, disjoint runs (a page copied in both passes of a sync, once).
-fn coalesce(mut runs: Vec<Range<u64>>) -> Vec<Range<u64>> {
-    runs.sort_unstable_by_key(|r| r.start);
-    let mut out: Vec<Range<u64>> = Vec::with_capacity(runs.len());
-    for r in runs {
-        match out.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => out.push(r),
-        }
-    }
-    out
 }
 
 pub struct Mirror {
@@ -186,7 +168,7 @@ impl Mirror {
     fn sync_once(&mut self) -> Result<SyncReport, MirrorError> {
         let started = Instant::now();
         if let Some(devices) = self.devices.as_mut() {
-            let pool = devices.primary_mut().begin_streamed(self.engine.used_extent())?;
+            let pool = devices.begin_streamed(self.engine.used_extent())?;
             return self.sync_streamed(started, pool);
         }
         // The CPU backend: the image is all there is.
@@ -199,27 +181,24 @@ impl Mirror {
     /// [`Mirror::sync`] with each copied portion of the image uploaded at once.
     fn sync_streamed(&mut self, started: Instant, pool: Receiver<(usize, PinnedBuffer)>) -> Result<SyncReport, MirrorError> {
         let devices = self.devices.as_mut().expect("streams only to a device");
-        let replicas = devices.len() > 1;
-        let mut sink = Streaming { image: &mut self.image, device: devices.primary_mut(), pool, uploaded: 0, failed: None, runs: replicas.then(Vec::new) };
+        let mut sink = Streaming { image: &mut self.image, devices, pool, uploaded: 0, failed: None };
         let copied = self.engine.copy_pages_consistent(self.state, &mut sink);
-        let (uploaded, failed, runs) = (sink.uploaded, sink.failed.take(), sink.runs.take());
+        let (uploaded, failed) = (sink.uploaded, sink.failed.take());
         let host = started.elapsed();
         let drained = Instant::now();
         let result = match (copied, failed) {
             (Err(e), _) => Err(e.into()),
             (Ok(_), Some(e)) => Err(e),
-            (Ok((state, copy)), None) => {
-                let devices = self.devices.as_mut().expect("streamed to the devices");
-                devices.primary_mut().end_streamed(copy.extent).and_then(|()| devices.replicate(self.image.bytes(), &coalesce(runs.unwrap_or_default()), copy.extent)).map(|()| (state, copy))
-            }
+            (Ok((state, copy)), None) => self.devices.as_mut().expect("streamed to the devices").end_streamed(copy.extent).map(|()| (state, copy)),
         };
         let (state, copy) = match result {
             Ok(done) => done,
             Err(e) => {
                 // Let the uploads end (the device keeps its extent; its contents are unknown
                 // until the next sync, which `sync` makes copy everything).
-                let primary = self.devices.as_mut().expect("streamed to the devices").primary_mut();
-                let _ = primary.end_streamed(primary.extent());
+                let devices = self.devices.as_mut().expect("streamed to the devices");
+                let extent = devices.primary().extent();
+                let _ = devices.end_streamed(extent);
                 return Err(e);
             }
         };

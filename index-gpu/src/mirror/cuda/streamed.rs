@@ -15,7 +15,11 @@
 //!
 //! Buffers go round: idle ones wait in a channel the copiers take from; a submitted one
 //! comes back once its scatter has completed. At most all but one are in flight, so a
-//! copier waiting for a buffer always has one coming (see `submit_streamed`).
+//! copier waiting for a buffer always has one coming (see `Devices::submit_streamed`).
+//!
+//! A mirror on several GPUs streams to all of them at once: the pinned buffers (portable)
+//! belong to the first device, and every device copies each one into its own twin and
+//! scatters it; a buffer comes back once every device has scattered it.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -26,6 +30,7 @@ use cudarc::driver::sys;
 
 use super::raw::{driver, DeviceBuffer, Event, PinnedBuffer, Stream};
 use super::{err_slot, CudaMirror, BLOCK, ERR_BYTES, PIECE};
+use crate::mirror::devices::Devices;
 use crate::mirror::MirrorError;
 
 /// Most bytes of heap a stream buffer carries (the image copy's largest portion).
@@ -65,39 +70,47 @@ struct Twin {
     done: Event,
 }
 
-/// The stream buffers of a mirror.
+/// The pinned buffers of a streamed sync and their round: held by the first device of a
+/// mirror; the others copy from the same (portable) buffers into their own twins.
+struct Pool {
+    /// Idle pinned buffers, for the copiers; `back` puts buffers back.
+    idle: Receiver<(usize, PinnedBuffer)>,
+    back: Sender<(usize, PinnedBuffer)>,
+    /// Submitted, oldest first.
+    in_flight: VecDeque<(usize, PinnedBuffer)>,
+}
+
+/// A device's side of streamed syncs.
 pub(crate) struct StreamBuffers {
     /// By buffer id.
     device: Vec<Twin>,
     /// The copies' stream (the scatters go on the sync stream, each after its copy): a copy
     /// crosses the bus while the scatter before it runs.
     copy: Stream,
-    /// Idle pinned buffers, for the copiers (`pool`); the sender puts buffers back.
-    pool: Receiver<(usize, PinnedBuffer)>,
-    back: Sender<(usize, PinnedBuffer)>,
-    /// Submitted, oldest first.
-    in_flight: VecDeque<(usize, PinnedBuffer)>,
+    pool: Option<Pool>,
 }
 
 impl StreamBuffers {
-    fn new() -> Result<StreamBuffers, MirrorError> {
-        let (back, pool) = crossbeam_channel::bounded(STREAM_BUFFERS);
+    fn new(with_pool: bool) -> Result<StreamBuffers, MirrorError> {
         let mut device = Vec::with_capacity(STREAM_BUFFERS);
-        for id in 0..STREAM_BUFFERS {
+        for _ in 0..STREAM_BUFFERS {
             device.push(Twin { dev: DeviceBuffer::alloc(BUFFER_BYTES)?, copied: Event::untimed()?, done: Event::untimed()? });
-            back.send((id, PinnedBuffer::alloc(BUFFER_BYTES)?)).expect("room for every buffer");
         }
-        Ok(StreamBuffers { device, copy: Stream::new()?, pool, back, in_flight: VecDeque::new() })
+        let pool = if with_pool {
+            let (back, idle) = crossbeam_channel::bounded(STREAM_BUFFERS);
+            for id in 0..STREAM_BUFFERS {
+                back.send((id, PinnedBuffer::alloc(BUFFER_BYTES)?)).expect("room for every buffer");
+            }
+            Some(Pool { idle, back, in_flight: VecDeque::new() })
+        } else {
+            None
+        };
+        Ok(StreamBuffers { device, copy: Stream::new()?, pool })
     }
 
     /// Waits for the copies in flight (before the buffers are freed).
     pub(crate) fn sync_copies(&self) {
         let _ = self.copy.sync();
-    }
-
-    /// The channel idle buffers are taken from, for [`pack`].
-    pub(crate) fn pool(&self) -> &Receiver<(usize, PinnedBuffer)> {
-        &self.pool
     }
 }
 
@@ -125,45 +138,27 @@ pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8]
 
 impl CudaMirror {
     /// Starts a streamed sync of an image whose extent is about `extent_hint`: grows the device
-    /// heap, and returns the stream buffers' pool for [`pack`].
-    pub(crate) fn begin_streamed(&mut self, extent_hint: u64) -> Result<Receiver<(usize, PinnedBuffer)>, MirrorError> {
+    /// heap; with `pool` (the first device), returns the pinned buffers' pool for [`pack`].
+    pub(crate) fn begin_streamed(&mut self, extent_hint: u64, pool: bool) -> Result<Option<Receiver<(usize, PinnedBuffer)>>, MirrorError> {
         self.bind()?;
         self.grow(extent_hint)?;
         if self.streams.is_none() {
-            self.streams = Some(StreamBuffers::new()?);
+            self.streams = Some(StreamBuffers::new(pool)?);
         }
-        Ok(self.streams.as_ref().expect("made above").pool().clone())
+        Ok(self.streams.as_ref().expect("made above").pool.as_ref().map(|p| p.idle.clone()))
     }
 
-    /// Copies a packed buffer to its device twin and scatters it into the heap, on the sync
-    /// stream, without waiting; takes back buffers whose scatter has completed, and waits for
-    /// the oldest when all but one are in flight (so that a copier waiting for an idle buffer
-    /// is never left without one).
-    pub(crate) fn submit_streamed(&mut self, packed: Packed) -> Result<(), MirrorError> {
-        match self.try_submit(&packed) {
-            Ok(()) => {
-                let streams = self.streams.as_mut().expect("begin_streamed made the buffers");
-                streams.in_flight.push_back((packed.id, packed.buffer));
-                self.take_back_done()
-            }
-            Err(e) => {
-                // Back to the pool, so that no copier waits for it forever. A copy from it may
-                // still be queued, but this sync fails and the next copies everything again,
-                // so what the device gets from it no longer matters.
-                self.give_back(packed);
-                Err(e)
-            }
-        }
+    fn streams(&self) -> &StreamBuffers {
+        self.streams.as_ref().expect("begin_streamed made the buffers")
     }
 
-    /// Puts a packed buffer back in the pool unsent (after a failed sync's error, the copiers
-    /// still pack what they copied; their buffers must come back or they would wait forever).
-    pub(crate) fn give_back(&mut self, packed: Packed) {
-        let streams = self.streams.as_mut().expect("begin_streamed made the buffers");
-        streams.back.send((packed.id, packed.buffer)).expect("room for every buffer");
+    fn pool(&mut self) -> &mut Pool {
+        self.streams.as_mut().and_then(|s| s.pool.as_mut()).expect("the first device holds the pool")
     }
 
-    fn try_submit(&mut self, packed: &Packed) -> Result<(), MirrorError> {
+    /// Copies a packed buffer to this device's twin of it and scatters it into the heap, on
+    /// the sync stream, without waiting.
+    pub(crate) fn enqueue_packed(&mut self, packed: &Packed) -> Result<(), MirrorError> {
         self.bind()?;
         let end = packed_end(packed);
         self.grow(end)?;
@@ -171,13 +166,13 @@ impl CudaMirror {
         let (mut a_heap, mut a_extent) = (heap.ptr(), heap.bytes() as u64);
         let scatter = self.kernels.scatter;
         let stream = &self.staging[0].stream;
-        let streams = self.streams.as_ref().expect("begin_streamed made the buffers");
+        let streams = self.streams();
         let twin = &streams.device[packed.id];
         let dev = &twin.dev;
         // SAFETY: the table and the pieces, [0, TABLE_BYTES + pieces * PIECE), lie inside the
         // pinned buffer and its device twin (both BUFFER_BYTES); the pinned bytes stay untouched
-        // until `done` completes (the buffer comes back to the pool only after that), and the
-        // twin is not written again before then either (only through that buffer).
+        // until every device's `done` for it completed (the buffer comes back to the pool only
+        // after that), and the twin is not written again before then either.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dev.ptr(), packed.buffer.ptr(), TABLE_BYTES + packed.pieces * PIECE, streams.copy.raw()) }
             .result()
             .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
@@ -200,33 +195,30 @@ impl CudaMirror {
         Ok(())
     }
 
-    /// Takes back the submitted buffers whose scatter has completed, waiting for the oldest
-    /// while all but one are in flight.
-    fn take_back_done(&mut self) -> Result<(), MirrorError> {
-        let streams = self.streams.as_mut().expect("begin_streamed made the buffers");
-        while let Some(&(id, _)) = streams.in_flight.front() {
-            let all_but_one = streams.in_flight.len() >= STREAM_BUFFERS - 1;
-            if !all_but_one && !streams.device[id].done.done()? {
-                break;
-            }
-            streams.device[id].done.sync()?;
-            let idle = streams.in_flight.pop_front().expect("front exists");
-            streams.back.send(idle).expect("room for every buffer");
-        }
-        Ok(())
+    /// Whether this device's scatter of buffer `id` has completed.
+    fn scattered(&self, id: usize) -> Result<bool, MirrorError> {
+        self.bind()?;
+        self.streams().device[id].done.done()
     }
 
-    /// Ends a streamed sync: waits for every upload, takes every buffer back, checks the
-    /// scatter's error slot, and answers for heap bytes [0, extent) from now on.
+    /// Waits for this device's scatter of buffer `id`.
+    fn wait_scattered(&self, id: usize) -> Result<(), MirrorError> {
+        self.bind()?;
+        self.streams().device[id].done.sync()
+    }
+
+    /// Ends a streamed sync on this device: waits for every upload, checks the scatter's
+    /// error slot, and answers for heap bytes [0, extent) from now on. The first device also
+    /// takes every buffer back.
     pub(crate) fn end_streamed(&mut self, extent: u64) -> Result<(), MirrorError> {
         self.bind()?;
         if let Some(streams) = self.streams.as_ref() {
             streams.copy.sync()?;
         }
         self.staging[0].stream.sync()?;
-        if let Some(streams) = self.streams.as_mut() {
-            while let Some(idle) = streams.in_flight.pop_front() {
-                streams.back.send(idle).expect("room for every buffer");
+        if let Some(pool) = self.streams.as_mut().and_then(|s| s.pool.as_mut()) {
+            while let Some(idle) = pool.in_flight.pop_front() {
+                pool.back.send(idle).expect("room for every buffer");
             }
         }
         let err = &self.staging[0].err;
@@ -242,6 +234,83 @@ impl CudaMirror {
         self.grow(extent)?;
         self.extent = extent;
         Ok(())
+    }
+}
+
+impl Devices {
+    /// Starts a streamed sync on every device; returns the pool of pinned buffers for
+    /// [`pack`].
+    pub(crate) fn begin_streamed(&mut self, extent_hint: u64) -> Result<Receiver<(usize, PinnedBuffer)>, MirrorError> {
+        let mut pool = None;
+        for (i, d) in self.all_mut().iter_mut().enumerate() {
+            let p = d.begin_streamed(extent_hint, i == 0)?;
+            pool = pool.or(p);
+        }
+        Ok(pool.expect("the first device holds the pool"))
+    }
+
+    /// Uploads a packed buffer to every device (the same pinned bytes, each device's own copy
+    /// and scatter), without waiting; takes back the buffers every device has scattered, and
+    /// waits for the oldest while all but one are in flight (so that a copier waiting for an
+    /// idle buffer always has one coming).
+    pub(crate) fn submit_streamed(&mut self, packed: Packed) -> Result<(), MirrorError> {
+        let mut queued = Ok(());
+        for d in self.all_mut() {
+            queued = d.enqueue_packed(&packed);
+            if queued.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = queued {
+            // Back to the pool, so that no copier waits for it forever. A copy from it may
+            // still be queued, but this sync fails and the next copies everything again, so
+            // what the devices get from it no longer matters.
+            self.give_back(packed);
+            return Err(e);
+        }
+        self.primary_mut().pool().in_flight.push_back((packed.id, packed.buffer));
+        loop {
+            let (front, count) = {
+                let pool = self.primary_mut().pool();
+                match pool.in_flight.front() {
+                    Some(&(id, _)) => (id, pool.in_flight.len()),
+                    None => return Ok(()),
+                }
+            };
+            if count < STREAM_BUFFERS - 1 {
+                let mut done = true;
+                for d in self.all() {
+                    done &= d.scattered(front)?;
+                }
+                if !done {
+                    return Ok(());
+                }
+            }
+            for d in self.all() {
+                d.wait_scattered(front)?;
+            }
+            let pool = self.primary_mut().pool();
+            let idle = pool.in_flight.pop_front().expect("front exists");
+            pool.back.send(idle).expect("room for every buffer");
+        }
+    }
+
+    /// Puts a packed buffer back in the pool unsent (after a failed sync's error, the copiers
+    /// still pack what they copied; their buffers must come back or they would wait forever).
+    pub(crate) fn give_back(&mut self, packed: Packed) {
+        self.primary_mut().pool().back.send((packed.id, packed.buffer)).expect("room for every buffer");
+    }
+
+    /// Ends a streamed sync on every device (each waited for, whatever failed).
+    pub(crate) fn end_streamed(&mut self, extent: u64) -> Result<(), MirrorError> {
+        let mut result = Ok(());
+        for d in self.all_mut() {
+            let r = d.end_streamed(extent);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
     }
 }
 
