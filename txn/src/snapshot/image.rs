@@ -290,7 +290,7 @@ mod tests {
         let long: Vec<Range<u64>> = (0..300u64).map(|i| i * 3 * (1 << 20)..(i * 3 + 1) * (1 << 20)).collect();
         for (what, runs) in [("1% scattered pages", &scattered), ("300 runs of 1 MiB", &long)] {
             let bytes: u64 = runs.iter().map(|r| r.end - r.start).sum();
-            let mut time = |f: &mut dyn FnMut()| {
+            let time = |f: &mut dyn FnMut()| {
                 let mut ms: Vec<f64> = (0..7)
                     .map(|_| {
                         let t = std::time::Instant::now();
