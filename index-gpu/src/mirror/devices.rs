@@ -32,6 +32,17 @@ pub struct StageTiming {
     pub call_ms: f64,
 }
 
+/// Device `i`'s slice of `n` queries cut for `devices` devices.
+fn slice(devices: usize, i: usize, n: usize) -> Range<usize> {
+    let share = share(devices, n);
+    (i * share).min(n)..((i + 1) * share).min(n)
+}
+
+/// The longest slice of `n` queries over `devices` devices: no slice of fewer queries is longer.
+fn share(devices: usize, n: usize) -> usize {
+    n.div_ceil(devices).next_multiple_of(64)
+}
+
 /// The devices of a mirror (at least one).
 pub struct Devices {
     list: Vec<CudaMirror>,
@@ -86,8 +97,11 @@ impl Devices {
     /// Where device `i`'s slice of `n` queries starts and ends: equal slices, each starting at
     /// a multiple of 64 queries (one found-bit word).
     fn slice(&self, i: usize, n: usize) -> Range<usize> {
-        let share = n.div_ceil(self.list.len()).next_multiple_of(64);
-        (i * share).min(n)..((i + 1) * share).min(n)
+        slice(self.list.len(), i, n)
+    }
+
+    fn share(&self, n: usize) -> usize {
+        share(self.list.len(), n)
     }
 
     /// Runs `f` on every device over its slice of `n` queries, each on its own thread, and
@@ -110,7 +124,10 @@ impl Devices {
 
     /// Pinned host memory and each device's queue for batches of up to `capacity` queries.
     pub(crate) fn batch_memory(&self, kind: BatchKind, capacity: usize) -> Result<BatchMemory, MirrorError> {
-        let queues = (0..self.list.len()).map(|i| self.list[i].queue(kind, self.slice(i, capacity).len())).collect::<Result<Vec<_>, _>>()?;
+        // Every queue as long as the longest slice: the last device's slice of a full batch can
+        // be shorter (or empty) than its slice of a smaller one (3 devices, 200 queries: 128,
+        // 72, 0; 190 queries: 64, 64, 62).
+        let queues = self.list.iter().map(|d| d.queue(kind, self.share(capacity))).collect::<Result<Vec<_>, _>>()?;
         let [input, output, found] = CudaMirror::host_memory(kind, capacity)?;
         Ok(BatchMemory::new(kind, capacity, input, output, found, queues))
     }
@@ -179,5 +196,32 @@ impl Devices {
         let call_ms = time(Stages::ALL, mem)?;
         mem.mark_answered();
         Ok(StageTiming { copy_in_ms, kernels_ms, copy_out_ms, call_ms })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{share, slice};
+
+    /// Slices tile the batch in order, start on found-bit words, and never outgrow the queues
+    /// made for the largest batch (the bug this guards: queues sized by the last device's
+    /// slice of a full batch, which can be shorter than its slice of a smaller one).
+    #[test]
+    fn slices_tile_each_batch_and_fit_the_queues_of_any_larger_one() {
+        for devices in 1..=8 {
+            for capacity in [0, 1, 63, 64, 65, 200, 1000, 70_000] {
+                for n in (0..=capacity).step_by((capacity / 97).max(1)).chain([capacity]) {
+                    let mut next = 0;
+                    for i in 0..devices {
+                        let r = slice(devices, i, n);
+                        assert_eq!(r.start, next, "{devices} devices, {n} queries: slice {i} starts where {} ended", i.max(1) - 1);
+                        assert!(r.start.is_multiple_of(64) || r.is_empty(), "{devices} devices, {n} queries: slice {i} at {}", r.start);
+                        assert!(r.len() <= share(devices, capacity), "{devices} devices, {n} of {capacity}: slice {i} of {} outgrows its queue", r.len());
+                        next = r.end;
+                    }
+                    assert_eq!(next, n, "{devices} devices: the slices cover {n} queries");
+                }
+            }
+        }
     }
 }

@@ -27,6 +27,8 @@ const _: () = assert!(CHUNK_QUERIES.is_multiple_of(64));
 pub(crate) struct DeviceQueue {
     /// The device the twins live on.
     pub(crate) device: usize,
+    /// Most queries a pass on it takes.
+    capacity: usize,
     dev_in: DeviceBuffer,
     dev_out: DeviceBuffer,
     /// Lookups: a found byte per query, then packed into `dev_bits`.
@@ -95,6 +97,7 @@ impl CudaMirror {
         }
         Ok(DeviceQueue {
             device: self.device,
+            capacity,
             dev_in: DeviceBuffer::alloc(8 * in_words)?,
             dev_out: DeviceBuffer::alloc(8 * out_words)?,
             dev_found: DeviceBuffer::alloc(if kind.lookups() { capacity } else { 0 })?,
@@ -121,6 +124,7 @@ impl CudaMirror {
     /// without waiting: [`CudaMirror::finish_pass`] waits.
     pub(crate) fn start_pass(&self, meta: u64, kind: BatchKind, queue: &DeviceQueue, host: HostSlice, stages: Stages) -> Result<(), MirrorError> {
         assert_eq!(queue.device, self.device, "a device's queue on its own device");
+        assert!(host.n <= queue.capacity, "a slice of {} queries on a queue for {}", host.n, queue.capacity);
         if host.n == 0 {
             return Ok(());
         }
