@@ -425,6 +425,49 @@ fn init() -> Result<(), MirrorError> {
     })
 }
 
+/// One launch of `tusk_scatter` (upload.cu): `pieces` table entries at `table` (heap offset,
+/// length), their bytes PIECE apart at `data`, into the heap buffer of `extent` bytes.
+struct ScatterIo {
+    heap: u64,
+    extent: u64,
+    table: u64,
+    data: u64,
+    pieces: usize,
+    err: u64,
+}
+
+/// Launches the sync scatter on `stream`.
+fn scatter(kernel: Kernel, io: ScatterIo, stream: sys::CUstream) -> Result<(), MirrorError> {
+    let (mut a_heap, mut a_extent, mut a_table, mut a_data, mut a_n, mut a_err) = (io.heap, io.extent, io.table, io.data, io.pieces as u64, io.err);
+    let mut params = [
+        &mut a_heap as *mut u64 as *mut c_void,
+        &mut a_extent as *mut u64 as *mut c_void,
+        &mut a_table as *mut u64 as *mut c_void,
+        &mut a_data as *mut u64 as *mut c_void,
+        &mut a_n as *mut u64 as *mut c_void,
+        &mut a_err as *mut u64 as *mut c_void,
+    ];
+    let blocks = (io.pieces as u32).min(kernel.blocks).max(1);
+    // SAFETY: the parameters match tusk_scatter's signature; the callers name live device
+    // buffers holding the table and the pieces (ScatterIo's contract), the heap buffer of
+    // `extent` bytes (the kernel bounds-checks every write against it) and an error slot.
+    unsafe { cu::launch_kernel(kernel.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, &mut params) }.map_err(|e| driver("launching tusk_scatter", e))
+}
+
+/// Reads (and clears) a sync scatter's error slot, once its stream is idle.
+fn check_scatter(err: &DeviceBuffer) -> Result<(), MirrorError> {
+    let mut slot = [0u8; ERR_BYTES];
+    // SAFETY: the slot holds ERR_BYTES bytes; the caller synchronized its stream.
+    unsafe { cu::memcpy_dtoh_sync(&mut slot, err.ptr()) }.map_err(|e| driver("cuMemcpyDtoH", e))?;
+    let (code, at) = err_slot(&slot);
+    if code != 0 {
+        // SAFETY: as above; clears the slot for the next sync.
+        unsafe { cu::memset_d8_sync(err.ptr(), 0, ERR_BYTES) }.map_err(|e| driver("cuMemsetD8", e))?;
+        return Err(MirrorError::Driver(format!("sync scatter refused a piece at heap offset {at} (code {code})")));
+    }
+    Ok(())
+}
+
 /// A device handle and the heap mirror on it.
 pub struct CudaMirror {
     name: String,
@@ -661,15 +704,7 @@ impl CudaMirror {
         result?;
         synced?;
         for s in &self.staging {
-            let mut slot = [0u8; ERR_BYTES];
-            // SAFETY: err holds ERR_BYTES bytes; its stream is idle (synchronized above).
-            unsafe { cu::memcpy_dtoh_sync(&mut slot, s.err.ptr()) }.map_err(|e| driver("cuMemcpyDtoH", e))?;
-            let (code, at) = err_slot(&slot);
-            if code != 0 {
-                // SAFETY: as above; clears the slot for the next sync.
-                unsafe { cu::memset_d8_sync(s.err.ptr(), 0, ERR_BYTES) }.map_err(|e| driver("cuMemsetD8", e))?;
-                return Err(MirrorError::Driver(format!("sync scatter refused a piece at heap offset {at} (code {code})")));
-            }
+            check_scatter(&s.err)?;
         }
         Ok(())
     }
@@ -753,7 +788,7 @@ impl CudaMirror {
         let heap = self.heap.as_ref().expect("grown before staging").ptr();
         let extent = self.extent;
         let table_bytes = self.table_bytes;
-        let scatter = self.kernels.scatter;
+        let kernel = self.kernels.scatter;
         let s = &mut self.staging[i];
         let stream = s.stream.raw();
         let data_bytes = pieces * PIECE;
@@ -768,21 +803,7 @@ impl CudaMirror {
                 .result()
                 .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
         }
-        let (mut a_heap, mut a_extent, mut a_table, mut a_data, mut a_n, mut a_err) =
-            (heap, extent, s.dev.ptr(), s.dev.at(table_bytes), pieces as u64, s.err.ptr());
-        let mut params = [
-            &mut a_heap as *mut u64 as *mut c_void,
-            &mut a_extent as *mut u64 as *mut c_void,
-            &mut a_table as *mut u64 as *mut c_void,
-            &mut a_data as *mut u64 as *mut c_void,
-            &mut a_n as *mut u64 as *mut c_void,
-            &mut a_err as *mut u64 as *mut c_void,
-        ];
-        let blocks = (pieces as u32).min(scatter.blocks).max(1);
-        // SAFETY: the parameters match tusk_scatter's signature; every pointer is a live
-        // device buffer of the sizes the kernel reads or writes (it bounds-checks heap writes).
-        unsafe { cu::launch_kernel(scatter.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, &mut params) }
-            .map_err(|e| driver("launching tusk_scatter", e))?;
+        scatter(kernel, ScatterIo { heap, extent, table: s.dev.ptr(), data: s.dev.at(table_bytes), pieces, err: s.err.ptr() }, stream)?;
         s.done.record(&s.stream)?;
         s.in_flight = true;
         Ok(())

@@ -22,14 +22,12 @@
 //! scatters it; a buffer comes back once every device has scattered it.
 
 use std::collections::VecDeque;
-use std::ffi::c_void;
 
 use crossbeam_channel::{Receiver, Sender};
-use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 
 use super::raw::{driver, DeviceBuffer, Event, PinnedBuffer, Stream};
-use super::{err_slot, CudaMirror, BLOCK, ERR_BYTES, PIECE};
+use super::{check_scatter, scatter, CudaMirror, ScatterIo, PIECE};
 use crate::mirror::devices::Devices;
 use crate::mirror::MirrorError;
 
@@ -162,9 +160,9 @@ impl CudaMirror {
         self.bind()?;
         let end = packed_end(packed);
         self.grow(end)?;
-        let heap = self.heap.as_ref().expect("grown above");
-        let (mut a_heap, mut a_extent) = (heap.ptr(), heap.bytes() as u64);
-        let scatter = self.kernels.scatter;
+        let buffer = self.heap.as_ref().expect("grown above");
+        let (heap, extent) = (buffer.ptr(), buffer.bytes() as u64);
+        let kernel = self.kernels.scatter;
         let stream = &self.staging[0].stream;
         let streams = self.streams();
         let twin = &streams.device[packed.id];
@@ -178,19 +176,7 @@ impl CudaMirror {
             .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
         twin.copied.record(&streams.copy)?;
         stream.wait(&twin.copied)?;
-        let (mut a_table, mut a_data, mut a_n, mut a_err) = (dev.ptr(), dev.at(TABLE_BYTES), packed.pieces as u64, self.staging[0].err.ptr());
-        let mut params = [
-            &mut a_heap as *mut u64 as *mut c_void,
-            &mut a_extent as *mut u64 as *mut c_void,
-            &mut a_table as *mut u64 as *mut c_void,
-            &mut a_data as *mut u64 as *mut c_void,
-            &mut a_n as *mut u64 as *mut c_void,
-            &mut a_err as *mut u64 as *mut c_void,
-        ];
-        let blocks = (packed.pieces as u32).min(scatter.blocks).max(1);
-        // SAFETY: the parameters match tusk_scatter's signature; every pointer is a live device
-        // buffer of the sizes the kernel reads or writes (it bounds-checks heap writes).
-        unsafe { cu::launch_kernel(scatter.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream.raw(), &mut params) }.map_err(|e| driver("launching tusk_scatter", e))?;
+        scatter(kernel, ScatterIo { heap, extent, table: dev.ptr(), data: dev.at(TABLE_BYTES), pieces: packed.pieces, err: self.staging[0].err.ptr() }, stream.raw())?;
         twin.done.record(stream)?;
         Ok(())
     }
@@ -221,16 +207,7 @@ impl CudaMirror {
                 pool.back.send(idle).expect("room for every buffer");
             }
         }
-        let err = &self.staging[0].err;
-        let mut slot = [0u8; ERR_BYTES];
-        // SAFETY: the slot holds ERR_BYTES bytes; its stream is idle.
-        unsafe { cu::memcpy_dtoh_sync(&mut slot, err.ptr()) }.map_err(|e| driver("cuMemcpyDtoH", e))?;
-        let (code, at) = err_slot(&slot);
-        if code != 0 {
-            // SAFETY: as above; clears the slot for the next sync.
-            unsafe { cu::memset_d8_sync(err.ptr(), 0, ERR_BYTES) }.map_err(|e| driver("cuMemsetD8", e))?;
-            return Err(MirrorError::Driver(format!("sync scatter refused a piece at heap offset {at} (code {code})")));
-        }
+        check_scatter(&self.staging[0].err)?;
         self.grow(extent)?;
         self.extent = extent;
         Ok(())
