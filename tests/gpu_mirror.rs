@@ -418,6 +418,18 @@ fn every_gpu_of_the_host_answers_as_one() {
         assert!(small.answers().eq(keys.iter().map(|k| models.orders.get(k).copied())), "{n} lookups on {}", three.backend());
     }
     drop(three);
+    // Large batches from several threads at once: one takes the mirror's scratch buffers, the
+    // others the chunked path; every answer is the model's.
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (mirror, models, present) = (&mirror, &models, &present);
+            s.spawn(move || {
+                let keys: Vec<u64> = (0..70_000u64).map(|i| present[((i * 7919 + t * 104_729) % present.len() as u64) as usize] ^ (i % 5 == 0) as u64).collect();
+                let got = mirror.btree("orders").unwrap().get_batch(&keys).unwrap().values;
+                assert!(got.iter().zip(&keys).all(|(g, k)| *g == models.orders.get(k).copied()), "thread {t}: lookups beside other threads' batches");
+            });
+        }
+    });
     for round in 0..3u64 {
         let present: Vec<u64> = models.orders.keys().copied().collect();
         for n in [0, 1, 63, 65, 129, 10_001, 70_000] {

@@ -7,13 +7,22 @@
 //! - `lookups_per_s`: a batch of `--batch` present keys drawn in the order's own sequence
 //!   (shuffled: random; ascending: sorted; gaussian: the normal sample; mesh: triangle order),
 //!   already on the device; kernel time by CUDA events, median of `--rounds` after a warm-up;
-//! - `lookups_per_s_end_to_end`: the same batch from host keys to host values, copies
-//!   overlapped with the kernels;
-//! - `count_sum_ranges_per_s`: count+sum over ranges spanning about `--range-keys` keys;
+//! - `lookups_per_s_end_to_end`: the same batch through `get_batch` (host keys in, a
+//!   `Vec<Option<u64>>` out), median of `--rounds`;
+//! - `lookups_per_s_into_buffers` and `into_buffers_stages`: the same batch into caller
+//!   buffers made once (`lookup_buffers`, `art_lookup_buffers`): each stage alone (copies in,
+//!   kernels, copies out), then the whole call, medians of `--rounds` after a warm-up;
+//! - `count_sum_ranges_per_s` (device-resident), `…_end_to_end` and `…_into_buffers`:
+//!   count+sum over `--ranges` ranges spanning about `--range-keys` keys;
 //! - `sync_ms_1pct`: `apply_batch` of one upsert per 1% of the heap's pages (random present
-//!   keys, so each dirties a leaf), then `sync` (host copy plus upload);
+//!   keys, so each dirties a leaf), then `sync`, with its scan and copy times;
+//! - `update_path_ops_per_s`: `apply_batch` of `--update-ops` upserts to present keys, a
+//!   `sync` (its bytes and GB/s), and a lookup batch into caller buffers that must see every
+//!   upsert, all timed;
 //! - `cpu_lookups_per_s`: the same batch on the CPU engine over the mirror's host image, all
 //!   cores.
+//!
+//! `--devices` puts the mirror on several GPUs (`all`, or ordinals); `devices` says how many.
 //!
 //! Every GPU answer of the batch is checked against the CPU engine before anything is timed.
 //! Without a GPU the mirror's backend is the CPU engine and the device figures are null.
@@ -320,6 +329,17 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
         };
         lookups = Some(batch.len() as f64 / (t.kernel_ms / 1e3));
         e2e = Some(batch.len() as f64 / (t.end_to_end_ms / 1e3));
+        if index == GpuIndex::Btree {
+            // What `get_batch` gives a user (the mirror's path, scratch buffers and all).
+            let mut ms = Vec::with_capacity(args.rounds);
+            drop(inner.btree_get(meta, &batch)?);
+            for _ in 0..args.rounds.max(1) {
+                let started = Instant::now();
+                drop(inner.btree_get(meta, &batch)?);
+                ms.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            e2e = Some(batch.len() as f64 / (median(&ms) / 1e3));
+        }
         let expected = &inner.cpu();
         into = Some(match index {
             GpuIndex::Btree => {

@@ -326,6 +326,16 @@ impl ArtLookupBuffers {
 mod tests {
     use super::*;
 
+    /// Buffers move to the thread that runs the batch (their device side binds its context
+    /// wherever it is used).
+    #[test]
+    fn buffers_can_move_between_threads() {
+        fn send<T: Send>() {}
+        send::<LookupBuffers>();
+        send::<RangeBuffers>();
+        send::<ArtLookupBuffers>();
+    }
+
     #[test]
     fn answers_follow_their_queries() {
         let mut b = LookupBuffers { mem: BatchMemory::plain(BatchKind::BtreeGet, 130) };

@@ -46,6 +46,11 @@ pub(crate) struct DeviceQueue {
     ctx: Arc<CudaContext>,
 }
 
+// SAFETY: the queue's driver handles (streams, events, device and pinned memory) may be used
+// from any thread once the context is current, and every use binds it first (`start_pass`,
+// `finish_pass`, `Drop`); moving the queue between threads moves no thread-bound state.
+unsafe impl Send for DeviceQueue {}
+
 impl Drop for DeviceQueue {
     fn drop(&mut self) {
         // The buffers' frees need the context current; nothing may still copy into them.
