@@ -159,6 +159,13 @@ fn both_trees_on_a_snapshot_equal_their_models_at_its_lsn() {
                 log.lock().unwrap().push((lsn.unwrap(), (ops, art)));
             }
         });
+        // The probes below need trees with some keys (40 commits: about 800 users, some 20 of
+        // them probed): on a loaded machine 20 ms may not be enough for the writer's first
+        // commits (a snapshot at LSN 4 once held no probed key).
+        let started = std::time::Instant::now();
+        while log.lock().unwrap().len() < 40 && started.elapsed() < std::time::Duration::from_secs(60) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         for mode in MODES.iter().cycle().take(8) {
             std::thread::sleep(std::time::Duration::from_millis(20));
             snaps.push(store.snapshot(*mode).unwrap());
