@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
 use tusk_storage::{Heap, PAGE_SIZE};
 use tusk_txn::snapshot::copy::{CopyState, PageSink};
 use tusk_txn::snapshot::image::ImageTarget;
@@ -23,7 +24,6 @@ use super::cpu;
 use super::cuda::raw::{HostMemory, PinnedBuffer};
 use super::cuda::{streamed, CudaMirror};
 use super::devices::{Devices, StageTiming};
-use crossbeam_channel::Receiver;
 use super::{Backend, GpuOptions, MirrorError};
 
 /// Longest ART key or prefix the kernels take; longer ones are answered on the CPU.

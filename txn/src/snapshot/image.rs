@@ -125,26 +125,8 @@ impl ImageTarget {
 
 impl PageSink for ImageTarget {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
-        let Some(end) = runs.last().map(|r| r.end) else { return Ok(()) };
-        self.len = self.len.max(end);
-        let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
-        let threads = if total < PARALLEL_COPY_BYTES { 1 } else { self.threads };
-        let jobs = split_runs(self.region.bytes_mut(end), runs, total.div_ceil(threads as u64).next_multiple_of(PAGE_SIZE));
-        let copy = |job: Vec<(u64, &mut [u8])>| {
-            for (off, dst) in job {
-                heap.copy_out(off, dst);
-            }
-        };
-        workers::pool().in_place_scope(|s| {
-            let mut jobs = jobs.into_iter();
-            let mine = jobs.next();
-            for job in jobs {
-                s.spawn(move |_| copy(job));
-            }
-            if let Some(job) = mine {
-                copy(job);
-            }
-        });
+        // The streamed copy with nothing to hand over: one portion per copier, consumed by no one.
+        self.copy_runs_streamed::<(), std::convert::Infallible>(heap, runs, u64::MAX, &|_| (), &mut |()| Ok(())).unwrap_or_else(|never| match never {});
         Ok(())
     }
 }

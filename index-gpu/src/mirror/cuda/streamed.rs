@@ -51,13 +51,15 @@ pub(crate) struct Packed {
     id: usize,
     buffer: PinnedBuffer,
     pieces: usize,
+    /// Heap bytes packed, and the end of the last heap byte written.
+    bytes: u64,
+    end: u64,
 }
 
 impl Packed {
     /// Heap bytes packed.
     pub(crate) fn bytes(&self) -> u64 {
-        let table = &self.buffer.as_slice()[..16 * self.pieces];
-        table.chunks_exact(16).map(|e| u64::from_le_bytes(e[8..].try_into().expect("8 bytes"))).sum()
+        self.bytes
     }
 }
 
@@ -119,8 +121,10 @@ pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8]
     let (id, mut buffer) = pool.recv().expect("the mirror keeps its stream buffers while a sync runs");
     let bytes = buffer.as_mut_slice();
     let (table, data) = bytes.split_at_mut(TABLE_BYTES);
-    let mut n = 0usize;
+    let (mut n, mut packed, mut end) = (0usize, 0u64, 0u64);
     for &(off, piece) in pieces {
+        packed += piece.len() as u64;
+        end = end.max(off + piece.len() as u64);
         assert!(off.is_multiple_of(PIECE as u64) && piece.len().is_multiple_of(PIECE), "a portion of whole pages: {} bytes at {off}", piece.len());
         for (i, part) in piece.chunks(PIECE).enumerate() {
             assert!(n < TABLE_ENTRIES, "a portion of more than {TABLE_ENTRIES} pieces");
@@ -131,7 +135,7 @@ pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8]
             n += 1;
         }
     }
-    Packed { id, buffer, pieces: n }
+    Packed { id, buffer, pieces: n, bytes: packed, end }
 }
 
 impl CudaMirror {
@@ -158,8 +162,7 @@ impl CudaMirror {
     /// the sync stream, without waiting.
     pub(crate) fn enqueue_packed(&mut self, packed: &Packed) -> Result<(), MirrorError> {
         self.bind()?;
-        let end = packed_end(packed);
-        self.grow(end)?;
+        self.grow(packed.end)?;
         let buffer = self.heap.as_ref().expect("grown above");
         let (heap, extent) = (buffer.ptr(), buffer.bytes() as u64);
         let kernel = self.kernels.scatter;
@@ -289,10 +292,4 @@ impl Devices {
         }
         result
     }
-}
-
-/// The end of the heap bytes a packed buffer writes.
-fn packed_end(packed: &Packed) -> u64 {
-    let table = &packed.buffer.as_slice()[..16 * packed.pieces];
-    table.chunks_exact(16).map(|e| u64::from_le_bytes(e[..8].try_into().expect("8 bytes")) + u64::from_le_bytes(e[8..].try_into().expect("8 bytes"))).max().unwrap_or(0)
 }
