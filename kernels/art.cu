@@ -44,15 +44,26 @@ struct ArtShared {
     u32 base[ART_KINDS];
 };
 
-// Fills `s` (every thread of the block calls it; it ends with a barrier). `geom` holds the
-// slot sizes then the base exponents, ART_KINDS words each. False if the descriptor lies
-// outside the mirror (then nothing may be read through it).
-__device__ __forceinline__ bool art_load_shared(ArtShared& s, const u8* __restrict__ heap, u64 extent,
-                                                u64 meta, const u64* __restrict__ geom) {
-    const bool ok = (meta & 7ull) == 0 && tusk_in_heap(extent, meta, ART_META_SIZE);
+// Fills `s` (every thread of the block calls it; it ends with a barrier) and `dmeta`, the
+// descriptor's device offset. `geom` holds the slot sizes then the base exponents, ART_KINDS
+// words each. False if the descriptor lies outside the mirror (then nothing may be read
+// through it).
+//
+// The chunk offsets are kept as device offsets: a chunk is one object, contiguous on the
+// device (common.cuh), so every slot's device offset is its chunk's plus its place in it, and
+// the walks below need no page lookups. From here on the kernels bounds-check device offsets
+// against `v.bytes`. A chunk not allocated (0) or not mirrored becomes ART_NO_CHUNK, whose
+// slots fail every bounds check.
+#define ART_NO_CHUNK (1ull << 63)
+__device__ __forceinline__ bool art_load_shared(ArtShared& s, const View& v, u64 meta, const u64* __restrict__ geom,
+                                                u64& dmeta) {
+    const bool ok = (meta & 7ull) == 0 && tusk_map(v, meta, ART_META_SIZE, dmeta);
     for (u32 i = threadIdx.x; i < ART_KINDS * ART_CHUNKS; i += blockDim.x) {
         const u32 kind = i / ART_CHUNKS, c = i % ART_CHUNKS;
-        s.chunks[i] = ok ? tusk_ld(heap, meta + ART_CHUNK_TABLES_OFF + kind * ART_CHUNK_TABLE_SIZE + 8ull * c) : 0;
+        const u64 chunk = ok ? tusk_ld(v.base, dmeta + ART_CHUNK_TABLES_OFF + kind * ART_CHUNK_TABLE_SIZE + 8ull * c) : 0;
+        u64 at = ART_NO_CHUNK;
+        if (chunk == 0 || !tusk_map(v, chunk, 8, at)) at = ART_NO_CHUNK;
+        s.chunks[i] = at;
     }
     if (threadIdx.x < ART_KINDS) {
         s.slot[threadIdx.x] = geom[threadIdx.x];
@@ -62,7 +73,7 @@ __device__ __forceinline__ bool art_load_shared(ArtShared& s, const u8* __restri
     return ok;
 }
 
-// Heap offset of the slot `link` names (slab.rs: offset). False for a link no valid tree holds.
+// Device offset of the slot `link` names (slab.rs: offset). False for a link no valid tree holds.
 __device__ __forceinline__ bool art_locate(const ArtShared& s, u64 link, u32& kind, u64& off) {
     kind = (u32)(link >> 56);
     const u64 index = link & ART_INDEX_MASK;
@@ -235,16 +246,19 @@ __device__ __forceinline__ int art_get_one(const u8* __restrict__ heap, u64 exte
 }
 
 template <bool SPEC>
-__device__ __forceinline__ void art_get(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ geom,
+__device__ __forceinline__ void art_get(const View& v, u64 meta, const u64* __restrict__ geom,
                                         const u64* __restrict__ words, const u32* __restrict__ offs,
                                         const u8* __restrict__ lens, int fixed_len, u64 n, u64* __restrict__ vals,
                                         u8* __restrict__ found, u64* err) {
     __shared__ ArtShared s;
-    if (!art_load_shared(s, heap, extent, meta, geom)) {
+    u64 dmeta;
+    if (!art_load_shared(s, v, meta, geom, dmeta)) {
         if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
         return;
     }
-    const u64 root = tusk_ld(heap, meta + ART_ROOT);
+    const u8* __restrict__ heap = v.base;
+    const u64 extent = v.bytes;  // device offsets from here on
+    const u64 root = tusk_ld(heap, dmeta + ART_ROOT);
     for (u64 q = tusk_thread(); q < n; q += tusk_threads()) {
         const Key key = art_key(words, offs, lens, fixed_len, q);
         u64 value = 0;
@@ -256,10 +270,12 @@ __device__ __forceinline__ void art_get(const u8* __restrict__ heap, u64 extent,
 
 #define TUSK_ART_GET(NAME, SPEC)                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                       \
-    NAME(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ geom,                  \
-         const u64* __restrict__ words, const u32* __restrict__ offs, const u8* __restrict__ lens,         \
-         int fixed_len, u64 n, u64* __restrict__ vals, u8* __restrict__ found, u64* err) {                 \
-        art_get<SPEC>(heap, extent, meta, geom, words, offs, lens, fixed_len, n, vals, found, err);         \
+    NAME(const u8* __restrict__ heap, u64 extent, const u32* __restrict__ pages, u64 bytes, u64 meta,       \
+         const u64* __restrict__ geom, const u64* __restrict__ words, const u32* __restrict__ offs,         \
+         const u8* __restrict__ lens, int fixed_len, u64 n, u64* __restrict__ vals, u8* __restrict__ found,  \
+         u64* err) {                                                                                        \
+        art_get<SPEC>(View{heap, extent, pages, bytes}, meta, geom, words, offs, lens, fixed_len, n, vals,  \
+                      found, err);                                                                          \
     }
 
 TUSK_ART_GET(tusk_art_get, true)
@@ -415,18 +431,22 @@ __device__ __forceinline__ u64 art_any_child(const u8* __restrict__ heap, u32 ki
 // stack of frames in shared memory, each node's children taken 32 at a time by the lanes.
 // out[3q] = count, out[3q+1..3q+3] = sum (lo, hi words). Launch with 256 threads per block.
 extern "C" __global__ void __launch_bounds__(256)
-tusk_art_count_sum_prefix(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ geom,
-                          const u64* __restrict__ words, const u32* __restrict__ offs, const u8* __restrict__ lens,
-                          int fixed_len, u64 n, u64* __restrict__ out, u64* err) {
+tusk_art_count_sum_prefix(const u8* __restrict__ base, u64 heap_extent, const u32* __restrict__ pages, u64 bytes,
+                          u64 meta, const u64* __restrict__ geom, const u64* __restrict__ words,
+                          const u32* __restrict__ offs, const u8* __restrict__ lens, int fixed_len, u64 n,
+                          u64* __restrict__ out, u64* err) {
     __shared__ ArtShared s;
     __shared__ ArtFrame stacks[ART_WARPS_PER_BLOCK][ART_STACK];
-    if (!art_load_shared(s, heap, extent, meta, geom)) {
+    u64 dmeta;
+    if (!art_load_shared(s, View{base, heap_extent, pages, bytes}, meta, geom, dmeta)) {
         if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
         return;
     }
+    const u8* __restrict__ heap = base;
+    const u64 extent = bytes;  // device offsets from here on (art_load_shared)
     const u32 lane = threadIdx.x & 31;
     ArtFrame* stack = stacks[(threadIdx.x / 32) % ART_WARPS_PER_BLOCK];
-    const u64 root = tusk_ld(heap, meta + ART_ROOT);
+    const u64 root = tusk_ld(heap, dmeta + ART_ROOT);
     const u64 warps = tusk_threads() / 32;
     for (u64 q = tusk_thread() / 32; q < n; q += warps) {
         const Key p = art_key(words, offs, lens, fixed_len, q);

@@ -30,6 +30,7 @@
 // the key's lower bound in it (lt: keys < key; le: keys <= key; found iff le > lt).
 struct BtLeaf {
     u64 node;
+    u64 at;  // the node's device offset
     u64 high;
     u64 right;
     u32 count;
@@ -43,15 +44,16 @@ __device__ __forceinline__ u64 bt_max_steps(u64 extent) {
     return extent / BT_NODE + 2;
 }
 
-__device__ __forceinline__ bool bt_node_ok(u64 extent, u64 node) {
-    return (node & 63ull) == 0 && tusk_in_heap(extent, node, BT_NODE);
+// The device offset of the node at heap offset `node`, if it is a mirrored, aligned node.
+__device__ __forceinline__ bool bt_node(const View& v, u64 node, u64& at) {
+    return (node & 63ull) == 0 && tusk_map(v, node, BT_NODE, at);
 }
 
 // Lane `tl`'s share of a node's keys (and, if `vals`, children): slots tl*KPL .. tl*KPL+KPL-1.
 // Slots past the 28 are not loaded. The loads do not depend on the header, so the compiler
 // issues them together with it.
 template <int T, bool VALS>
-__device__ __forceinline__ void bt_load(const u8* __restrict__ heap, u64 node, int tl, bool vals,
+__device__ __forceinline__ void bt_load(const u8* __restrict__ heap, u64 at, int tl, bool vals,
                                         u64 (&k)[32 / T], u64 (&v)[32 / T]) {
     constexpr int KPL = 32 / T;
     const int base = tl * KPL;
@@ -59,8 +61,8 @@ __device__ __forceinline__ void bt_load(const u8* __restrict__ heap, u64 node, i
         k[0] = 0;
         v[0] = 0;
         if (base < BT_CAP) {
-            k[0] = tusk_ld(heap, node + BT_KEYS + 8ull * base);
-            if (VALS && vals) v[0] = tusk_ld(heap, node + BT_VALUES + 8ull * base);
+            k[0] = tusk_ld(heap, at + BT_KEYS + 8ull * base);
+            if (VALS && vals) v[0] = tusk_ld(heap, at + BT_VALUES + 8ull * base);
         }
     } else {
         #pragma unroll
@@ -71,11 +73,11 @@ __device__ __forceinline__ void bt_load(const u8* __restrict__ heap, u64 node, i
             v[2 * m] = 0;
             v[2 * m + 1] = 0;
             if (i < BT_CAP) {
-                const ulonglong2 p = tusk_ld2(heap, node + BT_KEYS + 8ull * i);
+                const ulonglong2 p = tusk_ld2(heap, at + BT_KEYS + 8ull * i);
                 k[2 * m] = p.x;
                 k[2 * m + 1] = p.y;
                 if (VALS && vals) {
-                    const ulonglong2 c = tusk_ld2(heap, node + BT_VALUES + 8ull * i);
+                    const ulonglong2 c = tusk_ld2(heap, at + BT_VALUES + 8ull * i);
                     v[2 * m] = c.x;
                     v[2 * m + 1] = c.y;
                 }
@@ -87,24 +89,26 @@ __device__ __forceinline__ void bt_load(const u8* __restrict__ heap, u64 node, i
 // Descends from `root` to the leaf for `key` (search.rs: descend). Every lane of the tile
 // calls it with the same arguments and gets the same answer. False after reporting an error.
 template <int T, bool VALS>
-__device__ __forceinline__ bool bt_descend(const u8* __restrict__ heap, u64 extent, u64 root, u64 key,
+__device__ __forceinline__ bool bt_descend(const View& v, u64 root, u64 key,
                                            const Tile<T>& t, u64* err, BtLeaf& out) {
     constexpr int KPL = 32 / T;
-    const u64 max_steps = bt_max_steps(extent);
+    const u8* __restrict__ heap = v.base;
+    const u64 max_steps = bt_max_steps(v.extent);
     u64 node = root;
     int expect = -1;  // the level expected at `node` (unknown at the root)
     for (u64 step = 0; step < max_steps; ++step) {
-        if (!bt_node_ok(extent, node)) {
+        u64 at;
+        if (!bt_node(v, node, at)) {
             if (t.tl == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, node);
             return false;
         }
         const bool pre = VALS && expect > 0;
-        const u64 lc = tusk_ld(heap, node);
-        const u64 high = tusk_ld(heap, node + 8);
-        const u64 right = tusk_ld(heap, node + 16);
+        const u64 lc = tusk_ld(heap, at);
+        const u64 high = tusk_ld(heap, at + 8);
+        const u64 right = tusk_ld(heap, at + 16);
         u64 k[KPL];
-        u64 v[KPL];
-        bt_load<T, VALS>(heap, node, t.tl, pre, k, v);
+        u64 c[KPL];
+        bt_load<T, VALS>(heap, at, t.tl, pre, k, c);
         if (right != 0 && key >= high) {  // Lehman–Yao: the key lies beyond this node
             node = right;
             continue;
@@ -126,6 +130,7 @@ __device__ __forceinline__ bool bt_descend(const u8* __restrict__ heap, u64 exte
         le = both >> 16;
         if (level == 0) {
             out.node = node;
+            out.at = at;
             out.high = high;
             out.right = right;
             out.count = count;
@@ -144,11 +149,11 @@ __device__ __forceinline__ bool bt_descend(const u8* __restrict__ heap, u64 exte
             child = 0;
             #pragma unroll
             for (int j = 0; j < KPL; ++j) {
-                const u64 c = t.bcast(v[j], owner);
-                child = ((u32)j == j_at) ? c : child;
+                const u64 b = t.bcast(c[j], owner);
+                child = ((u32)j == j_at) ? b : child;
             }
         } else {
-            child = tusk_ld(heap, node + BT_VALUES + 8ull * slot);
+            child = tusk_ld(heap, at + BT_VALUES + 8ull * slot);
         }
         expect = (int)level - 1;
         node = child;
@@ -158,24 +163,25 @@ __device__ __forceinline__ bool bt_descend(const u8* __restrict__ heap, u64 exte
 }
 
 template <int T, bool VALS>
-__device__ __forceinline__ void bt_get(const u8* __restrict__ heap, u64 extent, u64 meta,
+__device__ __forceinline__ void bt_get(const View& v, u64 meta,
                                        const u64* __restrict__ keys, u64 n, u64* __restrict__ vals,
                                        u8* __restrict__ found, u64* err) {
     const Tile<T> t;
-    if ((meta & 7ull) != 0 || !tusk_in_heap(extent, meta, 16)) {
+    u64 dmeta;
+    if ((meta & 7ull) != 0 || !tusk_map(v, meta, 16, dmeta)) {
         if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
         return;
     }
-    const u64 root = tusk_ld(heap, meta + 8);
+    const u64 root = tusk_ld(v.base, dmeta + 8);
     const u64 tiles = tusk_threads() / T;
     for (u64 q = tusk_thread() / T; q < n; q += tiles) {
         const u64 key = keys[q];
         BtLeaf leaf;
         u64 value = 0;
         u8 hit = 0;
-        if (bt_descend<T, VALS>(heap, extent, root, key, t, err, leaf) && leaf.le > leaf.lt) {
+        if (bt_descend<T, VALS>(v, root, key, t, err, leaf) && leaf.le > leaf.lt) {
             hit = 1;
-            if (t.tl == 0) value = tusk_ld(heap, leaf.node + BT_VALUES + 8ull * leaf.lt);
+            if (t.tl == 0) value = tusk_ld(v.base, leaf.at + BT_VALUES + 8ull * leaf.lt);
         }
         if (t.tl == 0) {
             vals[q] = value;
@@ -188,9 +194,10 @@ __device__ __forceinline__ void bt_get(const u8* __restrict__ heap, u64 extent, 
 // second argument): it caps registers per thread, trading them for queries in flight.
 #define TUSK_BTREE_GET(NAME, T, VALS, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                        \
-    NAME(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ keys, u64 n, \
-         u64* __restrict__ vals, u8* __restrict__ found, u64* err) {                               \
-        bt_get<T, VALS>(heap, extent, meta, keys, n, vals, found, err);                            \
+    NAME(const u8* __restrict__ heap, u64 extent, const u32* __restrict__ pages, u64 bytes,      \
+         u64 meta, const u64* __restrict__ keys, u64 n, u64* __restrict__ vals,                    \
+         u8* __restrict__ found, u64* err) {                                                       \
+        bt_get<T, VALS>(View{heap, extent, pages, bytes}, meta, keys, n, vals, found, err);        \
     }
 
 TUSK_BTREE_GET(tusk_btree_get_t1, 1, false, 1)
@@ -214,15 +221,17 @@ TUSK_BTREE_GET(tusk_btree_get_t2_o4, 2, false, 4)
 // whose high key is at most the end is taken whole without reading its keys, as on the CPU.
 // out[3q] = count, out[3q+1..3q+3] = sum (lo, hi words).
 extern "C" __global__ void __launch_bounds__(256)
-tusk_btree_count_sum(const u8* __restrict__ heap, u64 extent, u64 meta, const u64* __restrict__ ranges,
-                     u64 n, u64* __restrict__ out, u64* err) {
+tusk_btree_count_sum(const u8* __restrict__ heap, u64 extent, const u32* __restrict__ pages, u64 bytes,
+                     u64 meta, const u64* __restrict__ ranges, u64 n, u64* __restrict__ out, u64* err) {
     const Tile<32> t;
     const int lane = t.tl;
-    if ((meta & 7ull) != 0 || !tusk_in_heap(extent, meta, 16)) {
+    const View v{heap, extent, pages, bytes};
+    u64 dmeta;
+    if ((meta & 7ull) != 0 || !tusk_map(v, meta, 16, dmeta)) {
         if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
         return;
     }
-    const u64 root = tusk_ld(heap, meta + 8);
+    const u64 root = tusk_ld(v.base, dmeta + 8);
     const u64 max_steps = bt_max_steps(extent);
     const u64 warps = tusk_threads() / 32;
     for (u64 q = tusk_thread() / 32; q < n; q += warps) {
@@ -230,11 +239,11 @@ tusk_btree_count_sum(const u8* __restrict__ heap, u64 extent, u64 meta, const u6
         const u64 hi = ranges[2 * q + 1];
         u64 cnt = 0, slo = 0, shi = 0;
         BtLeaf leaf;
-        if (lo <= hi && bt_descend<32, false>(heap, extent, root, lo, t, err, leaf)) {
+        if (lo <= hi && bt_descend<32, false>(v, root, lo, t, err, leaf)) {
             // The range is [lo, end) with end = hi + 1 over u128: end_max stands for 2^64.
             const bool end_max = hi == ~0ull;
             const u64 end = hi + 1;
-            u64 node = leaf.node, high = leaf.high, right = leaf.right;
+            u64 node = leaf.node, at = leaf.at, high = leaf.high, right = leaf.right;
             u32 count = leaf.count, from = leaf.lt;
             for (u64 step = 0;; ++step) {
                 if (step >= max_steps) {
@@ -243,26 +252,32 @@ tusk_btree_count_sum(const u8* __restrict__ heap, u64 extent, u64 meta, const u6
                 }
                 const u32 m = count < BT_CAP ? count : BT_CAP;
                 const bool inside = right != 0 && (end_max || high <= end);
+                // The right sibling's device offset, looked up before this leaf's values are
+                // read, so that with a page table the lookup overlaps them instead of adding a
+                // round trip to every step along the chain.
+                u64 right_at = 0;
+                const bool right_ok = inside && bt_node(v, right, right_at);
                 u32 to;
                 if (inside || end_max) {
                     to = m;
                 } else {
-                    const u64 k = (u32)lane < m ? tusk_ld(heap, node + BT_KEYS + 8ull * lane) : 0;
+                    const u64 k = (u32)lane < m ? tusk_ld(heap, at + BT_KEYS + 8ull * lane) : 0;
                     to = __popc(__ballot_sync(0xffffffffu, (u32)lane < m && k < end));
                 }
                 if ((u32)lane >= from && (u32)lane < to) {
-                    tusk_add128(slo, shi, tusk_ld(heap, node + BT_VALUES + 8ull * lane));
+                    tusk_add128(slo, shi, tusk_ld(heap, at + BT_VALUES + 8ull * lane));
                 }
                 if (from < to) cnt += to - from;
                 if (!inside) break;
                 node = right;
-                if (!bt_node_ok(extent, node)) {
+                if (!right_ok) {
                     if (lane == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, node);
                     break;
                 }
-                const u64 lc = tusk_ld(heap, node);
-                high = tusk_ld(heap, node + 8);
-                right = tusk_ld(heap, node + 16);
+                at = right_at;
+                const u64 lc = tusk_ld(heap, at);
+                high = tusk_ld(heap, at + 8);
+                right = tusk_ld(heap, at + 16);
                 count = (u32)(lc >> 32);
                 from = 0;
             }

@@ -2,10 +2,16 @@
 // upload.cu, btree.cu, art.cu and answers.cu (tusk-kernels concatenates them in that order): no include
 // directives and no system headers, so the fixed-width types are our own.
 //
-// The heap mirror: one device buffer holding heap bytes [0, extent) at their heap offsets.
-// Every kernel bounds-checks each offset it follows against `extent` before it loads, so a
-// damaged link ends as an error report (see tusk_fail) and never as an out-of-bounds access,
-// which would poison the whole CUDA context.
+// The heap mirror, in one of two layouts (index-gpu/src/mirror/index_pages.rs):
+// - the whole heap: one device buffer holding heap bytes [0, extent) at their heap offsets;
+// - the indexes only: a device buffer of the pages holding the trees' nodes and descriptors,
+//   and `pages`, one u32 per heap page of the extent giving the device page that holds it
+//   (TUSK_NO_PAGE: not mirrored). Every object (a slab chunk, a descriptor) sits on whole heap
+//   pages of its own and its pages are consecutive on the device too, so a node that starts
+//   on a mirrored page continues on the device pages after it.
+// Every kernel bounds-checks each offset it follows (tusk_map) before it loads, so a damaged
+// link ends as an error report (see tusk_fail) and never as an out-of-bounds access, which
+// would poison the whole CUDA context.
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -30,6 +36,32 @@ __device__ __forceinline__ void tusk_fail(u64* err, u64 code, u64 where) {
 // [off, off + len) lies inside the mirrored extent (no overflow).
 __device__ __forceinline__ bool tusk_in_heap(u64 extent, u64 off, u64 len) {
     return off <= extent && len <= extent - off;
+}
+
+#define TUSK_NO_PAGE 0xffffffffu
+#define TUSK_PAGE_SHIFT 12
+
+// Where the kernels find heap bytes: `base` holds `bytes` bytes; heap offsets below `extent`
+// are valid; `pages` is null for the whole-heap layout (device offset = heap offset).
+struct View {
+    const u8* __restrict__ base;
+    u64 extent;
+    const u32* __restrict__ pages;
+    u64 bytes;
+};
+
+// The device offset `at` of heap bytes [off, off + len), if the heap holds them and the
+// mirror has them; false otherwise (nothing may be loaded then).
+__device__ __forceinline__ bool tusk_map(const View& v, u64 off, u64 len, u64& at) {
+    if (!tusk_in_heap(v.extent, off, len)) return false;
+    if (v.pages == nullptr) {
+        at = off;
+        return true;
+    }
+    const u32 page = __ldg(v.pages + (off >> TUSK_PAGE_SHIFT));
+    if (page == TUSK_NO_PAGE) return false;
+    at = ((u64)page << TUSK_PAGE_SHIFT) | (off & ((1ull << TUSK_PAGE_SHIFT) - 1ull));
+    return tusk_in_heap(v.bytes, at, len);
 }
 
 // Read-only loads through the non-coherent cache: the heap never changes during a launch.

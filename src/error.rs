@@ -191,6 +191,14 @@ pub enum Error {
         /// Bytes the failed allocation asked for.
         bytes: u64,
     },
+    /// The mirror would need more device memory than `GpuOptions::device_memory_limit`.
+    #[error("the GPU mirror needs {bytes} bytes of device memory, over its limit of {limit} (MirrorContents::Indexes mirrors only the indexes)")]
+    GpuOverLimit {
+        /// Bytes the mirror needs.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A CUDA driver error during a sync or a query.
     #[error("GPU error: {0}")]
     Gpu(String),

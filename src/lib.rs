@@ -41,7 +41,7 @@ mod transaction;
 
 pub use error::Error;
 pub use index::{Art, ArtOp, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
-pub use mirror::{Answers, ArtLookupBuffers, GpuBackend, GpuDevices, GpuMirror, GpuOptions, LookupBuffers, MirrorArt, MirrorBTree, RangeBuffers, StageTiming, SyncReport};
+pub use mirror::{Answers, ArtLookupBuffers, GpuBackend, GpuDevices, GpuMirror, GpuOptions, LookupBuffers, MirrorArt, MirrorContents, MirrorBTree, RangeBuffers, StageTiming, SyncReport};
 pub use options::{Durability, Options};
 pub use snapshot::{
     snapshot_costs, Snapshot, SnapshotArt, SnapshotArtRange, SnapshotBTree, SnapshotBTreeRange, SnapshotCosts, SnapshotInfo, SnapshotMode,

@@ -12,7 +12,7 @@
 use tusk_index::mirror::{Mirror, MirrorError};
 use tusk_storage::HeapPtr;
 
-pub use tusk_index::mirror::{ArtLookupBuffers, Backend as GpuBackend, GpuDevices, GpuOptions, LookupBuffers, RangeBuffers, StageTiming, SyncReport};
+pub use tusk_index::mirror::{ArtLookupBuffers, Backend as GpuBackend, GpuDevices, GpuOptions, LookupBuffers, MirrorContents, RangeBuffers, StageTiming, SyncReport};
 
 use crate::{Error, Store};
 
@@ -215,10 +215,11 @@ impl From<MirrorError> for Error {
             MirrorError::Txn(e) => e.into(),
             MirrorError::Index(e) => e.into(),
             MirrorError::OutOfMemory { bytes } => Error::GpuOutOfMemory { bytes },
+            MirrorError::OverLimit { bytes, limit } => Error::GpuOverLimit { bytes, limit },
             e @ (MirrorError::NoDriver(_) | MirrorError::NoDevice(_) | MirrorError::Compile(_)) => Error::GpuUnavailable(e.to_string()),
             MirrorError::Driver(what) => Error::Gpu(what),
             MirrorError::Unsupported(what) => Error::Gpu(what),
-            e @ MirrorError::SyncFailed(_) => Error::Gpu(e.to_string()),
+            e @ (MirrorError::SyncFailed(_) | MirrorError::NotMirrored(_)) => Error::Gpu(e.to_string()),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use common::small_opts;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{BTreeOp, Commit, Error, GpuBackend, GpuDevices, GpuMirror, GpuOptions, Options, Store};
+use tusk::{BTreeOp, Commit, Error, GpuBackend, GpuDevices, GpuMirror, GpuOptions, MirrorContents, Options, Store};
 
 fn opts() -> Options {
     Options { heap_capacity: 256 << 20, checkpoint_interval: None, ..small_opts() }
@@ -449,4 +449,100 @@ fn every_gpu_of_the_host_answers_as_one() {
         }
         mirror.sync().unwrap();
     }
+}
+
+/// The index-only mirror (`MirrorContents::Indexes`): a heap of mostly records, more than 8x
+/// the device-memory limit, whose indexes fit under it. The whole-heap mirror under the same
+/// limit is refused with `GpuOverLimit`; the index-only one answers as the models after rounds
+/// of updates and syncs, after a tree is dropped (its pages given back) and another made.
+/// Without a GPU the CPU engine answers (it has no device memory to limit) and the device
+/// part says it was skipped.
+#[test]
+fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
+    const LIMIT: u64 = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(808);
+    let mut models = load(&store, Order::Shuffled, &mut rng);
+    // Records: most of the heap, between the trees' chunks.
+    let mut records = Vec::new();
+    while store.heap_used() < 9 * LIMIT {
+        store
+            .transact(Commit::Async, |tx| {
+                for _ in 0..64 {
+                    let p = tx.alloc(1024 + rng.random_range(0..8192))?;
+                    tx.write_u64(p, 0xfeed)?;
+                    records.push(p);
+                }
+                let k: u64 = rng.random();
+                tx.btree("orders")?.insert(k, 1)?;
+                models.orders.insert(k, 1);
+                Ok(())
+            })
+            .unwrap();
+    }
+    let options = GpuOptions { contents: MirrorContents::Indexes, device_memory_limit: Some(LIMIT), ..GpuOptions::default() };
+    let mut mirror = store.gpu_mirror(options.clone()).unwrap();
+    eprintln!("index-only mirror: {}; heap {} MiB", mirror.backend(), store.heap_used() >> 20);
+    check_mirror(&mirror, &models, &mut rng, "index-only, first sync");
+    let Some(pages) = mirror.inner().index_pages() else {
+        eprintln!("SKIPPED the device part: {} (the CPU engine has no device memory to limit)", mirror.backend());
+        return;
+    };
+    let held = pages.mirrored_bytes();
+    assert!(held + 4 * pages.table().len() as u64 <= LIMIT && store.heap_used() >= 8 * LIMIT, "{held} bytes of index pages for a heap of {}", store.heap_used());
+    match store.gpu_mirror(GpuOptions { contents: MirrorContents::WholeHeap, ..options.clone() }) {
+        Err(Error::GpuOverLimit { bytes, limit }) => assert!(bytes > limit && limit == LIMIT),
+        Err(e) => panic!("the whole heap over the limit: {e}"),
+        Ok(_) => panic!("a whole-heap mirror of {} bytes under a limit of {LIMIT}", store.heap_used()),
+    }
+    for round in 0..4u64 {
+        let ops: Vec<BTreeOp> = (0..3000).map(|_| BTreeOp::Upsert { key: rng.random(), value: round }).collect();
+        let art_inserts = art_keys(1500, &mut rng);
+        store
+            .transact(Commit::Async, |tx| {
+                tx.btree("orders")?.apply_batch(&ops)?;
+                let mut users = tx.art("users")?;
+                for k in &art_inserts {
+                    users.insert(k, round)?;
+                }
+                for p in records.drain(..records.len().min(50)) {
+                    tx.free(p)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        for op in &ops {
+            models.orders.insert(op.key(), round);
+        }
+        for k in &art_inserts {
+            models.users.insert(k.clone(), round);
+        }
+        let report = mirror.sync().unwrap();
+        assert!(report.uploaded < store.heap_used() / 4, "round {round}: a sync uploaded {} bytes", report.uploaded);
+        check_mirror(&mirror, &models, &mut rng, &format!("index-only, round {round}"));
+    }
+    // Drop the ART, then make another under the same name: the old pages go back, the new
+    // tree's come.
+    let before = mirror.inner().index_pages().unwrap().mirrored_bytes();
+    store.transact(Commit::Async, |tx| tx.remove_root("users").map(|_| ())).unwrap();
+    mirror.sync().unwrap();
+    assert!(mirror.inner().index_pages().unwrap().mirrored_bytes() < before, "the dropped tree's pages are given back");
+    assert!(matches!(mirror.art("users"), Err(Error::NoSuchRoot(_))));
+    models.users.clear();
+    let fresh = art_keys(4000, &mut rng);
+    store
+        .transact(Commit::Async, |tx| {
+            let mut users = tx.art("users")?;
+            for (i, k) in fresh.iter().enumerate() {
+                users.insert(k, i as u64)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    for (i, k) in fresh.iter().enumerate() {
+        models.users.insert(k.clone(), i as u64);
+    }
+    mirror.sync().unwrap();
+    check_mirror(&mirror, &models, &mut rng, "index-only, a new tree in a dropped one's place");
 }

@@ -23,6 +23,12 @@
 //!   cores.
 //!
 //! `--devices` puts the mirror on several GPUs (`all`, or ordinals); `devices` says how many.
+//! `--contents` says what device memory holds: `heap` (the whole used extent) or `indexes`
+//! (only the trees' pages, with a page table; `--device-limit-mib` caps it). Given both
+//! (`heap,indexes`), everything above is measured on the first, and `contents_compare` times
+//! both mirrors' kernels on the same store in interleaved rounds: lookups and count+sum ranges
+//! per second each, the median of the per-round ratios (second / first), and each mirror's
+//! device bytes.
 //!
 //! Every GPU answer of the batch is checked against the CPU engine before anything is timed.
 //! Without a GPU the mirror's backend is the CPU engine and the device figures are null.
@@ -35,7 +41,7 @@ use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tusk::{ArtOp, BTreeOp, Commit, Durability, GpuDevices, GpuOptions, Options, Store};
+use tusk::{ArtOp, BTreeOp, Commit, Durability, GpuDevices, GpuOptions, MirrorContents, Options, Store};
 
 use super::key_orders::KeyOrder;
 use super::report::{median, rate, table};
@@ -46,6 +52,13 @@ use super::{BenchDir, ChartedOutput, CliResult, IoAt};
 pub enum GpuIndex {
     Btree,
     Art,
+}
+
+/// What a mirror's device memory holds (`GpuOptions::contents`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Contents {
+    Heap,
+    Indexes,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -72,6 +85,13 @@ pub struct GpuArgs {
     /// GPUs of the mirror: an ordinal, a comma-separated list, or `all`.
     #[arg(long, default_value = "0")]
     devices: String,
+    /// What device memory holds: `heap`, `indexes`, or both (`heap,indexes`: the first is
+    /// measured, then both compared).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "heap")]
+    contents: Vec<Contents>,
+    /// Device-memory limit of an index-only mirror, MiB (0: none).
+    #[arg(long, default_value_t = 0)]
+    device_limit_mib: u64,
     /// Upserts of the update path (`apply_batch`, `sync`, a lookup batch that sees them).
     #[arg(long, default_value_t = 1_000_000)]
     update_ops: usize,
@@ -102,6 +122,8 @@ pub fn run(args: GpuArgs) -> CliResult {
                     ("lookups/s, into caller buffers", f("lookups_per_s_into_buffers")),
                     ("  its stages alone: in / kernels / out, ms", stage_line(&row["into_buffers_stages"])),
                     ("lookups/s, CPU engine", f("cpu_lookups_per_s")),
+                    ("device memory", format!("{} MiB ({})", row["device_bytes"].as_u64().unwrap_or(0) >> 20, row["contents"].as_str().unwrap_or(""))),
+                    ("contents compared (kernels, second / first)", compare_line(&row["contents_compare"])),
                     ("count+sum ranges/s, device-resident", f("count_sum_ranges_per_s")),
                     ("count+sum ranges/s, end to end", f("count_sum_ranges_per_s_end_to_end")),
                     ("count+sum ranges/s, into caller buffers", f("count_sum_ranges_per_s_into_buffers")),
@@ -138,6 +160,16 @@ pub fn run(args: GpuArgs) -> CliResult {
         plot(dir, &rows)?;
     }
     Ok(())
+}
+
+/// "indexes / heap: lookups 0.97x, ranges 0.99x; 300 / 4400 MiB" of a comparison, or "-".
+fn compare_line(v: &serde_json::Value) -> String {
+    let ratio = |k: &str| v[k].as_f64().map_or("-".to_string(), |r| format!("{r:.3}x"));
+    let mib = |i: usize| v["device_bytes"][i].as_u64().map_or("-".to_string(), |b| (b >> 20).to_string());
+    match (v["first"].as_str(), v["second"].as_str()) {
+        (Some(a), Some(b)) => format!("{b} / {a}: lookups {}, ranges {}; device {} / {} MiB", ratio("lookups_ratio"), ratio("count_sum_ranges_ratio"), mib(1), mib(0)),
+        _ => "-".into(),
+    }
 }
 
 /// "in / kernels / out (call)" of a stages object, or "-".
@@ -203,6 +235,90 @@ fn phase(started: Instant, what: &str) {
     eprintln!("[{:7.1} s] {what}", started.elapsed().as_secs_f64());
 }
 
+fn contents_name(c: Contents) -> &'static str {
+    match c {
+        Contents::Heap => "heap",
+        Contents::Indexes => "indexes",
+    }
+}
+
+/// The mirror options of `--devices`, and of `contents` (with `--device-limit-mib` for an
+/// index-only mirror).
+fn gpu_options(args: &GpuArgs, contents: Contents) -> Result<GpuOptions, String> {
+    let (contents, device_memory_limit) = match contents {
+        Contents::Heap => (MirrorContents::WholeHeap, None),
+        Contents::Indexes => (MirrorContents::Indexes, (args.device_limit_mib > 0).then_some(args.device_limit_mib << 20)),
+    };
+    Ok(GpuOptions { devices: parse_devices(&args.devices)?, contents, device_memory_limit, ..GpuOptions::default() })
+}
+
+/// Kernel rates of two mirrors of one store (`--contents A,B`), in interleaved rounds: their
+/// answers first checked equal, then per round each mirror's lookups (and, for the B-link
+/// tree, count+sum ranges) timed on device-resident queries (median of 3 launches), and the
+/// medians of the rates and of the per-round ratios B / A.
+#[allow(clippy::too_many_arguments)]
+fn compare_contents(
+    args: &GpuArgs,
+    store: &Store,
+    a: &tusk::GpuMirror,
+    (first, second): (Contents, Contents),
+    index: GpuIndex,
+    meta: u64,
+    batch: &[u64],
+    art_refs: &[&[u8]],
+    ranges: &[(u64, u64)],
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let b = store.gpu_mirror(gpu_options(args, second)?)?;
+    let (Some(da), Some(db)) = (a.inner().device(), b.inner().device()) else {
+        return Ok(json!({"second": contents_name(second), "skipped": "no GPU"}));
+    };
+    let check = batch.len().min(1 << 20);
+    let same = match index {
+        GpuIndex::Btree => a.inner().btree_get(meta, &batch[..check])? == b.inner().btree_get(meta, &batch[..check])?,
+        GpuIndex::Art => a.inner().art_get(meta, &art_refs[..check])? == b.inner().art_get(meta, &art_refs[..check])?,
+    };
+    if !same {
+        return Err(format!("the {} and {} mirrors answer differently", contents_name(first), contents_name(second)).into());
+    }
+    let lookups = |d: &tusk_index::mirror::CudaMirror| -> Result<f64, Box<dyn std::error::Error>> {
+        let ms = match index {
+            GpuIndex::Btree => d.time_btree_get_kernel(meta, batch, 3)?,
+            GpuIndex::Art => d.time_art_get_kernel(meta, art_refs, 3)?,
+        };
+        Ok(batch.len() as f64 / (ms / 1e3))
+    };
+    let range_rate = |d: &tusk_index::mirror::CudaMirror| -> Result<Option<f64>, Box<dyn std::error::Error>> {
+        Ok(match index {
+            GpuIndex::Btree => Some(ranges.len() as f64 / (d.time_btree_count_sum(meta, ranges, 3)?.kernel_ms / 1e3)),
+            GpuIndex::Art => None,
+        })
+    };
+    let (mut la, mut lb, mut lr, mut ra, mut rb, mut rr) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..args.rounds.max(1) {
+        let (x, y) = (lookups(da)?, lookups(db)?);
+        la.push(x);
+        lb.push(y);
+        lr.push(y / x);
+        if let (Some(x), Some(y)) = (range_rate(da)?, range_rate(db)?) {
+            ra.push(x);
+            rb.push(y);
+            rr.push(y / x);
+        }
+    }
+    let med = |v: &[f64]| (!v.is_empty()).then(|| median(v));
+    Ok(json!({
+        "first": contents_name(first),
+        "second": contents_name(second),
+        "lookups_per_s": [median(&la), median(&lb)],
+        "lookups_ratio": median(&lr),
+        "count_sum_ranges_per_s": [med(&ra), med(&rb)],
+        "count_sum_ranges_ratio": med(&rr),
+        "device_bytes": [a.inner().device_bytes(), b.inner().device_bytes()],
+        "heap_bytes": store.heap_used(),
+        "rounds": args.rounds.max(1),
+    }))
+}
+
 /// `--devices`: "all", or ordinals separated by commas.
 fn parse_devices(text: &str) -> Result<GpuDevices, String> {
     if text == "all" {
@@ -258,7 +374,8 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     let heap_pages = store.heap_used().div_ceil(4096);
 
     phase(t0, "heap padded and populated");
-    let mut mirror = store.gpu_mirror(GpuOptions { devices: parse_devices(&args.devices)?, ..GpuOptions::default() })?;
+    let first = *args.contents.first().ok_or("--contents names nothing")?;
+    let mut mirror = store.gpu_mirror(gpu_options(args, first)?)?;
     phase(t0, "mirror opened and synced");
     let backend = mirror.backend().to_string();
     let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5EED);
@@ -380,6 +497,10 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     };
 
     phase(t0, "device timed");
+    let contents_compare = match args.contents.get(1) {
+        Some(&second) => Some(compare_contents(args, &store, &mirror, (first, second), index, meta, &batch, &art_refs, &ranges)?),
+        None => None,
+    };
     // Sync after 1% of the heap's pages were dirtied by apply_batch.
     let updates = (heap_pages / 100) as usize;
     let mut picks: Vec<u64> = distinct.choose_multiple(&mut rng, updates.min(distinct.len())).copied().collect();
@@ -469,6 +590,9 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     Ok(json!({
         "bench": "gpu",
         "backend": backend,
+        "contents": contents_name(first),
+        "device_bytes": mirror.inner().device_bytes(),
+        "contents_compare": contents_compare,
         "devices": mirror.inner().devices().map_or(0, |d| d.len()),
         "index": match index { GpuIndex::Btree => "btree", GpuIndex::Art => "art" },
         "order": args.order.name(),

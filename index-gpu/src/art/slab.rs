@@ -113,6 +113,11 @@ fn pop_free<H: HeapWrite>(heap: &mut H, meta: u64, head: u64, kind: u8) -> Resul
     Ok(Some(link))
 }
 
+/// Bytes of slots in chunk `c` of `kind` (the allocation adds alignment slack before them).
+pub fn chunk_bytes(kind: u8, c: u64) -> u64 {
+    (1u64 << (base_log2(kind) as u64 + c)) * slot_size(kind)
+}
+
 /// Takes the kind's next batch of indices; returns the first. Allocates the chunk it starts
 /// (a batch lies within one chunk, see [`batch`]).
 fn take_batch<H: HeapWrite>(heap: &mut H, meta: u64, kind: u8) -> Result<u64, IndexError> {
@@ -124,8 +129,7 @@ fn take_batch<H: HeapWrite>(heap: &mut H, meta: u64, kind: u8) -> Result<u64, In
     }
     debug_assert!(s.is_multiple_of(batch(kind)), "batches are aligned within their chunk");
     if s == 0 {
-        let slots = 1u64 << (base_log2(kind) + c as u32);
-        let raw = heap.alloc(slots * slot_size(kind) + 64)?;
+        let raw = heap.alloc(chunk_bytes(kind, c) + 64)?;
         heap.store(meta::chunk_entry(meta, kind, c), raw.next_multiple_of(64))?;
     }
     heap.store(meta::handed_out(meta, kind), handed + batch(kind))?;

@@ -20,7 +20,11 @@
 //!           word 3  slab end         end of that chunk
 //!           word 4  handed out       nodes ever carved from this stripe's chunks; the sum over
 //!                                    the stripes is what `check()` accounts for (in use + free)
-//!           words 5..7 reserved (zero)
+//!           word 5  chunks           slab chunks this stripe allocated
+//!           word 6  last chunk       heap offset of the newest of them (0: none); each chunk's
+//!                                    first word holds the one before it (`slab.rs`), so the
+//!                                    index-only GPU mirror finds every node's pages
+//!           word 7  reserved (zero)
 //!           second line, written by the stripe's threads when they free nodes or reuse them,
 //!           and by another stripe's thread that adopts the list (`slab.rs`):
 //!           word 8  free list head   heap offset of the first node on this stripe's free list
@@ -35,6 +39,10 @@
 //! Why stripes: with one key count and one slab cursor, every two concurrent inserts wrote a
 //! common line and one of them aborted, whatever leaves they touched. Now an insert writes its
 //! leaf (and, on a split, its parents) and its own stripe's line only.
+//!
+//! Trees made before the chunk words existed have zeros there while their stripes hold nodes:
+//! they work everywhere except in the index-only GPU mirror, which cannot find their chunks
+//! (`slab::listed_chunks` says so).
 //!
 //! Version 1 ("tuskBLT1", one 64-byte line holding all counters) is not opened: its trees
 //! report [`crate::IndexError::NotABTree`].
@@ -60,11 +68,13 @@ pub const NODE_DELTA: u64 = 8;
 pub const SLAB_CURSOR: u64 = 16;
 pub const SLAB_END: u64 = 24;
 pub const HANDED_OUT: u64 = 32;
+pub const CHUNKS: u64 = 40;
+pub const LAST_CHUNK: u64 = 48;
 pub const FREE_HEAD: u64 = 64;
 
 pub const META_SIZE: u64 = STRIPES_OFF + STRIPES * STRIPE_SIZE;
 
-const _: () = assert!(HANDED_OUT + 8 <= FREE_HEAD && FREE_HEAD.is_multiple_of(64) && STRIPE_SIZE.is_multiple_of(META_ALIGN));
+const _: () = assert!(LAST_CHUNK + 8 <= FREE_HEAD && CHUNKS > HANDED_OUT && FREE_HEAD.is_multiple_of(64) && STRIPE_SIZE.is_multiple_of(META_ALIGN));
 const _: () = assert!(META_SIZE == 2112);
 
 /// Heap offset of stripe `s` in the descriptor at `meta`.
@@ -101,6 +111,6 @@ mod tests {
     fn kernels_read_the_root_here() {
         let src = tusk_kernels::source();
         assert_eq!(super::ROOT_OFF, 8);
-        assert!(src.contains("const u64 root = tusk_ld(heap, meta + 8);"));
+        assert_eq!(src.matches("const u64 root = tusk_ld(v.base, dmeta + 8);").count(), 2);
     }
 }

@@ -15,15 +15,56 @@
 //! if any, to use before the new chunk (one write to that stripe's free-list line, and only
 //! once per chunk, so the owner is rarely disturbed). So a tree that shrinks in one thread and
 //! grows in another mostly stays inside the slab ranges the GPU mirror already copies.
+//!
+//! Every chunk is on its stripe's list: the chunk's first word holds the stripe's previous
+//! chunk, the stripe's last-chunk word the newest, its chunk count how many (`meta.rs`). The
+//! index-only GPU mirror (`mirror/index_pages.rs`) walks these lists to find the pages that
+//! hold nodes; a chunk is a large allocation, so those pages hold nothing else.
 
 use super::layout::{NODE_ALIGN, NODE_SIZE};
-use super::meta::{self, FREE_HEAD, HANDED_OUT, NODE_DELTA, SLAB_CURSOR, SLAB_END};
-use crate::heap::HeapWrite;
+use super::meta::{self, CHUNKS, FREE_HEAD, HANDED_OUT, LAST_CHUNK, NODE_DELTA, SLAB_CURSOR, SLAB_END};
+use crate::heap::{HeapRead, HeapWrite};
 use crate::stripe::{self, STRIPES};
 use tusk_txn::TxnError;
 
 /// Nodes per slab chunk: 64 KiB of nodes, a few pages per allocation.
 pub const NODES_PER_CHUNK: u64 = 128;
+/// Bytes of a chunk's allocation: the link word, alignment slack, the nodes.
+pub const CHUNK_BYTES: u64 = 8 + NODE_ALIGN + NODES_PER_CHUNK * NODE_SIZE;
+
+/// The first node of the chunk allocated at `chunk` (after its link word).
+pub fn first_node(chunk: u64) -> u64 {
+    (chunk + 8).next_multiple_of(NODE_ALIGN)
+}
+
+/// The heap bytes of the chunk at `chunk` that its link and nodes use.
+pub fn chunk_span(chunk: u64) -> std::ops::Range<u64> {
+    chunk..first_node(chunk) + NODES_PER_CHUNK * NODE_SIZE
+}
+
+/// The chunk listed before `chunk` on its stripe's list (0: none).
+pub fn previous_chunk<H: HeapRead>(heap: &mut H, chunk: u64) -> Result<u64, TxnError> {
+    heap.load(chunk)
+}
+
+/// The chunk list of stripe `s` of the tree at `meta`: (chunks, newest chunk), or `None` if
+/// the stripe carved nodes from chunks that are not on it (a tree made before chunk lists).
+/// A stripe fills each chunk before it takes the next, so with every chunk listed the nodes
+/// it handed out are exactly the full chunks before the newest and the newest's carved part.
+pub fn listed_chunks<H: HeapRead>(heap: &mut H, meta: u64, s: u64) -> Result<Option<(u64, u64)>, TxnError> {
+    let stripe = meta::stripe(meta, s);
+    let (chunks, last) = (heap.load(stripe + CHUNKS)?, heap.load(stripe + LAST_CHUNK)?);
+    let handed_out = heap.load(stripe + HANDED_OUT)?;
+    if chunks == 0 {
+        return Ok((last == 0 && handed_out == 0).then_some((0, 0)));
+    }
+    let (cursor, end) = (heap.load(stripe + SLAB_CURSOR)?, heap.load(stripe + SLAB_END)?);
+    let first = first_node(last);
+    let listed = end == first + NODES_PER_CHUNK * NODE_SIZE
+        && (first..=end).contains(&cursor)
+        && handed_out == NODES_PER_CHUNK * (chunks - 1) + (cursor - first) / NODE_SIZE;
+    Ok(listed.then_some((chunks, last)))
+}
 
 /// Hands out one zeroed, 64-byte-aligned node of the tree whose descriptor is at `meta`: a
 /// freed one if there is any, else a fresh one from the stripe's chunk.
@@ -60,8 +101,12 @@ fn carve<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64) -> Result<u64, TxnErr
     let mut cursor = heap.load(mine + SLAB_CURSOR)?;
     let end = heap.load(mine + SLAB_END)?;
     if cursor == 0 || cursor + NODE_SIZE > end {
-        let chunk = heap.alloc(NODES_PER_CHUNK * NODE_SIZE + NODE_ALIGN)?;
-        cursor = chunk.next_multiple_of(NODE_ALIGN);
+        let chunk = heap.alloc(CHUNK_BYTES)?;
+        let previous = heap.load(mine + LAST_CHUNK)?;
+        heap.store(chunk, previous)?;
+        heap.store(mine + LAST_CHUNK, chunk)?;
+        stripe::add(heap, mine + CHUNKS, 1)?;
+        cursor = first_node(chunk);
         heap.store(mine + SLAB_END, cursor + NODES_PER_CHUNK * NODE_SIZE)?;
         if adopt(heap, meta, mine)? {
             heap.store(mine + SLAB_CURSOR, cursor)?;

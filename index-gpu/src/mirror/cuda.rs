@@ -1,6 +1,8 @@
 //! The CUDA backend of the GPU mirror: one device buffer holding the heap's bytes
 //! `[0, extent)` at their heap offsets, so that the kernels (tusk-kernels) follow the trees'
-//! offsets unchanged, and batch queries over it.
+//! offsets unchanged, and batch queries over it. With the index-only layout
+//! (`index_pages.rs`) the buffer holds only the indexes' pages, and a second buffer the page
+//! table the kernels translate heap offsets through.
 //!
 //! - **Sync** ([`CudaMirror::upload`]): the changed runs are packed in 4 KiB pieces into
 //!   `staging_buffers` pinned buffers, each with a table of (heap offset, length); a buffer is
@@ -39,7 +41,7 @@ use tusk_kernels as kernels;
 use tusk_txn::TxnError;
 
 use self::raw::{driver, DeviceBuffer, Event, Module, PinnedBuffer, Stream};
-use super::{GpuOptions, MirrorError};
+use super::{index_pages, GpuOptions, MirrorError};
 use crate::art::link as art_link;
 use crate::IndexError;
 
@@ -474,9 +476,16 @@ pub struct CudaMirror {
     /// The CUDA device ordinal.
     device: usize,
     compute: (u32, u32),
-    /// The mirrored extent: heap bytes [0, extent) are on the device.
+    /// The mirrored extent: heap bytes [0, extent) are on the device (index-only: the
+    /// indexes' pages among them).
     extent: u64,
+    /// The heap's bytes at their offsets, or (index-only) the indexes' pages.
     heap: Option<DeviceBuffer>,
+    /// Index-only: the page table (one u32 per heap page of the extent; `index_pages.rs`).
+    pages: Option<DeviceBuffer>,
+    indexes_only: bool,
+    /// Most bytes the heap (or index page) buffer may take.
+    limit: Option<u64>,
     /// ART slot sizes then base exponents, one u64 per kind each (from `art::link`).
     art_geometry: DeviceBuffer,
     staging: Vec<Staging>,
@@ -615,6 +624,9 @@ impl CudaMirror {
             compute,
             extent: 0,
             heap: None,
+            pages: None,
+            indexes_only: options.contents == super::MirrorContents::Indexes,
+            limit: options.device_memory_limit,
             art_geometry,
             staging,
             streams: None,
@@ -688,10 +700,19 @@ impl CudaMirror {
             assert!(r.end <= extent && r.end <= image.len() as u64, "run {r:?} beyond the extent {extent} or the image of {} bytes", image.len());
             prev = r.end;
         }
+        if self.indexes_only {
+            return Err(MirrorError::Unsupported("a mirror of the indexes only takes its pages from syncs, not whole-heap uploads".into()));
+        }
         self.bind()?;
         self.grow(extent)?;
         self.extent = extent;
-        let result = self.stage_runs(image, runs);
+        self.finish_staging(image, runs, None)
+    }
+
+    /// Stages `runs` of `image` (through `table`, if given: see [`CudaMirror::stage_runs`])
+    /// and waits for every copy; checks the scatters.
+    fn finish_staging(&mut self, image: &[u8], runs: &[Range<u64>], table: Option<&[u32]>) -> Result<(), MirrorError> {
+        let result = self.stage_runs(image, runs, table);
         // Whatever happened, nothing may still be copying when this returns.
         let mut synced = Ok(());
         for s in &mut self.staging {
@@ -716,7 +737,10 @@ impl CudaMirror {
         if extent <= cap && self.heap.is_some() {
             return Ok(());
         }
-        let want = extent.max(cap + cap / 4).next_multiple_of(HEAP_GRANULE);
+        if let Some(limit) = self.limit.filter(|&l| extent > l) {
+            return Err(MirrorError::OverLimit { bytes: extent, limit });
+        }
+        let want = extent.max(cap + cap / 4).next_multiple_of(HEAP_GRANULE).min(self.limit.unwrap_or(u64::MAX)).max(extent);
         let new = match DeviceBuffer::alloc(want as usize) {
             Err(MirrorError::OutOfMemory { .. }) => DeviceBuffer::alloc(extent.next_multiple_of(PIECE as u64) as usize)?,
             r => r?,
@@ -736,16 +760,27 @@ impl CudaMirror {
         Ok(())
     }
 
-    fn stage_runs(&mut self, image: &[u8], runs: &[Range<u64>]) -> Result<(), MirrorError> {
-        // Every piece (heap offset, length) first, so that a staging buffer's pieces can be
-        // packed by several threads at once: dirty pages are scattered, and one thread
-        // copying them into pinned memory was the slowest part of a sync.
-        let mut pieces: Vec<(u64, usize)> = Vec::new();
+    /// Copies `runs` of `image` to the device: to the same offsets, or, with `table` (the
+    /// index-only layout's page table, `index_pages.rs`), to the device pages it names (runs
+    /// of whole pages; pages it does not hold are skipped).
+    fn stage_runs(&mut self, image: &[u8], runs: &[Range<u64>], table: Option<&[u32]>) -> Result<(), MirrorError> {
+        // Every piece (heap offset, device offset, length) first, so that a staging buffer's
+        // pieces can be packed by several threads at once: dirty pages are scattered, and one
+        // thread copying them into pinned memory was the slowest part of a sync.
+        let mut pieces: Vec<(u64, u64, usize)> = Vec::new();
         for r in runs {
             let mut off = r.start;
             while off < r.end {
                 let len = (PIECE as u64).min(r.end - off) as usize;
-                pieces.push((off, len));
+                match table {
+                    None => pieces.push((off, off, len)),
+                    Some(t) => {
+                        debug_assert!(off.is_multiple_of(PIECE as u64), "index pages go whole");
+                        if let Some(page) = t.get((off / PIECE as u64) as usize).copied().filter(|&p| p != index_pages::NO_PAGE) {
+                            pieces.push((off, page as u64 * PIECE as u64, len));
+                        }
+                    }
+                }
                 off += len as u64;
             }
         }
@@ -759,9 +794,9 @@ impl CudaMirror {
             }
             let buf = s.pinned.as_mut_slice();
             let (table, data) = buf.split_at_mut(table_bytes);
-            let pack = |batch: &[(u64, usize)], table: &mut [u8], data: &mut [u8]| {
-                for (i, &(off, len)) in batch.iter().enumerate() {
-                    table[16 * i..16 * i + 8].copy_from_slice(&off.to_le_bytes());
+            let pack = |batch: &[(u64, u64, usize)], table: &mut [u8], data: &mut [u8]| {
+                for (i, &(off, dst, len)) in batch.iter().enumerate() {
+                    table[16 * i..16 * i + 8].copy_from_slice(&dst.to_le_bytes());
                     table[16 * i + 8..16 * i + 16].copy_from_slice(&(len as u64).to_le_bytes());
                     data[i * PIECE..i * PIECE + len].copy_from_slice(&image[off as usize..off as usize + len]);
                 }
@@ -786,7 +821,7 @@ impl CudaMirror {
     /// scatters them into the heap, on the buffer's stream.
     fn submit(&mut self, i: usize, pieces: usize) -> Result<(), MirrorError> {
         let heap = self.heap.as_ref().expect("grown before staging").ptr();
-        let extent = self.extent;
+        let extent = self.device_bytes();
         let table_bytes = self.table_bytes;
         let kernel = self.kernels.scatter;
         let s = &mut self.staging[i];
@@ -807,6 +842,43 @@ impl CudaMirror {
         s.done.record(&s.stream)?;
         s.in_flight = true;
         Ok(())
+    }
+
+    /// The bytes device offsets are checked against: the extent, or (index-only) the page
+    /// buffer's size.
+    fn device_bytes(&self) -> u64 {
+        match (&self.heap, self.indexes_only) {
+            (Some(h), true) => h.bytes() as u64,
+            _ => self.extent,
+        }
+    }
+
+    /// The page table's device pointer (0: the whole-heap layout).
+    fn pages_ptr(&self) -> u64 {
+        self.pages.as_ref().map_or(0, |p| p.ptr())
+    }
+
+    /// Index-only: after a sync's copy and a refresh of the layout, makes the page buffer hold
+    /// `refresh.device_pages` pages (keeping what it holds), uploads the changed stretch of
+    /// `table`, and uploads the new objects' pages from `image`.
+    pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &index_pages::Refresh, table: &[u32]) -> Result<(), MirrorError> {
+        assert!(self.indexes_only, "only the index-only layout has a page table");
+        self.bind()?;
+        self.grow((refresh.device_pages * PIECE as u64).max(PIECE as u64))?;
+        if let Some(changed) = refresh.changed.clone() {
+            let have = self.pages.as_ref().map_or(0, |p| p.bytes() / 4);
+            let whole = have < table.len();
+            if whole {
+                // Room for growth, as the heap buffer has.
+                let entries = table.len().max(have + have / 4).next_multiple_of(PIECE / 4);
+                self.pages = Some(DeviceBuffer::alloc(4 * entries)?);
+            }
+            let range = if whole { 0..table.len() } else { changed };
+            let dev = self.pages.as_ref().expect("allocated above");
+            // SAFETY: the buffer holds at least table.len() entries; a synchronous copy.
+            unsafe { cu::memcpy_htod_sync(dev.at(4 * range.start), &table[range]) }.map_err(|e| driver("cuMemcpyHtoD (page table)", e))?;
+        }
+        self.finish_staging(image, &refresh.new, Some(table))
     }
 
     fn heap_ptr(&self, meta: u64) -> Result<u64, MirrorError> {
@@ -844,6 +916,7 @@ impl CudaMirror {
         let want = (io.n as u64 * threads_per_query).div_ceil(BLOCK as u64);
         let blocks = want.clamp(1, k.blocks as u64) as u32;
         let (mut a_heap, mut a_extent, mut a_meta, mut a_n, mut a_err) = (heap, self.extent, meta, io.n as u64, io.err);
+        let (mut a_pages, mut a_bytes) = (self.pages_ptr(), self.device_bytes());
         let mut a_geom = self.art_geometry.ptr();
         let (mut a_in, mut a_offs, mut a_lens) = (io.input, io.offs, io.lens);
         let mut a_fixed = fixed_len;
@@ -854,11 +927,13 @@ impl CudaMirror {
             };
         }
         let mut params: Vec<*mut c_void> = match op {
-            Op::BtreeGet => vec![p!(&mut a_heap), p!(&mut a_extent), p!(&mut a_meta), p!(&mut a_in), p!(&mut a_n), p!(&mut a_out), p!(&mut a_found), p!(&mut a_err)],
-            Op::BtreeCountSum => vec![p!(&mut a_heap), p!(&mut a_extent), p!(&mut a_meta), p!(&mut a_in), p!(&mut a_n), p!(&mut a_out), p!(&mut a_err)],
+            Op::BtreeGet => vec![p!(&mut a_heap), p!(&mut a_extent), p!(&mut a_pages), p!(&mut a_bytes), p!(&mut a_meta), p!(&mut a_in), p!(&mut a_n), p!(&mut a_out), p!(&mut a_found), p!(&mut a_err)],
+            Op::BtreeCountSum => vec![p!(&mut a_heap), p!(&mut a_extent), p!(&mut a_pages), p!(&mut a_bytes), p!(&mut a_meta), p!(&mut a_in), p!(&mut a_n), p!(&mut a_out), p!(&mut a_err)],
             Op::ArtGet => vec![
                 p!(&mut a_heap),
                 p!(&mut a_extent),
+                p!(&mut a_pages),
+                p!(&mut a_bytes),
                 p!(&mut a_meta),
                 p!(&mut a_geom),
                 p!(&mut a_in),
@@ -873,6 +948,8 @@ impl CudaMirror {
             Op::ArtPrefix => vec![
                 p!(&mut a_heap),
                 p!(&mut a_extent),
+                p!(&mut a_pages),
+                p!(&mut a_bytes),
                 p!(&mut a_meta),
                 p!(&mut a_geom),
                 p!(&mut a_in),

@@ -59,6 +59,14 @@ impl Devices {
         Ok(Devices { list })
     }
 
+    /// Index-only: applies a refreshed layout on every device (`CudaMirror::apply_layout`).
+    pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &super::index_pages::Refresh, table: &[u32]) -> Result<(), MirrorError> {
+        for d in &mut self.list {
+            d.apply_layout(image, refresh, table)?;
+        }
+        Ok(())
+    }
+
     /// The devices, in the order batches are cut.
     pub fn all(&self) -> &[CudaMirror] {
         &self.list

@@ -24,7 +24,8 @@ use super::cpu;
 use super::cuda::raw::{HostMemory, PinnedBuffer};
 use super::cuda::{streamed, CudaMirror};
 use super::devices::{Devices, StageTiming};
-use super::{Backend, GpuOptions, MirrorError};
+use super::index_pages::IndexPages;
+use super::{Backend, GpuOptions, MirrorContents, MirrorError};
 
 /// Longest ART key or prefix the kernels take; longer ones are answered on the CPU.
 pub const DEVICE_MAX_KEY: usize = 32;
@@ -57,6 +58,8 @@ pub struct SyncReport {
 struct Streaming<'a> {
     image: &'a mut ImageTarget,
     devices: &'a mut Devices,
+    /// The index-only layout's page table (pages it does not hold stay on the host).
+    table: Option<&'a [u32]>,
     pool: Receiver<(usize, PinnedBuffer)>,
     uploaded: u64,
     failed: Option<MirrorError>,
@@ -65,7 +68,8 @@ struct Streaming<'a> {
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
         let pool = &self.pool;
-        let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces);
+        let table = self.table;
+        let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces, table);
         // About four portions per copier, so that the bus starts early, but none so small that
         // a buffer's fixed costs dominate.
         let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
@@ -73,7 +77,7 @@ impl PageSink for Streaming<'_> {
         let (device, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
         self.image
             .copy_runs_streamed::<_, std::convert::Infallible>(heap, runs, portion, &prepare, &mut |packed| {
-                if failed.is_some() {
+                if failed.is_some() || packed.is_empty() {
                     device.give_back(packed);
                     return Ok(());
                 }
@@ -100,6 +104,9 @@ pub struct Mirror {
     /// Why the last sync failed, if it did: the image and the device may then hold a mix of
     /// states, so queries are refused until a sync succeeds.
     failed_sync: Option<String>,
+    /// The index-only layout (`index_pages.rs`), on the CUDA backend when asked for.
+    index_pages: Option<IndexPages>,
+    limit: Option<u64>,
 }
 
 impl Mirror {
@@ -126,7 +133,11 @@ impl Mirror {
             },
         };
         let image = ImageTarget::new(engine.heap().capacity(), threads)?;
-        let mut mirror = Mirror { engine, image, state: None, lsn: 0, devices, backend, threads, failed_sync: None };
+        let indexes_only = devices.is_some() && options.contents == MirrorContents::Indexes;
+        let index_pages = indexes_only.then(|| IndexPages::new(options.device_memory_limit));
+        let backend = if indexes_only { format!("{backend}, indexes only") } else { backend };
+        let limit = options.device_memory_limit;
+        let mut mirror = Mirror { engine, image, state: None, lsn: 0, devices, backend, threads, failed_sync: None, index_pages, limit };
         mirror.sync()?;
         Ok(mirror)
     }
@@ -159,8 +170,11 @@ impl Mirror {
         let result = self.sync_once();
         self.failed_sync = result.as_ref().err().map(|e| e.to_string());
         if result.is_err() {
-            // The next sync copies everything again.
+            // The next sync copies everything again (and places every index page anew).
             self.state = None;
+            if let Some(pages) = self.index_pages.as_mut() {
+                *pages = IndexPages::new(self.limit);
+            }
         }
         result
     }
@@ -181,7 +195,8 @@ impl Mirror {
     /// [`Mirror::sync`] with each copied portion of the image uploaded at once.
     fn sync_streamed(&mut self, started: Instant, pool: Receiver<(usize, PinnedBuffer)>) -> Result<SyncReport, MirrorError> {
         let devices = self.devices.as_mut().expect("streams only to a device");
-        let mut sink = Streaming { image: &mut self.image, devices, pool, uploaded: 0, failed: None };
+        let table = self.index_pages.as_ref().map(|p| p.table());
+        let mut sink = Streaming { image: &mut self.image, devices, table, pool, uploaded: 0, failed: None };
         let copied = self.engine.copy_pages_consistent(self.state, &mut sink);
         let (uploaded, failed) = (sink.uploaded, sink.failed.take());
         let host = started.elapsed();
@@ -191,6 +206,16 @@ impl Mirror {
             (Ok(_), Some(e)) => Err(e),
             (Ok((state, copy)), None) => self.devices.as_mut().expect("streamed to the devices").end_streamed(copy.extent).map(|()| (state, copy)),
         };
+        // Index-only: the image is at the new LSN; bring the layout to its trees.
+        let mut uploaded = uploaded;
+        let result = result.and_then(|(state, copy)| {
+            if let Some(pages) = self.index_pages.as_mut() {
+                let refresh = pages.refresh(self.image.bytes(), copy.extent)?;
+                uploaded += refresh.new.iter().map(|r| r.end - r.start).sum::<u64>();
+                self.devices.as_mut().expect("index pages live on devices").apply_layout(self.image.bytes(), &refresh, pages.table())?;
+            }
+            Ok((state, copy))
+        });
         let (state, copy) = match result {
             Ok(done) => done,
             Err(e) => {
@@ -207,16 +232,35 @@ impl Mirror {
         Ok(SyncReport { lsn: copy.lsn, pages: copy.pages_open + copy.pages_closed, uploaded, host, upload: drained.elapsed(), pause: copy.pause, scan: copy.scan, copy: copy.copy })
     }
 
-    /// Refuses queries after a failed sync.
-    fn check_synced(&self) -> Result<(), MirrorError> {
-        match &self.failed_sync {
-            Some(why) => Err(MirrorError::SyncFailed(why.clone())),
-            None => Ok(()),
+    /// Refuses queries after a failed sync, and (index-only) about trees the devices do not
+    /// hold.
+    fn check_synced(&self, meta: u64) -> Result<(), MirrorError> {
+        if let Some(why) = &self.failed_sync {
+            return Err(MirrorError::SyncFailed(why.clone()));
+        }
+        match &self.index_pages {
+            Some(pages) if !pages.holds(meta) => Err(MirrorError::NotMirrored(meta)),
+            _ => Ok(()),
         }
     }
 
+    /// Bytes of device memory the mirror's heap (or index pages and page table) takes on
+    /// each GPU (0 on the CPU backend).
+    pub fn device_bytes(&self) -> u64 {
+        match (&self.devices, &self.index_pages) {
+            (None, _) => 0,
+            (Some(_), Some(pages)) => pages.device_pages() * PAGE_SIZE + 4 * pages.table().len() as u64,
+            (Some(d), None) => d.primary().extent(),
+        }
+    }
+
+    /// The index-only layout, if this mirror uses it.
+    pub fn index_pages(&self) -> Option<&IndexPages> {
+        self.index_pages.as_ref()
+    }
+
     pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
-        self.check_synced()?;
+        self.check_synced(meta)?;
         match &self.devices {
             Some(d) => d.split(keys.len(), |d, r| d.btree_get(meta, &keys[r])),
             None => Ok(cpu::btree_get(self.image(), self.threads, meta, keys)?),
@@ -224,7 +268,7 @@ impl Mirror {
     }
 
     pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
-        self.check_synced()?;
+        self.check_synced(meta)?;
         match &self.devices {
             Some(d) => d.split(ranges.len(), |d, r| d.btree_count_sum(meta, &ranges[r])),
             None => Ok(cpu::btree_count_sum(self.image(), self.threads, meta, ranges)?),
@@ -232,12 +276,12 @@ impl Mirror {
     }
 
     pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
-        self.check_synced()?;
+        self.check_synced(meta)?;
         self.split_by_length(keys, |d, short| d.split(short.len(), |d, r| d.art_get(meta, &short[r])), |long| cpu::art_get(self.image(), self.threads, meta, long))
     }
 
     pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
-        self.check_synced()?;
+        self.check_synced(meta)?;
         self.split_by_length(
             prefixes,
             |d, short| d.split(short.len(), |d, r| d.art_count_sum_prefix(meta, &short[r])),
@@ -290,7 +334,7 @@ impl Mirror {
     }
 
     fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
-        self.check_synced()?;
+        self.check_synced(meta)?;
         if let Some(devices) = self.devices.as_ref().filter(|d| d.own(mem)) {
             return devices.answer_into(meta, mem);
         }
@@ -348,7 +392,7 @@ impl Mirror {
     }
 
     fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
-        self.check_synced()?;
+        self.check_synced(meta)?;
         match self.devices.as_ref().filter(|d| d.own(mem)) {
             Some(d) => Ok(Some(d.time_into(meta, mem, rounds)?)),
             None => Ok(None),

@@ -1,12 +1,14 @@
 //! The GPU mirror of the indexes (docs/ARCHITECTURE.md): device memory holding the heap's used extent at
-//! the same offsets, synced by copying only the pages dirtied since the last sync, and batch
-//! kernels for B-link lookups and range count/sum and ART lookups and prefix count/sum.
+//! the same offsets, or only the indexes' pages with a page table (`index_pages.rs`), synced by
+//! copying only the pages dirtied since the last sync, and batch kernels for B-link lookups and
+//! range count/sum and ART lookups and prefix count/sum.
 
 pub mod buffers;
 pub mod cpu;
 pub mod devices;
 pub mod cuda;
 pub mod engine;
+pub mod index_pages;
 
 pub use buffers::{ArtLookupBuffers, LookupBuffers, RangeBuffers};
 pub use cuda::CudaMirror;
@@ -26,11 +28,38 @@ pub struct GpuOptions {
     pub staging_bytes: usize,
     /// CPU backend threads (0: one per core).
     pub cpu_threads: usize,
+    /// What device memory holds: the whole heap, or only the indexes.
+    pub contents: MirrorContents,
+    /// Most bytes of device memory the mirrored heap (or the index pages and their page
+    /// table) may take on each GPU; `None`: as much as the GPU has. A sync that needs more
+    /// fails with [`MirrorError::OverLimit`].
+    pub device_memory_limit: Option<u64>,
+}
+
+/// What the mirror's device memory holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MirrorContents {
+    /// The heap's whole used extent at its offsets: every tree answers, named or not.
+    #[default]
+    WholeHeap,
+    /// Only the pages of the indexes under named roots (their descriptors and slab chunks),
+    /// with a page table the kernels translate heap offsets through: a heap far larger than
+    /// device memory whose indexes fit. Queries name trees by their roots; trees made before
+    /// B-link slabs listed their chunks are refused (`MirrorError::Unsupported`).
+    Indexes,
 }
 
 impl Default for GpuOptions {
     fn default() -> GpuOptions {
-        GpuOptions { backend: Backend::Auto, devices: GpuDevices::One(0), staging_buffers: 4, staging_bytes: 8 << 20, cpu_threads: 0 }
+        GpuOptions {
+            backend: Backend::Auto,
+            devices: GpuDevices::One(0),
+            staging_buffers: 4,
+            staging_bytes: 8 << 20,
+            cpu_threads: 0,
+            contents: MirrorContents::WholeHeap,
+            device_memory_limit: None,
+        }
     }
 }
 
@@ -91,6 +120,12 @@ pub enum MirrorError {
     /// Device memory exhausted.
     #[error("out of device memory: {bytes} bytes requested")]
     OutOfMemory { bytes: u64 },
+    /// The mirror would need more device memory than [`GpuOptions::device_memory_limit`].
+    #[error("the mirror needs {bytes} bytes of device memory, over its limit of {limit} (GpuOptions::device_memory_limit; MirrorContents::Indexes mirrors only the indexes)")]
+    OverLimit { bytes: u64, limit: u64 },
+    /// An index-only mirror was asked about a tree it does not hold.
+    #[error("the index-only mirror holds no tree at heap offset {0}: it mirrors the trees under named roots as of its last sync")]
+    NotMirrored(u64),
     /// A query the device does not answer: an ART key or prefix longer than the kernels take
     /// (32 bytes), or an ART subtree deeper than the prefix walk's stack. The caller answers it
     /// on the CPU.

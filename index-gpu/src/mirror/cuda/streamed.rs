@@ -29,6 +29,7 @@ use cudarc::driver::sys;
 use super::raw::{driver, DeviceBuffer, Event, PinnedBuffer, Stream};
 use super::{check_scatter, scatter, CudaMirror, ScatterIo, PIECE};
 use crate::mirror::devices::Devices;
+use crate::mirror::index_pages::NO_PAGE;
 use crate::mirror::MirrorError;
 
 /// Most bytes of heap a stream buffer carries (the image copy's largest portion).
@@ -60,6 +61,11 @@ impl Packed {
     /// Heap bytes packed.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Whether nothing was packed (every page left out by the table).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pieces == 0
     }
 }
 
@@ -116,21 +122,29 @@ impl StreamBuffers {
 
 /// Packs `pieces` (heap offset, bytes; whole pages, at most [`STREAM_PORTION`] bytes in all)
 /// into an idle buffer from `pool`, waiting for one if none is idle. Runs on the copier
-/// threads.
-pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8])]) -> Packed {
+/// threads. With `table` (the index-only layout's page table, `index_pages.rs`) each page goes
+/// to the device page the table names, and pages it does not hold are left out.
+pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8])], table: Option<&[u32]>) -> Packed {
     let (id, mut buffer) = pool.recv().expect("the mirror keeps its stream buffers while a sync runs");
     let bytes = buffer.as_mut_slice();
-    let (table, data) = bytes.split_at_mut(TABLE_BYTES);
+    let (entries, data) = bytes.split_at_mut(TABLE_BYTES);
     let (mut n, mut packed, mut end) = (0usize, 0u64, 0u64);
     for &(off, piece) in pieces {
-        packed += piece.len() as u64;
-        end = end.max(off + piece.len() as u64);
         assert!(off.is_multiple_of(PIECE as u64) && piece.len().is_multiple_of(PIECE), "a portion of whole pages: {} bytes at {off}", piece.len());
         for (i, part) in piece.chunks(PIECE).enumerate() {
             assert!(n < TABLE_ENTRIES, "a portion of more than {TABLE_ENTRIES} pieces");
-            let at = off + (i * PIECE) as u64;
-            table[16 * n..16 * n + 8].copy_from_slice(&at.to_le_bytes());
-            table[16 * n + 8..16 * n + 16].copy_from_slice(&(part.len() as u64).to_le_bytes());
+            let heap_at = off + (i * PIECE) as u64;
+            let at = match table {
+                None => heap_at,
+                Some(t) => match t.get((heap_at / PIECE as u64) as usize) {
+                    Some(&page) if page != NO_PAGE => page as u64 * PIECE as u64,
+                    _ => continue,
+                },
+            };
+            packed += part.len() as u64;
+            end = end.max(at + part.len() as u64);
+            entries[16 * n..16 * n + 8].copy_from_slice(&at.to_le_bytes());
+            entries[16 * n + 8..16 * n + 16].copy_from_slice(&(part.len() as u64).to_le_bytes());
             data[n * PIECE..n * PIECE + part.len()].copy_from_slice(part);
             n += 1;
         }
@@ -143,7 +157,9 @@ impl CudaMirror {
     /// heap; with `pool` (the first device), returns the pinned buffers' pool for [`pack`].
     pub(crate) fn begin_streamed(&mut self, extent_hint: u64, pool: bool) -> Result<Option<Receiver<(usize, PinnedBuffer)>>, MirrorError> {
         self.bind()?;
-        self.grow(extent_hint)?;
+        if !self.indexes_only {
+            self.grow(extent_hint)?;
+        }
         if self.streams.is_none() {
             self.streams = Some(StreamBuffers::new(pool)?);
         }
@@ -211,7 +227,9 @@ impl CudaMirror {
             }
         }
         check_scatter(&self.staging[0].err)?;
-        self.grow(extent)?;
+        if !self.indexes_only {
+            self.grow(extent)?;
+        }
         self.extent = extent;
         Ok(())
     }

@@ -1,0 +1,226 @@
+//! The index-only layout of the GPU mirror (`mirror/index_pages.rs`) without a GPU: a heap of
+//! mostly records with named trees in it, the layout refreshed from an image, and the device
+//! memory it describes built on the host (each placed object's pages copied to the device
+//! pages the table names). The CPU read paths then run through the page table, a load at a
+//! time, as the kernels do: every node the trees' full checks reach, and every answer, must
+//! come out right, while the device holds a small part of the heap. Then rounds of inserts
+//! (new chunks), a tree dropped and another made (pages given back and reused), and a tree
+//! from before the chunk lists (refused).
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::Rng;
+use tusk_index::heap::HeapRead;
+use tusk_index::mirror::index_pages::{IndexPages, Refresh, NO_PAGE};
+use tusk_index::mirror::MirrorError;
+use tusk_index::{Art, BTree};
+use tusk_storage::layout::BRK_OFF;
+use tusk_storage::PAGE_SIZE;
+use tusk_txn::{Engine, TxnError};
+
+/// The heap's bytes [0, extent).
+fn image(engine: &Engine) -> Vec<u8> {
+    let heap = engine.heap();
+    let extent = heap.load_word(BRK_OFF).next_multiple_of(PAGE_SIZE);
+    let mut bytes = vec![0u8; extent as usize];
+    heap.read_bytes(0, &mut bytes);
+    bytes
+}
+
+/// Device memory as the layout describes it, read through its page table as the kernels do.
+struct Device {
+    bytes: Vec<u8>,
+    table: Vec<u32>,
+}
+
+impl Device {
+    /// What a sync leaves on the device: every held page as `image` has it (the streamed
+    /// pages and the refresh's new objects together).
+    fn synced(pages: &IndexPages, refresh: &Refresh, image: &[u8]) -> Device {
+        let table = pages.table().to_vec();
+        let mut bytes = vec![0u8; (refresh.device_pages * PAGE_SIZE) as usize];
+        for (heap_page, &dev) in table.iter().enumerate() {
+            if dev != NO_PAGE {
+                let (from, to) = (heap_page * PAGE_SIZE as usize, dev as usize * PAGE_SIZE as usize);
+                bytes[to..to + PAGE_SIZE as usize].copy_from_slice(&image[from..from + PAGE_SIZE as usize]);
+            }
+        }
+        Device { bytes, table }
+    }
+
+    fn at(&self, off: u64) -> Result<usize, TxnError> {
+        match self.table.get((off / PAGE_SIZE) as usize) {
+            Some(&page) if page != NO_PAGE && off.is_multiple_of(8) => Ok((page as u64 * PAGE_SIZE + off % PAGE_SIZE) as usize),
+            _ => Err(TxnError::InvalidPointer(off)),
+        }
+    }
+}
+
+impl HeapRead for Device {
+    fn load(&mut self, off: u64) -> Result<u64, TxnError> {
+        let at = self.at(off)?;
+        Ok(u64::from_le_bytes(self.bytes[at..at + 8].try_into().expect("8 bytes")))
+    }
+
+    fn load_words(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self.load(off + 8 * i as u64)?;
+        }
+        Ok(())
+    }
+
+    fn prefetch(&self, _off: u64, _len: u64) {}
+
+    fn contains(&self, off: u64, len: u64) -> bool {
+        (off..off + len).step_by(PAGE_SIZE as usize).all(|o| self.at(o & !7).is_ok()) && self.at((off + len).saturating_sub(8) & !7).is_ok()
+    }
+}
+
+/// Each object's pages are consecutive on the device, and no device page holds two heap pages.
+fn assert_objects_contiguous(pages: &IndexPages) {
+    let mut device_pages_seen = std::collections::HashSet::new();
+    for (first, count, device) in pages.objects() {
+        for i in 0..count {
+            assert_eq!(pages.device_page(first + i), Some(device + i as u32), "page {i} of the object at heap page {first}");
+            assert!(device_pages_seen.insert(device + i as u32), "device page {} holds two heap pages", device + i as u32);
+        }
+    }
+    let held = pages.table().iter().filter(|&&d| d != NO_PAGE).count();
+    assert_eq!(held, device_pages_seen.len(), "every held page belongs to an object");
+}
+
+struct Models {
+    orders: BTreeMap<u64, u64>,
+    users: BTreeMap<Vec<u8>, u64>,
+}
+
+fn check(device: &mut Device, orders: &BTree, users: &Art, models: &Models, what: &str) {
+    let stats = orders.check(device).unwrap_or_else(|e| panic!("{what}: the B-link tree through the page table: {e}"));
+    assert_eq!(stats.keys, models.orders.len() as u64, "{what}");
+    for (k, v) in models.orders.iter().step_by(7) {
+        assert_eq!(orders.get(device, *k).unwrap(), Some(*v), "{what}: key {k}");
+    }
+    let stats = users.check(device).unwrap_or_else(|e| panic!("{what}: the ART through the page table: {e}"));
+    assert_eq!(stats.keys, models.users.len() as u64, "{what}");
+    for (k, v) in models.users.iter().step_by(5) {
+        assert_eq!(users.get(device, k).unwrap(), Some(*v), "{what}: key {k:?}");
+    }
+}
+
+/// Inserts `n` keys into both trees, between records of 1–6 KiB (small and large allocations)
+/// that take most of the heap.
+fn grow(engine: &Engine, orders: &BTree, users: &Art, models: &mut Models, rng: &mut Rng, n: usize) {
+    for _ in 0..n / 500 {
+        common::transact(engine, |tx| {
+            for _ in 0..500 {
+                let k = rng.next();
+                orders.insert(tx, k, k ^ 1).unwrap();
+                models.orders.insert(k, k ^ 1);
+                let key = format!("user/{:x}", rng.below(1 << 40)).into_bytes();
+                users.insert(tx, &key, k).unwrap();
+                models.users.insert(key, k);
+            }
+            for _ in 0..200 {
+                let record = tx.alloc(1024 + rng.below(5 * 1024)).unwrap();
+                tx.store(record.offset(), 0xfeed).unwrap();
+            }
+        });
+    }
+}
+
+#[test]
+fn the_trees_read_through_the_page_table_as_from_the_heap() {
+    let engine = common::engine(256 << 20);
+    let mut rng = Rng::new("the_trees_read_through_the_page_table_as_from_the_heap");
+    let (orders, users, stray) = common::transact(&engine, |tx| (BTree::named(tx, "orders").unwrap(), Art::named(tx, "users").unwrap(), BTree::create(tx).unwrap()));
+    // A tree under no root is not mirrored.
+    common::transact(&engine, |tx| stray.insert(tx, 1, 1).unwrap());
+    let mut models = Models { orders: BTreeMap::new(), users: BTreeMap::new() };
+    grow(&engine, &orders, &users, &mut models, &mut rng, 20_000);
+
+    let mut pages = IndexPages::new(None);
+    let img = image(&engine);
+    let refresh = pages.refresh(&img, img.len() as u64).unwrap();
+    assert_eq!(refresh.changed, Some(0..img.len() / PAGE_SIZE as usize), "the first refresh writes the whole table");
+    assert_eq!(refresh.new.iter().map(|r| r.end - r.start).sum::<u64>(), pages.mirrored_bytes());
+    assert!(pages.holds(orders.ptr().offset()) && pages.holds(users.ptr().offset()) && !pages.holds(stray.ptr().offset()));
+    let held = pages.mirrored_bytes();
+    eprintln!("heap {} MiB, index pages {} MiB", img.len() >> 20, held >> 20);
+    assert!(held * 4 < img.len() as u64, "the index pages ({held} bytes) are a small part of the heap ({} bytes)", img.len());
+    assert_objects_contiguous(&pages);
+    let mut device = Device::synced(&pages, &refresh, &img);
+    check(&mut device, &orders, &users, &models, "first sync");
+    assert!(stray.check(&mut device).is_err(), "a tree under no root is not on the device");
+
+    // Rounds of growth: new chunks only, placed after the others.
+    for round in 0..3 {
+        let before = pages.device_pages();
+        grow(&engine, &orders, &users, &mut models, &mut rng, 10_000);
+        let img = image(&engine);
+        let refresh = pages.refresh(&img, img.len() as u64).unwrap();
+        assert!(!refresh.new.is_empty() && refresh.device_pages > before, "round {round}: new chunks");
+        assert!(refresh.new.iter().all(|r| pages.device_page(r.start / PAGE_SIZE).is_some_and(|d| d as u64 >= before)), "round {round}: only new objects are new");
+        assert_objects_contiguous(&pages);
+        let mut device = Device::synced(&pages, &refresh, &img);
+        check(&mut device, &orders, &users, &models, &format!("round {round}"));
+        // A refresh with nothing new changes nothing.
+        let again = pages.refresh(&img, img.len() as u64).unwrap();
+        assert!(again.new.is_empty() && again.changed.is_none(), "round {round}: a second refresh of the same image");
+    }
+
+    // The ART's root goes away: its pages are given back; a new ART reuses them.
+    let old_users = users.ptr().offset();
+    let old_pages: Vec<u64> = (0..pages.table().len() as u64).filter(|&p| pages.device_page(p).is_some()).collect();
+    common::transact(&engine, |tx| assert!(tx.remove_root("users").unwrap()));
+    let img = image(&engine);
+    let used_before = pages.device_pages();
+    pages.refresh(&img, img.len() as u64).unwrap();
+    assert!(!pages.holds(old_users));
+    assert!(old_pages.iter().filter(|&&p| pages.device_page(p).is_none()).count() > 4, "the dropped tree's pages are no longer held");
+    let users = common::transact(&engine, |tx| Art::named(tx, "users2").unwrap());
+    models.users.clear();
+    grow(&engine, &orders, &users, &mut models, &mut rng, 5_000);
+    let img = image(&engine);
+    let refresh = pages.refresh(&img, img.len() as u64).unwrap();
+    assert!(refresh.new.iter().any(|r| pages.device_page(r.start / PAGE_SIZE).is_some_and(|d| (d as u64) < used_before)), "freed device pages are reused");
+    assert_objects_contiguous(&pages);
+    let mut device = Device::synced(&pages, &refresh, &img);
+    check(&mut device, &orders, &users, &models, "after a dropped tree");
+}
+
+#[test]
+fn a_btree_from_before_chunk_lists_is_refused_and_a_limit_holds() {
+    let engine = common::engine(64 << 20);
+    let tree = common::transact(&engine, |tx| {
+        let tree = BTree::named(tx, "old").unwrap();
+        for k in 0..5_000u64 {
+            tree.insert(tx, k * 31, k).unwrap();
+        }
+        tree
+    });
+    let img = image(&engine);
+    // Under a limit smaller than its pages and table, the layout says what it needs.
+    match IndexPages::new(Some(64 << 10)).refresh(&img, img.len() as u64) {
+        Err(MirrorError::OverLimit { bytes, limit }) => assert!(bytes > limit && limit == 64 << 10),
+        other => panic!("a layout over its limit: {other:?}"),
+    }
+    IndexPages::new(None).refresh(&img, img.len() as u64).unwrap();
+    // Zero the chunk words of the stripe that holds the nodes, as a tree made before them has.
+    let meta = tree.ptr().offset();
+    common::transact(&engine, |tx| {
+        for s in 0..tusk_index::stripe::STRIPES {
+            let stripe = tusk_index::btree::meta::stripe(meta, s);
+            tx.store(stripe + tusk_index::btree::meta::CHUNKS, 0).unwrap();
+            tx.store(stripe + tusk_index::btree::meta::LAST_CHUNK, 0).unwrap();
+        }
+    });
+    let img = image(&engine);
+    match IndexPages::new(None).refresh(&img, img.len() as u64) {
+        Err(MirrorError::Unsupported(why)) => assert!(why.contains("before its slab listed its chunks"), "{why}"),
+        other => panic!("a tree without chunk lists: {other:?}"),
+    }
+    // The tree itself still works.
+    common::transact(&engine, |tx| assert_eq!(tree.get(tx, 31).unwrap(), Some(1)));
+}
