@@ -49,6 +49,16 @@ __device__ __forceinline__ bool bt_node(const View& v, u64 node, u64& at) {
     return (node & 63ull) == 0 && tusk_map(v, node, BT_NODE, at);
 }
 
+// The device offset of the node at heap offset `next`, reached from the node at `node` (device
+// offset `at`): a node on the same heap page is on the same device page, so only a step to
+// another page looks the page table up (consecutive leaves of a chunk share pages, so most
+// steps along a leaf chain need no lookup).
+__device__ __forceinline__ bool bt_step(const View& v, u64 node, u64 at, u64 next, u64& next_at) {
+    if ((next >> TUSK_PAGE_SHIFT) != (node >> TUSK_PAGE_SHIFT)) return bt_node(v, next, next_at);
+    next_at = at - node + next;
+    return (next & 63ull) == 0 && tusk_in_heap(v.extent, next, BT_NODE) && tusk_in_heap(v.bytes, next_at, BT_NODE);
+}
+
 // Lane `tl`'s share of a node's keys (and, if `vals`, children): slots tl*KPL .. tl*KPL+KPL-1.
 // Slots past the 28 are not loaded. The loads do not depend on the header, so the compiler
 // issues them together with it.
@@ -95,13 +105,16 @@ __device__ __forceinline__ bool bt_descend(const View& v, u64 root, u64 key,
     const u8* __restrict__ heap = v.base;
     const u64 max_steps = bt_max_steps(v.extent);
     u64 node = root;
+    u64 prev = 0, prev_at = 0;  // the node before `node`, and its device offset
     int expect = -1;  // the level expected at `node` (unknown at the root)
     for (u64 step = 0; step < max_steps; ++step) {
         u64 at;
-        if (!bt_node(v, node, at)) {
+        if (!(step == 0 ? bt_node(v, node, at) : bt_step(v, prev, prev_at, node, at))) {
             if (t.tl == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, node);
             return false;
         }
+        prev = node;
+        prev_at = at;
         const bool pre = VALS && expect > 0;
         const u64 lc = tusk_ld(heap, at);
         const u64 high = tusk_ld(heap, at + 8);
@@ -256,7 +269,7 @@ tusk_btree_count_sum(const u8* __restrict__ heap, u64 extent, const u32* __restr
                 // read, so that with a page table the lookup overlaps them instead of adding a
                 // round trip to every step along the chain.
                 u64 right_at = 0;
-                const bool right_ok = inside && bt_node(v, right, right_at);
+                const bool right_ok = inside && bt_step(v, node, at, right, right_at);
                 u32 to;
                 if (inside || end_max) {
                     to = m;
