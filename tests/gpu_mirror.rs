@@ -481,9 +481,10 @@ fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
             })
             .unwrap();
     }
-    let options = GpuOptions { contents: MirrorContents::Indexes, device_memory_limit: Some(LIMIT), ..GpuOptions::default() };
+    // Every GPU of the host, each with a replica of the index pages (one GPU: the same).
+    let options = GpuOptions { contents: MirrorContents::Indexes, device_memory_limit: Some(LIMIT), devices: GpuDevices::All, ..GpuOptions::default() };
     let mut mirror = store.gpu_mirror(options.clone()).unwrap();
-    eprintln!("index-only mirror: {}; heap {} MiB", mirror.backend(), store.heap_used() >> 20);
+    eprintln!("index-only mirror: {} on {} GPUs; heap {} MiB", mirror.backend(), mirror.inner().devices().map_or(0, |d| d.len()), store.heap_used() >> 20);
     check_mirror(&mirror, &models, &mut rng, "index-only, first sync");
     let Some(pages) = mirror.inner().index_pages() else {
         eprintln!("SKIPPED the device part: {} (the CPU engine has no device memory to limit)", mirror.backend());
