@@ -490,8 +490,8 @@ fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
         eprintln!("SKIPPED the device part: {} (the CPU engine has no device memory to limit)", mirror.backend());
         return;
     };
-    let held = pages.mirrored_bytes();
-    assert!(held + 4 * pages.table().len() as u64 <= LIMIT && store.heap_used() >= 8 * LIMIT, "{held} bytes of index pages for a heap of {}", store.heap_used());
+    let held = pages.mirrored_bytes(0);
+    assert!(held + 4 * pages.table(0).len() as u64 <= LIMIT && store.heap_used() >= 8 * LIMIT, "{held} bytes of index pages for a heap of {}", store.heap_used());
     match store.gpu_mirror(GpuOptions { contents: MirrorContents::WholeHeap, ..options.clone() }) {
         Err(Error::GpuOverLimit { bytes, limit }) => assert!(bytes > limit && limit == LIMIT),
         Err(e) => panic!("the whole heap over the limit: {e}"),
@@ -525,10 +525,10 @@ fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
     }
     // Drop the ART, then make another under the same name: the old pages go back, the new
     // tree's come.
-    let before = mirror.inner().index_pages().unwrap().mirrored_bytes();
+    let before = mirror.inner().index_pages().unwrap().mirrored_bytes(0);
     store.transact(Commit::Async, |tx| tx.remove_root("users").map(|_| ())).unwrap();
     mirror.sync().unwrap();
-    assert!(mirror.inner().index_pages().unwrap().mirrored_bytes() < before, "the dropped tree's pages are given back");
+    assert!(mirror.inner().index_pages().unwrap().mirrored_bytes(0) < before, "the dropped tree's pages are given back");
     assert!(matches!(mirror.art("users"), Err(Error::NoSuchRoot(_))));
     models.users.clear();
     let fresh = art_keys(4000, &mut rng);
@@ -546,4 +546,73 @@ fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
     }
     mirror.sync().unwrap();
     check_mirror(&mirror, &models, &mut rng, "index-only, a new tree in a dropped one's place");
+}
+
+/// An index-only mirror on every GPU under a limit that holds either tree but not both: the
+/// trees are sharded (one per GPU) and every answer is still the models', through `get_batch`
+/// and through caller buffers larger than one GPU's share, across syncs. On one GPU the same
+/// limit cannot hold both trees: `GpuOverLimit`, and the sharding part says it was skipped.
+#[test]
+fn a_sharded_index_mirror_answers_when_the_indexes_exceed_one_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(909);
+    let mut models = load(&store, Order::Shuffled, &mut rng);
+    let free = GpuOptions { contents: MirrorContents::Indexes, devices: GpuDevices::All, ..GpuOptions::default() };
+    let (limit, orders_meta, users_meta) = {
+        let probe = store.gpu_mirror(free.clone()).unwrap();
+        let Some(pages) = probe.inner().index_pages() else {
+            eprintln!("SKIPPED: {} (no device memory to shard)", probe.backend());
+            return;
+        };
+        let (o, u) = (probe.btree("orders").unwrap().ptr().offset(), probe.art("users").unwrap().ptr().offset());
+        let (ob, ub, table) = (pages.tree_bytes(o), pages.tree_bytes(u), 4 * pages.table(0).len() as u64);
+        (ob.max(ub) + table + (64 << 10), o, u)
+    };
+    let gpus = store.gpu_mirror(free.clone()).unwrap().inner().devices().map_or(0, |d| d.len());
+    let sharded = GpuOptions { device_memory_limit: Some(limit), ..free };
+    if gpus < 2 {
+        match store.gpu_mirror(sharded) {
+            Err(Error::GpuOverLimit { limit: l, .. }) => assert_eq!(l, limit),
+            Err(e) => panic!("two trees over one GPU's limit: {e}"),
+            Ok(_) => panic!("two trees under a limit that holds one"),
+        }
+        eprintln!("SKIPPED the sharding: {gpus} GPU here; both trees over its limit are GpuOverLimit");
+        return;
+    }
+    let mut mirror = store.gpu_mirror(sharded).unwrap();
+    let pages = mirror.inner().index_pages().unwrap();
+    let (ho, hu) = (pages.holders(orders_meta).to_vec(), pages.holders(users_meta).to_vec());
+    eprintln!("sharded on {gpus} GPUs: B-link tree on {ho:?}, ART on {hu:?}");
+    assert!(ho.len() == 1 && hu.len() == 1 && ho != hu, "one tree per GPU: {ho:?}, {hu:?}");
+    let mut buffers = mirror.lookup_buffers(70_000).unwrap();
+    for round in 0..3u64 {
+        check_mirror(&mirror, &models, &mut rng, &format!("sharded, round {round}"));
+        let present: Vec<u64> = models.orders.keys().copied().collect();
+        let keys: Vec<u64> = (0..70_000).map(|i| if i % 4 == 0 { rng.random() } else { present[rng.random_range(0..present.len())] }).collect();
+        buffers.load_keys(&keys);
+        mirror.btree("orders").unwrap().get_into(&mut buffers).unwrap();
+        assert!(buffers.answers().eq(keys.iter().map(|k| models.orders.get(k).copied())), "round {round}: 70,000 lookups into buffers on one GPU of {gpus}");
+        // Updates that do not grow the trees: new values for present keys.
+        let ops: Vec<BTreeOp> = present.iter().take(2000).map(|&k| BTreeOp::Upsert { key: k, value: round }).collect();
+        let stored: Vec<Vec<u8>> = models.users.keys().take(500).cloned().collect();
+        store
+            .transact(Commit::Async, |tx| {
+                tx.btree("orders")?.apply_batch(&ops)?;
+                let mut users = tx.art("users")?;
+                for k in &stored {
+                    users.insert(k, round)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        for op in &ops {
+            models.orders.insert(op.key(), round);
+        }
+        for k in &stored {
+            models.users.insert(k.clone(), round);
+        }
+        mirror.sync().unwrap();
+    }
+    check_mirror(&mirror, &models, &mut rng, "sharded, after the last sync");
 }

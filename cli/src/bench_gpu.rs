@@ -269,7 +269,7 @@ fn compare_contents(
     ranges: &[(u64, u64)],
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let b = store.gpu_mirror(gpu_options(args, second)?)?;
-    let (Some(da), Some(db)) = (a.inner().device(), b.inner().device()) else {
+    let (Some(da), Some(db)) = (a.inner().device_for(meta), b.inner().device_for(meta)) else {
         return Ok(json!({"second": contents_name(second), "skipped": "no GPU"}));
     };
     let check = batch.len().min(1 << 20);
@@ -439,7 +439,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
     // caller buffers (per stage, then the call).
     let (mut lookups, mut e2e, mut range_rate, mut range_e2e) = (None, None, None, None);
     let (mut into, mut ranges_into) = (None, None);
-    if let Some(device) = inner.device() {
+    if let Some(device) = inner.device_for(meta) {
         let t = match index {
             GpuIndex::Btree => device.time_btree_get(meta, &batch, args.rounds)?,
             GpuIndex::Art => device.time_art_get(meta, &art_refs, args.rounds)?,

@@ -38,9 +38,9 @@ struct Device {
 impl Device {
     /// What a sync leaves on the device: every held page as `image` has it (the streamed
     /// pages and the refresh's new objects together).
-    fn synced(pages: &IndexPages, refresh: &Refresh, image: &[u8]) -> Device {
-        let table = pages.table().to_vec();
-        let mut bytes = vec![0u8; (refresh.device_pages * PAGE_SIZE) as usize];
+    fn synced(pages: &IndexPages, d: usize, refresh: &Refresh, image: &[u8]) -> Device {
+        let table = pages.table(d).to_vec();
+        let mut bytes = vec![0u8; (refresh.devices[d].device_pages * PAGE_SIZE) as usize];
         for (heap_page, &dev) in table.iter().enumerate() {
             if dev != NO_PAGE {
                 let (from, to) = (heap_page * PAGE_SIZE as usize, dev as usize * PAGE_SIZE as usize);
@@ -79,15 +79,15 @@ impl HeapRead for Device {
 }
 
 /// Each object's pages are consecutive on the device, and no device page holds two heap pages.
-fn assert_objects_contiguous(pages: &IndexPages) {
+fn assert_objects_contiguous(pages: &IndexPages, d: usize) {
     let mut device_pages_seen = std::collections::HashSet::new();
-    for (first, count, device) in pages.objects() {
+    for (first, count, device) in pages.objects(d) {
         for i in 0..count {
-            assert_eq!(pages.device_page(first + i), Some(device + i as u32), "page {i} of the object at heap page {first}");
+            assert_eq!(pages.device_page(d, first + i), Some(device + i as u32), "page {i} of the object at heap page {first}");
             assert!(device_pages_seen.insert(device + i as u32), "device page {} holds two heap pages", device + i as u32);
         }
     }
-    let held = pages.table().iter().filter(|&&d| d != NO_PAGE).count();
+    let held = pages.table(d).iter().filter(|&&p| p != NO_PAGE).count();
     assert_eq!(held, device_pages_seen.len(), "every held page belongs to an object");
 }
 
@@ -140,53 +140,54 @@ fn the_trees_read_through_the_page_table_as_from_the_heap() {
     let mut models = Models { orders: BTreeMap::new(), users: BTreeMap::new() };
     grow(&engine, &orders, &users, &mut models, &mut rng, 20_000);
 
-    let mut pages = IndexPages::new(None);
+    let mut pages = IndexPages::new(1, None);
     let img = image(&engine);
     let refresh = pages.refresh(&img, img.len() as u64).unwrap();
-    assert_eq!(refresh.changed, Some(0..img.len() / PAGE_SIZE as usize), "the first refresh writes the whole table");
-    assert_eq!(refresh.new.iter().map(|r| r.end - r.start).sum::<u64>(), pages.mirrored_bytes());
-    assert!(pages.holds(orders.ptr().offset()) && pages.holds(users.ptr().offset()) && !pages.holds(stray.ptr().offset()));
-    let held = pages.mirrored_bytes();
+    assert_eq!(refresh.devices[0].changed, Some(0..img.len() / PAGE_SIZE as usize), "the first refresh writes the whole table");
+    assert_eq!(refresh.devices[0].new.iter().map(|r| r.end - r.start).sum::<u64>(), pages.mirrored_bytes(0));
+    assert!(pages.holders(orders.ptr().offset()) == [0] && pages.holders(users.ptr().offset()) == [0] && pages.holders(stray.ptr().offset()).is_empty());
+    let held = pages.mirrored_bytes(0);
     eprintln!("heap {} MiB, index pages {} MiB", img.len() >> 20, held >> 20);
     assert!(held * 4 < img.len() as u64, "the index pages ({held} bytes) are a small part of the heap ({} bytes)", img.len());
-    assert_objects_contiguous(&pages);
-    let mut device = Device::synced(&pages, &refresh, &img);
+    assert_objects_contiguous(&pages, 0);
+    let mut device = Device::synced(&pages, 0, &refresh, &img);
     check(&mut device, &orders, &users, &models, "first sync");
     assert!(stray.check(&mut device).is_err(), "a tree under no root is not on the device");
 
     // Rounds of growth: new chunks only, placed after the others.
     for round in 0..3 {
-        let before = pages.device_pages();
+        let before = pages.device_pages(0);
         grow(&engine, &orders, &users, &mut models, &mut rng, 10_000);
         let img = image(&engine);
         let refresh = pages.refresh(&img, img.len() as u64).unwrap();
-        assert!(!refresh.new.is_empty() && refresh.device_pages > before, "round {round}: new chunks");
-        assert!(refresh.new.iter().all(|r| pages.device_page(r.start / PAGE_SIZE).is_some_and(|d| d as u64 >= before)), "round {round}: only new objects are new");
-        assert_objects_contiguous(&pages);
-        let mut device = Device::synced(&pages, &refresh, &img);
+        let new = &refresh.devices[0].new;
+        assert!(!new.is_empty() && refresh.devices[0].device_pages > before, "round {round}: new chunks");
+        assert!(new.iter().all(|r| pages.device_page(0, r.start / PAGE_SIZE).is_some_and(|d| d as u64 >= before)), "round {round}: only new objects are new");
+        assert_objects_contiguous(&pages, 0);
+        let mut device = Device::synced(&pages, 0, &refresh, &img);
         check(&mut device, &orders, &users, &models, &format!("round {round}"));
         // A refresh with nothing new changes nothing.
         let again = pages.refresh(&img, img.len() as u64).unwrap();
-        assert!(again.new.is_empty() && again.changed.is_none(), "round {round}: a second refresh of the same image");
+        assert!(again.devices[0].new.is_empty() && again.devices[0].changed.is_none(), "round {round}: a second refresh of the same image");
     }
 
     // The ART's root goes away: its pages are given back; a new ART reuses them.
     let old_users = users.ptr().offset();
-    let old_pages: Vec<u64> = (0..pages.table().len() as u64).filter(|&p| pages.device_page(p).is_some()).collect();
+    let old_pages: Vec<u64> = (0..pages.table(0).len() as u64).filter(|&p| pages.device_page(0, p).is_some()).collect();
     common::transact(&engine, |tx| assert!(tx.remove_root("users").unwrap()));
     let img = image(&engine);
-    let used_before = pages.device_pages();
+    let used_before = pages.device_pages(0);
     pages.refresh(&img, img.len() as u64).unwrap();
-    assert!(!pages.holds(old_users));
-    assert!(old_pages.iter().filter(|&&p| pages.device_page(p).is_none()).count() > 4, "the dropped tree's pages are no longer held");
+    assert!(pages.holders(old_users).is_empty());
+    assert!(old_pages.iter().filter(|&&p| pages.device_page(0, p).is_none()).count() > 4, "the dropped tree's pages are no longer held");
     let users = common::transact(&engine, |tx| Art::named(tx, "users2").unwrap());
     models.users.clear();
     grow(&engine, &orders, &users, &mut models, &mut rng, 5_000);
     let img = image(&engine);
     let refresh = pages.refresh(&img, img.len() as u64).unwrap();
-    assert!(refresh.new.iter().any(|r| pages.device_page(r.start / PAGE_SIZE).is_some_and(|d| (d as u64) < used_before)), "freed device pages are reused");
-    assert_objects_contiguous(&pages);
-    let mut device = Device::synced(&pages, &refresh, &img);
+    assert!(refresh.devices[0].new.iter().any(|r| pages.device_page(0, r.start / PAGE_SIZE).is_some_and(|d| (d as u64) < used_before)), "freed device pages are reused");
+    assert_objects_contiguous(&pages, 0);
+    let mut device = Device::synced(&pages, 0, &refresh, &img);
     check(&mut device, &orders, &users, &models, "after a dropped tree");
 }
 
@@ -202,11 +203,11 @@ fn a_btree_from_before_chunk_lists_is_refused_and_a_limit_holds() {
     });
     let img = image(&engine);
     // Under a limit smaller than its pages and table, the layout says what it needs.
-    match IndexPages::new(Some(64 << 10)).refresh(&img, img.len() as u64) {
+    match IndexPages::new(1, Some(64 << 10)).refresh(&img, img.len() as u64) {
         Err(MirrorError::OverLimit { bytes, limit }) => assert!(bytes > limit && limit == 64 << 10),
         other => panic!("a layout over its limit: {other:?}"),
     }
-    IndexPages::new(None).refresh(&img, img.len() as u64).unwrap();
+    IndexPages::new(1, None).refresh(&img, img.len() as u64).unwrap();
     // Zero the chunk words of the stripe that holds the nodes, as a tree made before them has.
     let meta = tree.ptr().offset();
     common::transact(&engine, |tx| {
@@ -217,10 +218,74 @@ fn a_btree_from_before_chunk_lists_is_refused_and_a_limit_holds() {
         }
     });
     let img = image(&engine);
-    match IndexPages::new(None).refresh(&img, img.len() as u64) {
+    match IndexPages::new(1, None).refresh(&img, img.len() as u64) {
         Err(MirrorError::Unsupported(why)) => assert!(why.contains("before its slab listed its chunks"), "{why}"),
         other => panic!("a tree without chunk lists: {other:?}"),
     }
     // The tree itself still works.
     common::transact(&engine, |tx| assert_eq!(tree.get(tx, 31).unwrap(), Some(1)));
+}
+
+/// Several GPUs: trees that fit on each are replicated on all; trees that do not all fit on
+/// one are sharded (a replica gives way to a tree with no copy), and each tree reads right
+/// through the table of every GPU holding it; a tree larger than any GPU's limit is refused.
+#[test]
+fn trees_are_replicated_where_they_fit_and_sharded_where_they_do_not() {
+    let engine = common::engine(256 << 20);
+    let mut rng = Rng::new("trees_are_replicated_where_they_fit_and_sharded_where_they_do_not");
+    let (orders, users) = common::transact(&engine, |tx| (BTree::named(tx, "orders").unwrap(), Art::named(tx, "users").unwrap()));
+    let mut models = Models { orders: BTreeMap::new(), users: BTreeMap::new() };
+    grow(&engine, &orders, &users, &mut models, &mut rng, 20_000);
+    let img = image(&engine);
+    let (o, u) = (orders.ptr().offset(), users.ptr().offset());
+
+    let mut replicated = IndexPages::new(2, None);
+    let refresh = replicated.refresh(&img, img.len() as u64).unwrap();
+    assert_eq!((replicated.holders(o), replicated.holders(u)), (&[0, 1][..], &[0, 1][..]), "without a limit every tree is on every GPU");
+    for d in 0..2 {
+        assert_objects_contiguous(&replicated, d);
+        check(&mut Device::synced(&replicated, d, &refresh, &img), &orders, &users, &models, &format!("replica on GPU {d}"));
+    }
+
+    // A limit that holds either tree but not both: one tree per GPU.
+    let table = 4 * img.len() as u64 / PAGE_SIZE;
+    let (ob, ub) = (replicated.tree_bytes(o), replicated.tree_bytes(u));
+    let limit = ob.max(ub) + table + (64 << 10);
+    assert!(limit < ob + ub + table, "the test's trees ({ob} and {ub} bytes) must not fit on one GPU together");
+    let mut sharded = IndexPages::new(2, Some(limit));
+    let refresh = sharded.refresh(&img, img.len() as u64).unwrap();
+    let (ho, hu) = (sharded.holders(o).to_vec(), sharded.holders(u).to_vec());
+    assert!(ho.len() == 1 && hu.len() == 1 && ho != hu, "sharded: B-link on {ho:?}, ART on {hu:?}");
+    for d in 0..2 {
+        assert!(sharded.device_bytes(d) <= limit, "GPU {d}: {} bytes over the limit {limit}", sharded.device_bytes(d));
+        assert_objects_contiguous(&sharded, d);
+    }
+    let mut on_orders = Device::synced(&sharded, ho[0], &refresh, &img);
+    assert_eq!(orders.check(&mut on_orders).unwrap().keys, models.orders.len() as u64);
+    assert!(users.check(&mut on_orders).is_err(), "the ART is not on the B-link tree's GPU");
+    let mut on_users = Device::synced(&sharded, hu[0], &refresh, &img);
+    assert_eq!(users.check(&mut on_users).unwrap().keys, models.users.len() as u64);
+
+    // Growth past a GPU's room moves nothing silently: the next refresh either still fits or
+    // says what it needs.
+    grow(&engine, &orders, &users, &mut models, &mut rng, 20_000);
+    let img = image(&engine);
+    match sharded.refresh(&img, img.len() as u64) {
+        Ok(refresh) => {
+            for d in 0..2 {
+                assert!(sharded.device_bytes(d) <= limit);
+            }
+            let (ho, hu) = (sharded.holders(o).to_vec(), sharded.holders(u).to_vec());
+            assert_eq!(orders.check(&mut Device::synced(&sharded, ho[0], &refresh, &img)).unwrap().keys, models.orders.len() as u64);
+            assert_eq!(users.check(&mut Device::synced(&sharded, hu[0], &refresh, &img)).unwrap().keys, models.users.len() as u64);
+        }
+        Err(MirrorError::OverLimit { bytes, limit: l }) => assert!(bytes > l && l == limit),
+        Err(e) => panic!("growth past the limit: {e}"),
+    }
+
+    // A tree larger than any one GPU's limit.
+    match IndexPages::new(2, Some(ob.min(ub) / 2)).refresh(&img, img.len() as u64) {
+        Err(MirrorError::OverLimit { .. }) => {}
+        other => panic!("trees larger than any GPU: {other:?}"),
+    }
 }

@@ -63,6 +63,11 @@ pub(crate) struct BatchMemory {
 }
 
 impl BatchMemory {
+    /// Most queries a batch in this memory holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Words of found bits for `capacity` queries of `kind`.
     pub(crate) fn found_words(kind: BatchKind, capacity: usize) -> usize {
         if kind.lookups() { capacity.div_ceil(64) } else { 0 }

@@ -427,11 +427,56 @@ fn init() -> Result<(), MirrorError> {
     })
 }
 
-/// One launch of `tusk_scatter` (upload.cu): `pieces` table entries at `table` (heap offset,
-/// length), their bytes PIECE apart at `data`, into the heap buffer of `extent` bytes.
+/// Answers of a batch cut in `parts` (a device and its range of the queries, the ranges
+/// tiling `0..n` in order): one vector, each part's answers written straight into its range
+/// by `f` on a thread of its own (a single part on the calling thread). Writing in place, not
+/// into a vector per part joined after, keeps the answers' first touch on the threads that
+/// decode them: one thread joining 256 MB of answers made a batch on two GPUs four times
+/// slower than on one.
+pub(crate) fn gather<T: Send>(
+    parts: &[(&CudaMirror, Range<usize>)],
+    f: impl Fn(&CudaMirror, Range<usize>, &mut [MaybeUninit<T>]) -> Result<(), MirrorError> + Sync,
+) -> Result<Vec<T>, MirrorError> {
+    let n = parts.last().map_or(0, |(_, r)| r.end);
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    let mut rest = &mut out.spare_capacity_mut()[..n];
+    let mut slices = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for (d, r) in parts {
+        assert_eq!(r.start, at, "the parts tile the batch in order");
+        let (mine, tail) = rest.split_at_mut(r.len());
+        slices.push((*d, r.clone(), mine));
+        rest = tail;
+        at = r.end;
+    }
+    let results: Vec<Result<(), MirrorError>> = if let [(d, r, slice)] = slices.as_mut_slice() {
+        vec![f(d, r.clone(), slice)]
+    } else {
+        std::thread::scope(|s| {
+            let f = &f;
+            let handles: Vec<_> = slices.into_iter().map(|(d, r, slice)| s.spawn(move || f(d, r, slice))).collect();
+            handles.into_iter().map(|h| h.join().expect("a device thread does not panic")).collect()
+        })
+    };
+    for r in results {
+        r?;
+    }
+    // SAFETY: every part's `f` returned Ok, and each writes every slot of its slice (the
+    // `*_to` functions decode into each element of the slice they are given); the slices tile
+    // 0..n.
+    unsafe { out.set_len(n) };
+    Ok(out)
+}
+
+/// One launch of `tusk_scatter` (upload.cu): `pieces` table entries at `table` (offset,
+/// length), their bytes PIECE apart at `data`, into the heap buffer of `extent` bytes; the
+/// offsets are device offsets, or, with `pages` (a page table of `page_count` entries; 0:
+/// none), heap offsets the kernel translates.
 struct ScatterIo {
     heap: u64,
     extent: u64,
+    pages: u64,
+    page_count: u64,
     table: u64,
     data: u64,
     pieces: usize,
@@ -441,9 +486,12 @@ struct ScatterIo {
 /// Launches the sync scatter on `stream`.
 fn scatter(kernel: Kernel, io: ScatterIo, stream: sys::CUstream) -> Result<(), MirrorError> {
     let (mut a_heap, mut a_extent, mut a_table, mut a_data, mut a_n, mut a_err) = (io.heap, io.extent, io.table, io.data, io.pieces as u64, io.err);
+    let (mut a_pages, mut a_page_count) = (io.pages, io.page_count);
     let mut params = [
         &mut a_heap as *mut u64 as *mut c_void,
         &mut a_extent as *mut u64 as *mut c_void,
+        &mut a_pages as *mut u64 as *mut c_void,
+        &mut a_page_count as *mut u64 as *mut c_void,
         &mut a_table as *mut u64 as *mut c_void,
         &mut a_data as *mut u64 as *mut c_void,
         &mut a_n as *mut u64 as *mut c_void,
@@ -452,7 +500,8 @@ fn scatter(kernel: Kernel, io: ScatterIo, stream: sys::CUstream) -> Result<(), M
     let blocks = (io.pieces as u32).min(kernel.blocks).max(1);
     // SAFETY: the parameters match tusk_scatter's signature; the callers name live device
     // buffers holding the table and the pieces (ScatterIo's contract), the heap buffer of
-    // `extent` bytes (the kernel bounds-checks every write against it) and an error slot.
+    // `extent` bytes (the kernel bounds-checks every write against it), a page table of
+    // `page_count` entries or none, and an error slot.
     unsafe { cu::launch_kernel(kernel.f, (blocks, 1, 1), (BLOCK, 1, 1), 0, stream, &mut params) }.map_err(|e| driver("launching tusk_scatter", e))
 }
 
@@ -481,8 +530,10 @@ pub struct CudaMirror {
     extent: u64,
     /// The heap's bytes at their offsets, or (index-only) the indexes' pages.
     heap: Option<DeviceBuffer>,
-    /// Index-only: the page table (one u32 per heap page of the extent; `index_pages.rs`).
+    /// Index-only: the page table (one u32 per heap page of the extent; `index_pages.rs`),
+    /// `page_entries` of them valid.
     pages: Option<DeviceBuffer>,
+    page_entries: usize,
     indexes_only: bool,
     /// Most bytes the heap (or index page) buffer may take.
     limit: Option<u64>,
@@ -625,6 +676,7 @@ impl CudaMirror {
             extent: 0,
             heap: None,
             pages: None,
+            page_entries: 0,
             indexes_only: options.contents == super::MirrorContents::Indexes,
             limit: options.device_memory_limit,
             art_geometry,
@@ -838,7 +890,7 @@ impl CudaMirror {
                 .result()
                 .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
         }
-        scatter(kernel, ScatterIo { heap, extent, table: s.dev.ptr(), data: s.dev.at(table_bytes), pieces, err: s.err.ptr() }, stream)?;
+        scatter(kernel, ScatterIo { heap, extent, pages: 0, page_count: 0, table: s.dev.ptr(), data: s.dev.at(table_bytes), pieces, err: s.err.ptr() }, stream)?;
         s.done.record(&s.stream)?;
         s.in_flight = true;
         Ok(())
@@ -853,15 +905,23 @@ impl CudaMirror {
         }
     }
 
-    /// The page table's device pointer (0: the whole-heap layout).
+    /// The page table's device pointer (0: the whole-heap layout) and its valid entries.
     fn pages_ptr(&self) -> u64 {
         self.pages.as_ref().map_or(0, |p| p.ptr())
+    }
+
+    pub(crate) fn page_entries(&self) -> u64 {
+        self.page_entries as u64
+    }
+
+    pub(crate) fn indexes_only(&self) -> bool {
+        self.indexes_only
     }
 
     /// Index-only: after a sync's copy and a refresh of the layout, makes the page buffer hold
     /// `refresh.device_pages` pages (keeping what it holds), uploads the changed stretch of
     /// `table`, and uploads the new objects' pages from `image`.
-    pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &index_pages::Refresh, table: &[u32]) -> Result<(), MirrorError> {
+    pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &index_pages::DeviceRefresh, table: &[u32]) -> Result<(), MirrorError> {
         assert!(self.indexes_only, "only the index-only layout has a page table");
         self.bind()?;
         self.grow((refresh.device_pages * PIECE as u64).max(PIECE as u64))?;
@@ -878,6 +938,7 @@ impl CudaMirror {
             // SAFETY: the buffer holds at least table.len() entries; a synchronous copy.
             unsafe { cu::memcpy_htod_sync(dev.at(4 * range.start), &table[range]) }.map_err(|e| driver("cuMemcpyHtoD (page table)", e))?;
         }
+        self.page_entries = table.len();
         self.finish_staging(image, &refresh.new, Some(table))
     }
 
@@ -979,28 +1040,50 @@ impl CudaMirror {
     /// answered and copied out on rotating streams while the host packs the next chunk and
     /// decodes an earlier one, straight into the answer vector (on several threads: the host
     /// side, page faults of the answer included, would otherwise bound the whole path).
-    fn run_batch<T: Send>(&self, op: Op, meta: u64, input: &Input<'_>, decode: impl Fn(&[u8], &Layout, &mut [MaybeUninit<T>], usize)) -> Result<Vec<T>, MirrorError> {
-        let n = input.len();
-        let mut out = Vec::with_capacity(n);
-        if n == 0 {
-            return Ok(out);
+    fn run_batch<T: Send>(&self, op: Op, meta: u64, input: &Input<'_>, decode: impl Fn(&[u8], &Layout, &mut [MaybeUninit<T>], usize) + Sync) -> Result<Vec<T>, MirrorError> {
+        gather(&[(self, 0..input.len())], |d, _, out| d.run_batch_into(op, meta, input, &decode, out))
+    }
+
+    /// [`CudaMirror::run_batch`] into `out` (one slot per query): on `Ok`, every slot is
+    /// written.
+    fn run_batch_into<T: Send>(&self, op: Op, meta: u64, input: &Input<'_>, decode: &impl Fn(&[u8], &Layout, &mut [MaybeUninit<T>], usize), out: &mut [MaybeUninit<T>]) -> Result<(), MirrorError> {
+        assert_eq!(out.len(), input.len(), "an answer slot per query");
+        if out.is_empty() {
+            return Ok(());
         }
         self.bind()?;
         let heap = self.heap_ptr(meta)?;
         let mut slots = self.query.lock().unwrap_or_else(|e| e.into_inner());
-        let result = self.run_chunks(op, meta, heap, input, &mut slots, &decode, &mut out.spare_capacity_mut()[..n]);
+        let result = self.run_chunks(op, meta, heap, input, &mut slots, decode, out);
         if result.is_err() {
             // Nothing may still write into the slots' pinned buffers after this returns.
             for s in slots.iter() {
                 let _ = s.stream.sync();
             }
         }
-        result?;
-        // SAFETY: run_chunks returned Ok only after decoding every chunk, and the chunks tile
-        // 0..n, each decode writing every slot of its chunk's range (decode_get and
-        // decode_count_sum write each element of the slice they are given).
-        unsafe { out.set_len(n) };
-        Ok(out)
+        result
+    }
+
+    /// B-link lookups of `keys` into `out` (see [`gather`]).
+    pub(crate) fn btree_get_to(&self, meta: u64, keys: &[u64], out: &mut [MaybeUninit<Option<u64>>]) -> Result<(), MirrorError> {
+        self.run_batch_into(Op::BtreeGet, meta, &Input::Words(keys), &decode_get, out)
+    }
+
+    /// B-link count/sum of `ranges` into `out`.
+    pub(crate) fn btree_count_sum_to(&self, meta: u64, ranges: &[(u64, u64)], out: &mut [MaybeUninit<(u64, u128)>]) -> Result<(), MirrorError> {
+        self.run_batch_into(Op::BtreeCountSum, meta, &Input::Ranges(ranges), &decode_count_sum, out)
+    }
+
+    /// ART lookups of `keys` (at most 32 bytes each) into `out`.
+    pub(crate) fn art_get_to(&self, meta: u64, keys: &[&[u8]], out: &mut [MaybeUninit<Option<u64>>]) -> Result<(), MirrorError> {
+        let fixed = check_keys(keys, "key")?;
+        self.run_batch_into(Op::ArtGet, meta, &Input::Keys { keys, fixed }, &decode_get, out)
+    }
+
+    /// ART prefix count/sum of `prefixes` (at most 32 bytes each) into `out`.
+    pub(crate) fn art_count_sum_prefix_to(&self, meta: u64, prefixes: &[&[u8]], out: &mut [MaybeUninit<(u64, u128)>]) -> Result<(), MirrorError> {
+        let fixed = check_keys(prefixes, "prefix")?;
+        self.run_batch_into(Op::ArtPrefix, meta, &Input::Keys { keys: prefixes, fixed }, &decode_count_sum, out)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -12,12 +12,13 @@
 //!   reach it) and one queue of device twins per device, sized for its slice; every device's
 //!   pass is queued before any is waited for.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::time::Instant;
 
 
 use super::buffers::{BatchKind, BatchMemory};
-use super::cuda::{CudaMirror, HostSlice, Stages};
+use super::cuda::{gather, CudaMirror, HostSlice, Stages};
 use super::{GpuDevices, GpuOptions, MirrorError};
 
 /// Milliseconds per stage of one batch into caller buffers, each stage alone and then the
@@ -59,12 +60,17 @@ impl Devices {
         Ok(Devices { list })
     }
 
-    /// Index-only: applies a refreshed layout on every device (`CudaMirror::apply_layout`).
-    pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &super::index_pages::Refresh, table: &[u32]) -> Result<(), MirrorError> {
-        for d in &mut self.list {
-            d.apply_layout(image, refresh, table)?;
+    /// Index-only: applies each device's part of a refreshed layout (`CudaMirror::apply_layout`).
+    pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &super::index_pages::Refresh, pages: &super::index_pages::IndexPages) -> Result<(), MirrorError> {
+        for (i, d) in self.list.iter_mut().enumerate() {
+            d.apply_layout(image, &refresh.devices[i], pages.table(i))?;
         }
         Ok(())
+    }
+
+    /// Every device's index, in order (the devices a whole-heap mirror runs a batch on).
+    pub(crate) fn every(&self) -> Vec<usize> {
+        (0..self.list.len()).collect()
     }
 
     /// The devices, in the order batches are cut.
@@ -112,22 +118,13 @@ impl Devices {
         share(self.list.len(), n)
     }
 
-    /// Runs `f` on every device over its slice of `n` queries, each on its own thread, and
-    /// puts the answers back in order.
-    pub(crate) fn split<T: Send>(&self, n: usize, f: impl Fn(&CudaMirror, Range<usize>) -> Result<Vec<T>, MirrorError> + Sync) -> Result<Vec<T>, MirrorError> {
-        if self.list.len() == 1 {
-            return f(&self.list[0], 0..n);
-        }
-        let parts: Vec<Result<Vec<T>, MirrorError>> = std::thread::scope(|s| {
-            let f = &f;
-            let handles: Vec<_> = self.list.iter().enumerate().map(|(i, d)| (d, self.slice(i, n))).map(|(d, r)| s.spawn(move || f(d, r))).collect();
-            handles.into_iter().map(|h| h.join().expect("a device thread does not panic")).collect()
-        });
-        let mut out = Vec::with_capacity(n);
-        for part in parts {
-            out.extend(part?);
-        }
-        Ok(out)
+    /// Runs `f` on each device of `on` (indices into the device list, the GPUs holding the
+    /// tree asked about) over its slice of `n` queries, each on its own thread, every answer
+    /// written in place ([`gather`]).
+    pub(crate) fn split<T: Send>(&self, on: &[usize], n: usize, f: impl Fn(&CudaMirror, Range<usize>, &mut [MaybeUninit<T>]) -> Result<(), MirrorError> + Sync) -> Result<Vec<T>, MirrorError> {
+        assert!(!on.is_empty(), "a batch runs on some device");
+        let parts: Vec<(&CudaMirror, Range<usize>)> = on.iter().enumerate().map(|(i, &d)| (&self.list[d], slice(on.len(), i, n))).collect();
+        gather(&parts, f)
     }
 
     /// Pinned host memory and each device's queue for batches of up to `capacity` queries.
@@ -145,54 +142,66 @@ impl Devices {
         mem.device.len() == self.list.len() && mem.device.iter().zip(&self.list).all(|(q, d)| q.device == d.ordinal())
     }
 
-    /// One pass of `stages` over the queries set in `mem`, on every device at once.
-    pub(crate) fn pass(&self, meta: u64, mem: &BatchMemory, stages: Stages) -> Result<(), MirrorError> {
+    /// One pass of `stages` over the queries set in `mem`, on the devices of `on` at once. On
+    /// every device, the queries are cut as for all of them; on fewer (the GPUs holding one
+    /// tree of a sharded mirror), each takes slices of its queue's length in turn, in rounds.
+    pub(crate) fn pass(&self, meta: u64, mem: &BatchMemory, stages: Stages, on: &[usize]) -> Result<(), MirrorError> {
         assert!(self.own(mem), "buffers of these devices");
+        assert!(!on.is_empty(), "a batch runs on some device");
         let (n, kind) = (mem.len(), mem.kind);
+        let slices: Vec<(usize, Range<usize>)> = if on.len() == self.list.len() {
+            (0..self.list.len()).map(|i| (i, self.slice(i, n))).collect()
+        } else {
+            let per = self.share(mem.capacity()).max(64);
+            (0..n.div_ceil(per)).map(|j| (on[j % on.len()], j * per..((j + 1) * per).min(n))).collect()
+        };
         let pinned = |m: &super::cuda::raw::HostMemory| m.pinned_addr().expect("device buffers are pinned");
         let (input, output, bits) = (pinned(&mem.input), pinned(&mem.output), pinned(&mem.found));
-        let mut started = Vec::with_capacity(self.list.len());
-        let mut result = Ok(());
-        for (i, (d, q)) in self.list.iter().zip(&mem.device).enumerate() {
-            let r = self.slice(i, n);
-            let host = HostSlice {
-                input: input + (8 * kind.in_words() * r.start) as u64,
-                output: output + (8 * kind.out_words() * r.start) as u64,
-                bits: bits + (8 * (r.start / 64)) as u64,
-                n: r.len(),
-            };
-            result = d.start_pass(meta, kind, q, host, stages);
-            started.push((d, q));
-            if result.is_err() {
-                break;
+        for round in slices.chunks(on.len()) {
+            let mut started = Vec::with_capacity(round.len());
+            let mut result = Ok(());
+            for (i, r) in round {
+                let (d, q) = (&self.list[*i], &mem.device[*i]);
+                let host = HostSlice {
+                    input: input + (8 * kind.in_words() * r.start) as u64,
+                    output: output + (8 * kind.out_words() * r.start) as u64,
+                    bits: bits + (8 * (r.start / 64)) as u64,
+                    n: r.len(),
+                };
+                result = d.start_pass(meta, kind, q, host, stages);
+                started.push((d, q, r.len()));
+                if result.is_err() {
+                    break;
+                }
             }
-        }
-        // Every started pass is waited for, whatever failed.
-        for (i, (d, q)) in started.into_iter().enumerate() {
-            let r = d.finish_pass(kind, q, self.slice(i, n).len(), stages);
-            if result.is_ok() {
-                result = r;
+            // Every started pass is waited for, whatever failed.
+            for (d, q, len) in started {
+                let r = d.finish_pass(kind, q, len, stages);
+                if result.is_ok() {
+                    result = r;
+                }
             }
+            result?;
         }
-        result
+        Ok(())
     }
 
-    /// Answers the queries set in `mem` into its answer memory.
-    pub(crate) fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
-        self.pass(meta, mem, Stages::ALL)?;
+    /// Answers the queries set in `mem` into its answer memory, on the devices of `on`.
+    pub(crate) fn answer_into(&self, meta: u64, mem: &mut BatchMemory, on: &[usize]) -> Result<(), MirrorError> {
+        self.pass(meta, mem, Stages::ALL, on)?;
         mem.mark_answered();
         Ok(())
     }
 
     /// Times a batch into `mem`'s buffers: each stage alone, then the whole call, on every
     /// device at once; medians of `rounds` after a warm-up. The answers are left in `mem`.
-    pub(crate) fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<StageTiming, MirrorError> {
+    pub(crate) fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize, on: &[usize]) -> Result<StageTiming, MirrorError> {
         let time = |stages: Stages, mem: &BatchMemory| -> Result<f64, MirrorError> {
-            self.pass(meta, mem, stages)?;
+            self.pass(meta, mem, stages, on)?;
             let mut ms = Vec::with_capacity(rounds.max(1));
             for _ in 0..rounds.max(1) {
                 let started = Instant::now();
-                self.pass(meta, mem, stages)?;
+                self.pass(meta, mem, stages, on)?;
                 ms.push(started.elapsed().as_secs_f64() * 1e3);
             }
             ms.sort_by(f64::total_cmp);

@@ -58,8 +58,8 @@ pub struct SyncReport {
 struct Streaming<'a> {
     image: &'a mut ImageTarget,
     devices: &'a mut Devices,
-    /// The index-only layout's page table (pages it does not hold stay on the host).
-    table: Option<&'a [u32]>,
+    /// The index-only layout (pages no GPU holds stay on the host).
+    held: Option<&'a IndexPages>,
     pool: Receiver<(usize, PinnedBuffer)>,
     uploaded: u64,
     failed: Option<MirrorError>,
@@ -68,8 +68,8 @@ struct Streaming<'a> {
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
         let pool = &self.pool;
-        let table = self.table;
-        let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces, table);
+        let held = self.held;
+        let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces, held);
         // About four portions per copier, so that the bus starts early, but none so small that
         // a buffer's fixed costs dominate.
         let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
@@ -134,7 +134,7 @@ impl Mirror {
         };
         let image = ImageTarget::new(engine.heap().capacity(), threads)?;
         let indexes_only = devices.is_some() && options.contents == MirrorContents::Indexes;
-        let index_pages = indexes_only.then(|| IndexPages::new(options.device_memory_limit));
+        let index_pages = devices.as_ref().filter(|_| indexes_only).map(|d| IndexPages::new(d.len(), options.device_memory_limit));
         let backend = if indexes_only { format!("{backend}, indexes only") } else { backend };
         let limit = options.device_memory_limit;
         let mut mirror = Mirror { engine, image, state: None, lsn: 0, devices, backend, threads, failed_sync: None, index_pages, limit };
@@ -172,8 +172,8 @@ impl Mirror {
         if result.is_err() {
             // The next sync copies everything again (and places every index page anew).
             self.state = None;
-            if let Some(pages) = self.index_pages.as_mut() {
-                *pages = IndexPages::new(self.limit);
+            if let (Some(pages), Some(devices)) = (self.index_pages.as_mut(), self.devices.as_ref()) {
+                *pages = IndexPages::new(devices.len(), self.limit);
             }
         }
         result
@@ -195,8 +195,8 @@ impl Mirror {
     /// [`Mirror::sync`] with each copied portion of the image uploaded at once.
     fn sync_streamed(&mut self, started: Instant, pool: Receiver<(usize, PinnedBuffer)>) -> Result<SyncReport, MirrorError> {
         let devices = self.devices.as_mut().expect("streams only to a device");
-        let table = self.index_pages.as_ref().map(|p| p.table());
-        let mut sink = Streaming { image: &mut self.image, devices, table, pool, uploaded: 0, failed: None };
+        let held = self.index_pages.as_ref();
+        let mut sink = Streaming { image: &mut self.image, devices, held, pool, uploaded: 0, failed: None };
         let copied = self.engine.copy_pages_consistent(self.state, &mut sink);
         let (uploaded, failed) = (sink.uploaded, sink.failed.take());
         let host = started.elapsed();
@@ -211,8 +211,8 @@ impl Mirror {
         let result = result.and_then(|(state, copy)| {
             if let Some(pages) = self.index_pages.as_mut() {
                 let refresh = pages.refresh(self.image.bytes(), copy.extent)?;
-                uploaded += refresh.new.iter().map(|r| r.end - r.start).sum::<u64>();
-                self.devices.as_mut().expect("index pages live on devices").apply_layout(self.image.bytes(), &refresh, pages.table())?;
+                uploaded += refresh.devices.iter().flat_map(|d| &d.new).map(|r| r.end - r.start).sum::<u64>();
+                self.devices.as_mut().expect("index pages live on devices").apply_layout(self.image.bytes(), &refresh, pages)?;
             }
             Ok((state, copy))
         });
@@ -239,8 +239,17 @@ impl Mirror {
             return Err(MirrorError::SyncFailed(why.clone()));
         }
         match &self.index_pages {
-            Some(pages) if !pages.holds(meta) => Err(MirrorError::NotMirrored(meta)),
+            Some(pages) if pages.holders(meta).is_empty() => Err(MirrorError::NotMirrored(meta)),
             _ => Ok(()),
+        }
+    }
+
+    /// The GPUs a batch about the tree at `meta` runs on: those holding it (index-only), or
+    /// all.
+    fn on(&self, devices: &Devices, meta: u64) -> Vec<usize> {
+        match &self.index_pages {
+            Some(pages) => pages.holders(meta).to_vec(),
+            None => devices.every(),
         }
     }
 
@@ -249,7 +258,7 @@ impl Mirror {
     pub fn device_bytes(&self) -> u64 {
         match (&self.devices, &self.index_pages) {
             (None, _) => 0,
-            (Some(_), Some(pages)) => pages.device_pages() * PAGE_SIZE + 4 * pages.table().len() as u64,
+            (Some(_), Some(pages)) => pages.device_bytes(0),
             (Some(d), None) => d.primary().extent(),
         }
     }
@@ -262,7 +271,7 @@ impl Mirror {
     pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
         self.check_synced(meta)?;
         match &self.devices {
-            Some(d) => d.split(keys.len(), |d, r| d.btree_get(meta, &keys[r])),
+            Some(d) => d.split(&self.on(d, meta), keys.len(), |d, r, out| d.btree_get_to(meta, &keys[r], out)),
             None => Ok(cpu::btree_get(self.image(), self.threads, meta, keys)?),
         }
     }
@@ -270,21 +279,21 @@ impl Mirror {
     pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
         self.check_synced(meta)?;
         match &self.devices {
-            Some(d) => d.split(ranges.len(), |d, r| d.btree_count_sum(meta, &ranges[r])),
+            Some(d) => d.split(&self.on(d, meta), ranges.len(), |d, r, out| d.btree_count_sum_to(meta, &ranges[r], out)),
             None => Ok(cpu::btree_count_sum(self.image(), self.threads, meta, ranges)?),
         }
     }
 
     pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
         self.check_synced(meta)?;
-        self.split_by_length(keys, |d, short| d.split(short.len(), |d, r| d.art_get(meta, &short[r])), |long| cpu::art_get(self.image(), self.threads, meta, long))
+        self.split_by_length(keys, |d, short| d.split(&self.on(d, meta), short.len(), |d, r, out| d.art_get_to(meta, &short[r], out)), |long| cpu::art_get(self.image(), self.threads, meta, long))
     }
 
     pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
         self.check_synced(meta)?;
         self.split_by_length(
             prefixes,
-            |d, short| d.split(short.len(), |d, r| d.art_count_sum_prefix(meta, &short[r])),
+            |d, short| d.split(&self.on(d, meta), short.len(), |d, r, out| d.art_count_sum_prefix_to(meta, &short[r], out)),
             |long| cpu::art_count_sum_prefix(self.image(), self.threads, meta, long),
         )
     }
@@ -336,7 +345,7 @@ impl Mirror {
     fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
         self.check_synced(meta)?;
         if let Some(devices) = self.devices.as_ref().filter(|d| d.own(mem)) {
-            return devices.answer_into(meta, mem);
+            return devices.answer_into(meta, mem, &self.on(devices, meta));
         }
         // The CPU engine, or buffers made by a mirror of another backend or device: the
         // general path, its answers written into the buffers.
@@ -370,6 +379,14 @@ impl Mirror {
         self.devices.as_ref().map(|d| d.primary())
     }
 
+    /// The first GPU holding the tree at `meta` (index-only; else the first GPU), for
+    /// device-resident timings.
+    pub fn device_for(&self, meta: u64) -> Option<&CudaMirror> {
+        let devices = self.devices.as_ref()?;
+        let first = self.index_pages.as_ref().and_then(|p| p.holders(meta).first().copied()).unwrap_or(0);
+        devices.all().get(first)
+    }
+
     /// The GPUs.
     pub fn devices(&self) -> Option<&Devices> {
         self.devices.as_ref()
@@ -394,7 +411,7 @@ impl Mirror {
     fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
         self.check_synced(meta)?;
         match self.devices.as_ref().filter(|d| d.own(mem)) {
-            Some(d) => Ok(Some(d.time_into(meta, mem, rounds)?)),
+            Some(d) => Ok(Some(d.time_into(meta, mem, rounds, &self.on(d, meta))?)),
             None => Ok(None),
         }
     }

@@ -11,20 +11,28 @@
 //! consecutive device pages, so a node that starts on a mirrored page continues on the device
 //! pages after it, and one lookup per node (or, for the ART, per chunk) finds it.
 //!
+//! **Several GPUs.** Each GPU has a layout of its own (a table, its device pages). A tree is
+//! replicated on every GPU where it fits, so that its batches are split across them; a tree
+//! that fits on no GPU beside the others takes the place of other trees' replicas on one GPU
+//! (a tree with copies on two GPUs gives one up), so the trees are sharded across the GPUs
+//! when they do not all fit on each. A tree that fits on no GPU alone is
+//! [`MirrorError::OverLimit`]. Queries about a tree go to the GPUs holding it
+//! ([`IndexPages::holders`]).
+//!
 //! **How it stays current.** After each sync's copy (the host image then holds the one LSN),
 //! [`IndexPages::refresh`] reads the roots and the trees' chunk lists from the image: objects
 //! of trees no longer named give their device pages back, new objects get device pages (first
-//! fit among freed runs, else after the last), and the caller uploads the new objects whole
-//! from the image and the changed stretch of the table. Pages of objects already placed reach
-//! the device with the sync's streamed portions, translated on the host
-//! ([`IndexPages::device_page`]); every other dirty page stays on the host. The walk is
+//! fit among freed runs, else after the last), and the caller uploads each GPU's new objects
+//! whole from the image and the changed stretch of its table. Pages of objects already placed
+//! reach the devices with the sync's streamed portions (each GPU's scatter translates them
+//! through its own table, `upload.cu`); every other dirty page stays on the host. The walk is
 //! incremental: a B-link stripe's list is followed only for the chunks added since the last
-//! refresh (its chunk count says how many).
+//! refresh (its chunk count says how many, and the walk must end in the chunk seen last).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
-use tusk_storage::layout::{MAX_ROOTS, ROOTS_OFF, ROOT_ENTRY_SIZE, ROOT_NAME_MAX};
+use tusk_storage::layout::{MAX_ROOTS, ROOTS_OFF, ROOT_ENTRY_SIZE, ROOT_NAME_MAX, SMALL_MAX_BLOCK};
 use tusk_storage::PAGE_SIZE;
 
 use super::MirrorError;
@@ -35,6 +43,10 @@ use crate::{art, btree};
 
 /// A table entry for a heap page the device does not hold (common.cuh: TUSK_NO_PAGE).
 pub const NO_PAGE: u32 = u32::MAX;
+
+// Descriptors are large allocations (whole pages of their own), as chunks are.
+const _: () = assert!(btree::meta::META_SIZE > SMALL_MAX_BLOCK && art::meta::META_SIZE > SMALL_MAX_BLOCK);
+const _: () = assert!(btree::slab::CHUNK_BYTES > SMALL_MAX_BLOCK);
 
 /// The kind of index behind a descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,224 +59,74 @@ enum Kind {
 #[derive(Debug)]
 struct Tree {
     kind: Kind,
-    /// First heap pages of its objects.
-    objects: Vec<u64>,
+    /// Its objects: (first heap page, pages).
+    objects: Vec<(u64, u64)>,
     /// B-link: per stripe, the chunks already walked and the newest of them (0: none).
     chunks_seen: Vec<(u64, u64)>,
+    /// The GPUs holding it (indices into the mirror's device list), ascending.
+    devices: Vec<usize>,
 }
 
-/// One object on the device: `pages` heap pages from its first, on device pages from `device`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Placed {
-    pages: u64,
-    device: u32,
-    /// The descriptor of the tree it belongs to.
-    owner: u64,
+impl Tree {
+    fn new(kind: Kind) -> Tree {
+        Tree { kind, objects: Vec::new(), chunks_seen: vec![(0, 0); STRIPES as usize], devices: Vec::new() }
+    }
+
+    fn pages(&self) -> u64 {
+        self.objects.iter().map(|&(_, n)| n).sum()
+    }
 }
 
-/// What the device must do after a refresh.
-#[derive(Debug, Default)]
-pub struct Refresh {
-    /// Heap byte ranges (whole pages) of the objects placed by this refresh: upload them from
-    /// the image, through the table.
+/// What one GPU must do after a refresh.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceRefresh {
+    /// Heap byte ranges (whole pages) of the objects placed on it by this refresh: upload them
+    /// from the image, through its table.
     pub new: Vec<Range<u64>>,
-    /// Entries of the table that changed (upload them); `None` if none did.
+    /// Entries of its table that changed (upload them); `None` if none did.
     pub changed: Option<Range<usize>>,
-    /// Device pages the layout uses: the device buffer must hold at least this many.
+    /// Device pages its layout uses: its page buffer must hold at least this many.
     pub device_pages: u64,
 }
 
-/// The host side of the index-only layout: which heap pages the device holds, and where.
+/// What every GPU must do after a refresh, in the mirror's device order.
+#[derive(Debug, Default)]
+pub struct Refresh {
+    pub devices: Vec<DeviceRefresh>,
+}
+
+/// One GPU's layout: which heap pages it holds, and where.
 #[derive(Debug)]
-pub struct IndexPages {
+struct Layout {
     /// Heap page → device page ([`NO_PAGE`]: not held), for every page of the extent.
     table: Vec<u32>,
-    /// Placed objects by first heap page.
-    objects: BTreeMap<u64, Placed>,
-    trees: HashMap<u64, Tree>,
+    /// Placed objects by first heap page: (pages, first device page).
+    placed: BTreeMap<u64, (u64, u32)>,
     /// Device runs (first page, pages) given back, reused first fit.
     free: Vec<(u32, u64)>,
     /// Device pages up to here have been handed out.
     next: u64,
-    /// Most device bytes the objects' pages and the table may take together.
+    /// Most device bytes its pages and table may take together.
     limit: Option<u64>,
 }
 
-impl IndexPages {
-    /// An empty layout whose pages and table may take at most `limit` bytes of device memory
-    /// (`None`: what the GPU has).
-    pub fn new(limit: Option<u64>) -> IndexPages {
-        IndexPages { table: Vec::new(), objects: BTreeMap::new(), trees: HashMap::new(), free: Vec::new(), next: 0, limit }
+impl Layout {
+    fn new(limit: Option<u64>) -> Layout {
+        Layout { table: Vec::new(), placed: BTreeMap::new(), free: Vec::new(), next: 0, limit }
     }
 
-    /// The table, one entry per heap page of the extent.
-    pub fn table(&self) -> &[u32] {
-        &self.table
-    }
-
-    /// The device page holding heap page `page`, if any.
-    #[inline]
-    pub fn device_page(&self, page: u64) -> Option<u32> {
-        self.table.get(page as usize).copied().filter(|&p| p != NO_PAGE)
-    }
-
-    /// Whether the descriptor at `meta` is a mirrored tree's.
-    pub fn holds(&self, meta: u64) -> bool {
-        self.trees.contains_key(&meta)
-    }
-
-    /// Device pages handed out (the device buffer holds at least this many).
-    pub fn device_pages(&self) -> u64 {
-        self.next
-    }
-
-    /// The placed objects: (first heap page, pages, first device page), by heap page.
-    pub fn objects(&self) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
-        self.objects.iter().map(|(&first, p)| (first, p.pages, p.device))
-    }
-
-    /// Bytes of heap the mirrored objects cover.
-    pub fn mirrored_bytes(&self) -> u64 {
-        self.objects.values().map(|p| p.pages * PAGE_SIZE).sum()
-    }
-
-    /// Brings the layout to the trees of `image` (a heap image at one LSN, `extent` bytes
-    /// used). On an error the layout may be half changed: the caller forgets it
-    /// ([`IndexPages::new`]) before the next sync.
-    pub fn refresh(&mut self, image: &[u8], extent: u64) -> Result<Refresh, MirrorError> {
-        let mut out = Refresh::default();
-        let pages = extent.div_ceil(PAGE_SIZE) as usize;
+    fn grow_table(&mut self, pages: usize, out: &mut DeviceRefresh) {
         if pages > self.table.len() {
             let from = self.table.len();
             self.table.resize(pages, NO_PAGE);
             widen(&mut out.changed, from..pages);
         }
-        let mut heap = HeapImage::new(image);
-        let named = named_indexes(&mut heap)?;
-        let gone: Vec<u64> = self.trees.iter().filter(|(meta, t)| named.get(meta) != Some(&t.kind)).map(|(&meta, _)| meta).collect();
-        for meta in gone {
-            self.forget(meta, &mut out);
-        }
-        for (&meta, &kind) in &named {
-            let mut tree = self.trees.remove(&meta).unwrap_or_else(|| Tree::new(kind));
-            if kind == Kind::BTree && !self.btree_lists_go_on(&mut heap, meta, &tree)? {
-                // Another tree now has this descriptor's place: start over.
-                self.trees.insert(meta, tree);
-                self.forget(meta, &mut out);
-                tree = Tree::new(kind);
-            }
-            let placed = self.add_tree(&mut heap, meta, &mut tree, extent, &mut out);
-            self.trees.insert(meta, tree);
-            placed?;
-        }
-        out.device_pages = self.next;
-        Ok(out)
     }
 
-    /// Whether each stripe's chunk list of the B-link tree at `meta` still ends in the chunks
-    /// `tree` walked: its new chunks are then exactly the ones before them.
-    fn btree_lists_go_on(&self, heap: &mut HeapImage<'_>, meta: u64, tree: &Tree) -> Result<bool, MirrorError> {
-        for s in 0..STRIPES {
-            let (seen, newest_seen) = tree.chunks_seen[s as usize];
-            if seen == 0 {
-                continue;
-            }
-            let Some((chunks, mut chunk)) = btree::slab::listed_chunks(heap, meta, s)? else { return Ok(false) };
-            if chunks < seen {
-                return Ok(false);
-            }
-            for _ in seen..chunks {
-                if chunk == 0 {
-                    return Ok(false);
-                }
-                chunk = btree::slab::previous_chunk(heap, chunk)?;
-            }
-            if chunk != newest_seen {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Places the objects of the tree at `meta` that `tree` does not hold yet (an ART's
-    /// objects no longer in its chunk tables give their pages back).
-    fn add_tree(&mut self, heap: &mut HeapImage<'_>, meta: u64, tree: &mut Tree, extent: u64, out: &mut Refresh) -> Result<(), MirrorError> {
-        if tree.objects.is_empty() {
-            let size = match tree.kind {
-                Kind::BTree => btree::meta::META_SIZE,
-                Kind::Art => art::meta::META_SIZE,
-            };
-            self.place(meta..meta + size, meta, tree, extent, out)?;
-        }
-        match tree.kind {
-            Kind::BTree => {
-                for s in 0..STRIPES {
-                    let Some((chunks, mut chunk)) = btree::slab::listed_chunks(heap, meta, s)? else {
-                        return Err(MirrorError::Unsupported(format!(
-                            "the B-link tree at heap offset {meta} was made before its slab listed its chunks, so the index-only mirror cannot find its nodes: mirror the whole heap, or copy it into a new tree"
-                        )));
-                    };
-                    let (seen, _) = tree.chunks_seen[s as usize];
-                    let newest = chunk;
-                    for _ in seen..chunks {
-                        if chunk == 0 {
-                            return Err(MirrorError::Unsupported(format!("the chunk list of the B-link tree at heap offset {meta} ends early: damaged")));
-                        }
-                        self.place(btree::slab::chunk_span(chunk), meta, tree, extent, out)?;
-                        chunk = btree::slab::previous_chunk(heap, chunk)?;
-                    }
-                    tree.chunks_seen[s as usize] = (chunks, newest);
-                }
-            }
-            Kind::Art => {
-                let mut now = vec![meta / PAGE_SIZE];
-                for kind in 0..art::link::KINDS as u8 {
-                    for c in 0..art::meta::CHUNKS as u64 {
-                        let chunk = heap.load(art::meta::chunk_entry(meta, kind, c))?;
-                        if chunk != 0 {
-                            now.push(chunk / PAGE_SIZE);
-                            self.place(chunk..chunk + art::slab::chunk_bytes(kind, c), meta, tree, extent, out)?;
-                        }
-                    }
-                }
-                let (keep, stale): (Vec<u64>, Vec<u64>) = tree.objects.iter().partition(|first| now.contains(first));
-                tree.objects = keep;
-                for first in stale {
-                    self.give_back(first, out);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Places the object covering heap bytes `span`, unless it is placed already.
-    fn place(&mut self, span: Range<u64>, owner: u64, tree: &mut Tree, extent: u64, out: &mut Refresh) -> Result<(), MirrorError> {
-        if span.start >= span.end || span.end > extent {
-            return Err(MirrorError::Unsupported(format!("an index object at heap bytes {span:?} lies outside the heap's used {extent} bytes: damaged")));
-        }
-        let first = span.start / PAGE_SIZE;
-        let pages = span.end.div_ceil(PAGE_SIZE) - first;
-        if let Some(p) = self.objects.get(&first) {
-            if p.pages == pages && p.owner == owner {
-                return Ok(());
-            }
-        }
-        // A page holds at most one object (each is a large allocation): anything else is a
-        // damaged tree, or two trees sharing memory.
-        if let Some((&before, p)) = self.objects.range(..first + pages).next_back() {
-            if before + p.pages > first {
-                return Err(MirrorError::Unsupported(format!("index objects share heap page {}: damaged, or a tree made before its objects had pages of their own", first.max(before))));
-            }
-        }
-        let device = self.take(pages)?;
-        self.objects.insert(first, Placed { pages, device, owner });
-        for (i, page) in (first..first + pages).enumerate() {
-            self.table[page as usize] = device + i as u32;
-        }
-        widen(&mut out.changed, first as usize..(first + pages) as usize);
-        tree.objects.push(first);
-        out.new.push(first * PAGE_SIZE..(first + pages) * PAGE_SIZE);
-        Ok(())
+    /// Device bytes in use: handed-out pages not given back, and the table.
+    fn used(&self) -> u64 {
+        let free: u64 = self.free.iter().map(|&(_, n)| n).sum();
+        (self.next - free) * PAGE_SIZE + 4 * self.table.len() as u64
     }
 
     /// Device pages for an object of `pages` pages: first fit among the runs given back, else
@@ -291,29 +153,316 @@ impl IndexPages {
         Ok(at)
     }
 
-    /// Gives back the device pages of the tree at `meta`.
-    fn forget(&mut self, meta: u64, out: &mut Refresh) {
-        let Some(tree) = self.trees.remove(&meta) else { return };
-        for first in tree.objects {
-            self.give_back(first, out);
+    /// Places each of `objects` not placed yet; on an error, gives back what this call placed.
+    fn place_all(&mut self, objects: &[(u64, u64)], out: &mut DeviceRefresh) -> Result<(), MirrorError> {
+        let mut done = Vec::new();
+        for &(first, pages) in objects {
+            if self.placed.contains_key(&first) {
+                continue;
+            }
+            match self.take(pages) {
+                Ok(device) => {
+                    self.placed.insert(first, (pages, device));
+                    for i in 0..pages {
+                        self.table[(first + i) as usize] = device + i as u32;
+                    }
+                    widen(&mut out.changed, first as usize..(first + pages) as usize);
+                    out.new.push(first * PAGE_SIZE..(first + pages) * PAGE_SIZE);
+                    done.push(first);
+                }
+                Err(e) => {
+                    // The ranges already in `out.new` stay there: their pages are no longer in
+                    // the table, and an upload skips pages its table does not hold.
+                    for first in done {
+                        self.give_back(first, out);
+                    }
+                    return Err(e);
+                }
+            }
         }
+        Ok(())
     }
 
     /// Gives back the device pages of the object whose first heap page is `first`.
-    fn give_back(&mut self, first: u64, out: &mut Refresh) {
-        let Some(p) = self.objects.remove(&first) else { return };
-        for page in first..first + p.pages {
+    fn give_back(&mut self, first: u64, out: &mut DeviceRefresh) {
+        let Some((pages, device)) = self.placed.remove(&first) else { return };
+        for page in first..first + pages {
             self.table[page as usize] = NO_PAGE;
         }
-        widen(&mut out.changed, first as usize..(first + p.pages) as usize);
-        self.free.push((p.device, p.pages));
+        widen(&mut out.changed, first as usize..(first + pages) as usize);
+        self.free.push((device, pages));
     }
 }
 
-impl Tree {
-    fn new(kind: Kind) -> Tree {
-        Tree { kind, objects: Vec::new(), chunks_seen: vec![(0, 0); STRIPES as usize] }
+/// The host side of the index-only layout, for every GPU of a mirror.
+#[derive(Debug)]
+pub struct IndexPages {
+    trees: HashMap<u64, Tree>,
+    /// Every object of the named trees by first heap page: (pages, the descriptor of its tree).
+    objects: BTreeMap<u64, (u64, u64)>,
+    layouts: Vec<Layout>,
+}
+
+impl IndexPages {
+    /// An empty layout for `devices` GPUs, each of whose pages and table may take at most
+    /// `limit` bytes of device memory (`None`: what the GPU has).
+    pub fn new(devices: usize, limit: Option<u64>) -> IndexPages {
+        assert!(devices > 0, "a mirror has a GPU");
+        IndexPages { trees: HashMap::new(), objects: BTreeMap::new(), layouts: (0..devices).map(|_| Layout::new(limit)).collect() }
     }
+
+    /// GPU `d`'s table, one entry per heap page of the extent.
+    pub fn table(&self, d: usize) -> &[u32] {
+        &self.layouts[d].table
+    }
+
+    /// The page of GPU `d` holding heap page `page`, if any.
+    #[inline]
+    pub fn device_page(&self, d: usize, page: u64) -> Option<u32> {
+        self.layouts[d].table.get(page as usize).copied().filter(|&p| p != NO_PAGE)
+    }
+
+    /// Whether some GPU holds heap page `page`.
+    #[inline]
+    pub fn held_anywhere(&self, page: u64) -> bool {
+        self.layouts.iter().any(|l| l.table.get(page as usize).is_some_and(|&p| p != NO_PAGE))
+    }
+
+    /// The GPUs holding the tree whose descriptor is at `meta` (none: not mirrored).
+    pub fn holders(&self, meta: u64) -> &[usize] {
+        self.trees.get(&meta).map_or(&[], |t| &t.devices)
+    }
+
+    /// Heap bytes of the tree at `meta`'s objects (0: not mirrored).
+    pub fn tree_bytes(&self, meta: u64) -> u64 {
+        self.trees.get(&meta).map_or(0, |t| t.pages() * PAGE_SIZE)
+    }
+
+    /// Device pages GPU `d`'s layout has handed out (its page buffer holds at least these).
+    pub fn device_pages(&self, d: usize) -> u64 {
+        self.layouts[d].next
+    }
+
+    /// Device bytes GPU `d`'s layout takes: its pages and its table.
+    pub fn device_bytes(&self, d: usize) -> u64 {
+        self.layouts[d].next * PAGE_SIZE + 4 * self.layouts[d].table.len() as u64
+    }
+
+    /// GPU `d`'s placed objects: (first heap page, pages, first device page), by heap page.
+    pub fn objects(&self, d: usize) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+        self.layouts[d].placed.iter().map(|(&first, &(pages, device))| (first, pages, device))
+    }
+
+    /// Heap bytes of the objects GPU `d` holds.
+    pub fn mirrored_bytes(&self, d: usize) -> u64 {
+        self.layouts[d].placed.values().map(|&(pages, _)| pages * PAGE_SIZE).sum()
+    }
+
+    /// Brings the layouts to the trees of `image` (a heap image at one LSN, `extent` bytes
+    /// used). On an error the layouts may be half changed: the caller forgets them
+    /// ([`IndexPages::new`]) before the next sync.
+    pub fn refresh(&mut self, image: &[u8], extent: u64) -> Result<Refresh, MirrorError> {
+        let mut out = Refresh { devices: vec![DeviceRefresh::default(); self.layouts.len()] };
+        let pages = extent.div_ceil(PAGE_SIZE) as usize;
+        for (layout, o) in self.layouts.iter_mut().zip(&mut out.devices) {
+            layout.grow_table(pages, o);
+        }
+        let mut heap = HeapImage::new(image);
+        let named = named_indexes(&mut heap)?;
+        let gone: Vec<u64> = self.trees.iter().filter(|(meta, t)| named.get(meta) != Some(&t.kind)).map(|(&meta, _)| meta).collect();
+        for meta in gone {
+            self.forget(meta, &mut out);
+        }
+        for (&meta, &kind) in &named {
+            let mut tree = self.trees.remove(&meta).unwrap_or_else(|| Tree::new(kind));
+            if kind == Kind::BTree && !btree_lists_go_on(&mut heap, meta, &tree)? {
+                // Another tree now has this descriptor's place: start over.
+                self.trees.insert(meta, tree);
+                self.forget(meta, &mut out);
+                tree = Tree::new(kind);
+            }
+            let placed = self.discover(&mut heap, meta, &mut tree, extent).and_then(|(added, removed)| {
+                for &d in &tree.devices {
+                    for &first in &removed {
+                        self.layouts[d].give_back(first, &mut out.devices[d]);
+                    }
+                }
+                self.place_tree(&mut tree, &added, &mut out)
+            });
+            self.trees.insert(meta, tree);
+            placed?;
+        }
+        for (layout, o) in self.layouts.iter().zip(&mut out.devices) {
+            o.device_pages = layout.next;
+        }
+        Ok(out)
+    }
+
+    /// Finds the objects of the tree at `meta` that `tree` does not list yet (and, for an ART,
+    /// those no longer in its chunk tables); lists them. Returns (added, removed first pages).
+    #[allow(clippy::type_complexity)]
+    fn discover(&mut self, heap: &mut HeapImage<'_>, meta: u64, tree: &mut Tree, extent: u64) -> Result<(Vec<(u64, u64)>, Vec<u64>), MirrorError> {
+        let mut added = Vec::new();
+        if tree.objects.is_empty() {
+            let size = match tree.kind {
+                Kind::BTree => btree::meta::META_SIZE,
+                Kind::Art => art::meta::META_SIZE,
+            };
+            added.push(self.claim(meta..meta + size, meta, extent)?);
+        }
+        let mut removed = Vec::new();
+        match tree.kind {
+            Kind::BTree => {
+                for s in 0..STRIPES {
+                    let Some((chunks, mut chunk)) = btree::slab::listed_chunks(heap, meta, s)? else {
+                        return Err(MirrorError::Unsupported(format!(
+                            "the B-link tree at heap offset {meta} was made before its slab listed its chunks, so the index-only mirror cannot find its nodes: mirror the whole heap, or copy it into a new tree"
+                        )));
+                    };
+                    let (seen, _) = tree.chunks_seen[s as usize];
+                    let newest = chunk;
+                    for _ in seen..chunks {
+                        if chunk == 0 {
+                            return Err(MirrorError::Unsupported(format!("the chunk list of the B-link tree at heap offset {meta} ends early: damaged")));
+                        }
+                        added.push(self.claim(btree::slab::chunk_span(chunk), meta, extent)?);
+                        chunk = btree::slab::previous_chunk(heap, chunk)?;
+                    }
+                    tree.chunks_seen[s as usize] = (chunks, newest);
+                }
+            }
+            Kind::Art => {
+                let mut now = vec![meta / PAGE_SIZE];
+                for kind in 0..art::link::KINDS as u8 {
+                    for c in 0..art::meta::CHUNKS as u64 {
+                        let chunk = heap.load(art::meta::chunk_entry(meta, kind, c))?;
+                        if chunk == 0 {
+                            continue;
+                        }
+                        now.push(chunk / PAGE_SIZE);
+                        if !tree.objects.iter().any(|&(first, _)| first == chunk / PAGE_SIZE) {
+                            added.push(self.claim(chunk..chunk + art::slab::chunk_bytes(kind, c), meta, extent)?);
+                        }
+                    }
+                }
+                let (keep, stale): (Vec<(u64, u64)>, Vec<(u64, u64)>) = tree.objects.iter().partition(|(first, _)| now.contains(first));
+                tree.objects = keep;
+                for (first, _) in stale {
+                    self.objects.remove(&first);
+                    removed.push(first);
+                }
+            }
+        }
+        tree.objects.extend(&added);
+        Ok((added, removed))
+    }
+
+    /// Claims the pages of the object covering heap bytes `span` for the tree at `owner`;
+    /// returns (first page, pages).
+    fn claim(&mut self, span: Range<u64>, owner: u64, extent: u64) -> Result<(u64, u64), MirrorError> {
+        if span.start >= span.end || span.end > extent {
+            return Err(MirrorError::Unsupported(format!("an index object at heap bytes {span:?} lies outside the heap's used {extent} bytes: damaged")));
+        }
+        let first = span.start / PAGE_SIZE;
+        let pages = span.end.div_ceil(PAGE_SIZE) - first;
+        // A page holds at most one object (each is a large allocation): anything else is a
+        // damaged tree, or two trees sharing memory.
+        if let Some((&before, &(n, _))) = self.objects.range(..first + pages).next_back() {
+            if before + n > first {
+                return Err(MirrorError::Unsupported(format!("index objects share heap page {}: damaged, or a tree made before its objects had pages of their own", first.max(before))));
+            }
+        }
+        self.objects.insert(first, (pages, owner));
+        Ok((first, pages))
+    }
+
+    /// Places `added` objects of `tree` on the GPUs holding it; a GPU without room for them
+    /// gives the tree up, and a tree no GPU holds any more (or a new one) is placed whole.
+    fn place_tree(&mut self, tree: &mut Tree, added: &[(u64, u64)], out: &mut Refresh) -> Result<(), MirrorError> {
+        if tree.devices.is_empty() {
+            return self.place_whole(tree, out);
+        }
+        let mut kept = Vec::new();
+        for &d in &tree.devices {
+            if self.layouts[d].place_all(added, &mut out.devices[d]).is_ok() {
+                kept.push(d);
+            } else {
+                for &(first, _) in &tree.objects {
+                    self.layouts[d].give_back(first, &mut out.devices[d]);
+                }
+            }
+        }
+        tree.devices = kept;
+        if tree.devices.is_empty() {
+            return self.place_whole(tree, out);
+        }
+        Ok(())
+    }
+
+    /// Places every object of `tree` on each GPU with room for it; if none has, on the GPU
+    /// with the most room after other trees give up their replicas there (never their last
+    /// copy).
+    fn place_whole(&mut self, tree: &mut Tree, out: &mut Refresh) -> Result<(), MirrorError> {
+        tree.devices = (0..self.layouts.len()).filter(|&d| self.layouts[d].place_all(&tree.objects, &mut out.devices[d]).is_ok()).collect();
+        if !tree.devices.is_empty() {
+            return Ok(());
+        }
+        let mut by_room: Vec<usize> = (0..self.layouts.len()).collect();
+        by_room.sort_by_key(|&d| self.layouts[d].used());
+        for d in by_room {
+            loop {
+                if self.layouts[d].place_all(&tree.objects, &mut out.devices[d]).is_ok() {
+                    tree.devices = vec![d];
+                    return Ok(());
+                }
+                // The largest tree with a copy elsewhere too gives up this one.
+                let Some((&other, _)) = self.trees.iter().filter(|(_, t)| t.devices.len() > 1 && t.devices.contains(&d)).max_by_key(|(_, t)| t.pages()) else { break };
+                let t = self.trees.get_mut(&other).expect("listed above");
+                t.devices.retain(|&x| x != d);
+                for &(first, _) in &t.objects {
+                    self.layouts[d].give_back(first, &mut out.devices[d]);
+                }
+            }
+        }
+        let need = tree.pages() * PAGE_SIZE + 4 * self.layouts[0].table.len() as u64;
+        Err(MirrorError::OverLimit { bytes: need, limit: self.layouts[0].limit.unwrap_or(u64::MAX) })
+    }
+
+    /// Gives back the device pages of the tree at `meta` on every GPU.
+    fn forget(&mut self, meta: u64, out: &mut Refresh) {
+        let Some(tree) = self.trees.remove(&meta) else { return };
+        for &(first, _) in &tree.objects {
+            self.objects.remove(&first);
+            for &d in &tree.devices {
+                self.layouts[d].give_back(first, &mut out.devices[d]);
+            }
+        }
+    }
+}
+
+/// Whether each stripe's chunk list of the B-link tree at `meta` still ends in the chunks
+/// `tree` walked: its new chunks are then exactly the ones before them.
+fn btree_lists_go_on(heap: &mut HeapImage<'_>, meta: u64, tree: &Tree) -> Result<bool, MirrorError> {
+    for s in 0..STRIPES {
+        let (seen, newest_seen) = tree.chunks_seen[s as usize];
+        if seen == 0 {
+            continue;
+        }
+        let Some((chunks, mut chunk)) = btree::slab::listed_chunks(heap, meta, s)? else { return Ok(false) };
+        if chunks < seen {
+            return Ok(false);
+        }
+        for _ in seen..chunks {
+            if chunk == 0 {
+                return Ok(false);
+            }
+            chunk = btree::slab::previous_chunk(heap, chunk)?;
+        }
+        if chunk != newest_seen {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn widen(changed: &mut Option<Range<usize>>, by: Range<usize>) {
@@ -355,14 +504,26 @@ mod tests {
 
     #[test]
     fn freed_runs_are_reused_first_fit_and_the_limit_holds() {
-        let mut pages = IndexPages::new(Some(10 * PAGE_SIZE));
-        assert_eq!(pages.take(4).unwrap(), 0);
-        assert_eq!(pages.take(4).unwrap(), 4);
-        assert!(matches!(pages.take(3), Err(MirrorError::OverLimit { bytes, limit }) if bytes == 11 * PAGE_SIZE && limit == 10 * PAGE_SIZE));
-        pages.free.push((0, 4));
-        assert_eq!(pages.take(3).unwrap(), 0);
-        assert_eq!(pages.take(1).unwrap(), 3);
-        assert_eq!(pages.take(2).unwrap(), 8);
-        assert!(pages.free.is_empty());
+        let mut layout = Layout::new(Some(10 * PAGE_SIZE));
+        assert_eq!(layout.take(4).unwrap(), 0);
+        assert_eq!(layout.take(4).unwrap(), 4);
+        assert!(matches!(layout.take(3), Err(MirrorError::OverLimit { bytes, limit }) if bytes == 11 * PAGE_SIZE && limit == 10 * PAGE_SIZE));
+        layout.free.push((0, 4));
+        assert_eq!(layout.take(3).unwrap(), 0);
+        assert_eq!(layout.take(1).unwrap(), 3);
+        assert_eq!(layout.take(2).unwrap(), 8);
+        assert!(layout.free.is_empty());
+    }
+
+    #[test]
+    fn a_failed_placement_gives_back_what_it_placed() {
+        let mut layout = Layout::new(Some(6 * PAGE_SIZE));
+        let mut out = DeviceRefresh::default();
+        layout.grow_table(20, &mut out);
+        // 20 table entries take 80 bytes: 5 pages fit, 6 do not.
+        assert!(layout.place_all(&[(0, 3), (10, 3)], &mut out).is_err());
+        assert!(layout.placed.is_empty() && layout.table.iter().all(|&p| p == NO_PAGE));
+        layout.place_all(&[(0, 3), (10, 2)], &mut out).unwrap();
+        assert_eq!((layout.table[0], layout.table[2], layout.table[10], layout.table[11]), (0, 2, 3, 4));
     }
 }

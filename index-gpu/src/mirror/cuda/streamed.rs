@@ -29,7 +29,7 @@ use cudarc::driver::sys;
 use super::raw::{driver, DeviceBuffer, Event, PinnedBuffer, Stream};
 use super::{check_scatter, scatter, CudaMirror, ScatterIo, PIECE};
 use crate::mirror::devices::Devices;
-use crate::mirror::index_pages::NO_PAGE;
+use crate::mirror::index_pages::IndexPages;
 use crate::mirror::MirrorError;
 
 /// Most bytes of heap a stream buffer carries (the image copy's largest portion).
@@ -122,9 +122,9 @@ impl StreamBuffers {
 
 /// Packs `pieces` (heap offset, bytes; whole pages, at most [`STREAM_PORTION`] bytes in all)
 /// into an idle buffer from `pool`, waiting for one if none is idle. Runs on the copier
-/// threads. With `table` (the index-only layout's page table, `index_pages.rs`) each page goes
-/// to the device page the table names, and pages it does not hold are left out.
-pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8])], table: Option<&[u32]>) -> Packed {
+/// threads. With `held` (the index-only layout, `index_pages.rs`) only pages some GPU holds
+/// are packed (each GPU's scatter translates them through its own table).
+pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8])], held: Option<&IndexPages>) -> Packed {
     let (id, mut buffer) = pool.recv().expect("the mirror keeps its stream buffers while a sync runs");
     let bytes = buffer.as_mut_slice();
     let (entries, data) = bytes.split_at_mut(TABLE_BYTES);
@@ -133,14 +133,10 @@ pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8]
         assert!(off.is_multiple_of(PIECE as u64) && piece.len().is_multiple_of(PIECE), "a portion of whole pages: {} bytes at {off}", piece.len());
         for (i, part) in piece.chunks(PIECE).enumerate() {
             assert!(n < TABLE_ENTRIES, "a portion of more than {TABLE_ENTRIES} pieces");
-            let heap_at = off + (i * PIECE) as u64;
-            let at = match table {
-                None => heap_at,
-                Some(t) => match t.get((heap_at / PIECE as u64) as usize) {
-                    Some(&page) if page != NO_PAGE => page as u64 * PIECE as u64,
-                    _ => continue,
-                },
-            };
+            let at = off + (i * PIECE) as u64;
+            if held.is_some_and(|h| !h.held_anywhere(at / PIECE as u64)) {
+                continue;
+            }
             packed += part.len() as u64;
             end = end.max(at + part.len() as u64);
             entries[16 * n..16 * n + 8].copy_from_slice(&at.to_le_bytes());
@@ -178,8 +174,17 @@ impl CudaMirror {
     /// the sync stream, without waiting.
     pub(crate) fn enqueue_packed(&mut self, packed: &Packed) -> Result<(), MirrorError> {
         self.bind()?;
-        self.grow(packed.end)?;
-        let buffer = self.heap.as_ref().expect("grown above");
+        let (pages, page_count) = if self.indexes_only() {
+            if self.pages_ptr() == 0 || self.heap.is_none() {
+                // Nothing placed on this GPU yet: it holds none of the pages.
+                return self.streams().device[packed.id].done.record(&self.staging[0].stream);
+            }
+            (self.pages_ptr(), self.page_entries())
+        } else {
+            self.grow(packed.end)?;
+            (0, 0)
+        };
+        let buffer = self.heap.as_ref().expect("grown above or placed");
         let (heap, extent) = (buffer.ptr(), buffer.bytes() as u64);
         let kernel = self.kernels.scatter;
         let stream = &self.staging[0].stream;
@@ -195,7 +200,7 @@ impl CudaMirror {
             .map_err(|e| driver("cuMemcpyHtoDAsync (sync pieces)", e))?;
         twin.copied.record(&streams.copy)?;
         stream.wait(&twin.copied)?;
-        scatter(kernel, ScatterIo { heap, extent, table: dev.ptr(), data: dev.at(TABLE_BYTES), pieces: packed.pieces, err: self.staging[0].err.ptr() }, stream.raw())?;
+        scatter(kernel, ScatterIo { heap, extent, pages, page_count, table: dev.ptr(), data: dev.at(TABLE_BYTES), pieces: packed.pieces, err: self.staging[0].err.ptr() }, stream.raw())?;
         twin.done.record(stream)?;
         Ok(())
     }
