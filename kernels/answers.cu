@@ -23,3 +23,9 @@ tusk_found_bits(const u8* __restrict__ found, u64 n, u64* __restrict__ bits) {
         bits[w] = word;
     }
 }
+
+// Tests only (CudaMirror::fail_for_tests): a device fault. The context is left unusable, as a
+// GPU that faults or falls off the bus leaves it: every later call on it fails.
+extern "C" __global__ void tusk_fault() {
+    __trap();
+}

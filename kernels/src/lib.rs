@@ -44,6 +44,8 @@ pub mod names {
     pub const ART_GET_NOSPEC: &str = "tusk_art_get_nospec";
     pub const ART_COUNT_SUM_PREFIX: &str = "tusk_art_count_sum_prefix";
     pub const FOUND_BITS: &str = "tusk_found_bits";
+    /// A device fault, for tests of a GPU that fails between calls.
+    pub const FAULT: &str = "tusk_fault";
 
     /// The B-link lookup kernel variants: (tile width, children preloaded, register-capped).
     pub const BTREE_GET_VARIANTS: [(u32, bool, bool); 12] = [
@@ -340,7 +342,7 @@ mod tests {
     #[test]
     fn source_holds_every_kernel() {
         let src = source();
-        for name in [names::SCATTER, names::BTREE_COUNT_SUM, names::ART_GET, names::ART_GET_NOSPEC, names::ART_COUNT_SUM_PREFIX] {
+        for name in [names::SCATTER, names::BTREE_COUNT_SUM, names::ART_GET, names::ART_GET_NOSPEC, names::ART_COUNT_SUM_PREFIX, names::FOUND_BITS, names::FAULT] {
             assert!(src.contains(name), "{name}");
         }
         for w in [1, 2, 4, 8, 16, 32] {

@@ -107,6 +107,7 @@ struct Kernels {
     art_get_nospec: Kernel,
     art_prefix: Kernel,
     found_bits: Kernel,
+    fault: Kernel,
 }
 
 /// One pinned staging buffer of the sync with its device twin: a table of
@@ -450,11 +451,11 @@ pub(crate) fn gather<T: Send>(
         at = r.end;
     }
     let results: Vec<Result<(), MirrorError>> = if let [(d, r, slice)] = slices.as_mut_slice() {
-        vec![f(d, r.clone(), slice)]
+        vec![f(d, r.clone(), slice).map_err(|e| d.name_error(e))]
     } else {
         std::thread::scope(|s| {
             let f = &f;
-            let handles: Vec<_> = slices.into_iter().map(|(d, r, slice)| s.spawn(move || f(d, r, slice))).collect();
+            let handles: Vec<_> = slices.into_iter().map(|(d, r, slice)| s.spawn(move || f(d, r, slice).map_err(|e| d.name_error(e)))).collect();
             handles.into_iter().map(|h| h.join().expect("a device thread does not panic")).collect()
         })
     };
@@ -626,6 +627,7 @@ impl CudaMirror {
             art_get_nospec: kernel(kernels::names::ART_GET_NOSPEC)?,
             art_prefix: kernel(kernels::names::ART_COUNT_SUM_PREFIX)?,
             found_bits: kernel(kernels::names::FOUND_BITS)?,
+            fault: kernel(kernels::names::FAULT)?,
         };
 
         // The ART's slot geometry, straight from the Rust definitions.
@@ -696,6 +698,33 @@ impl CudaMirror {
 
     fn bind(&self) -> Result<(), MirrorError> {
         self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))
+    }
+
+    /// `e`, a driver error, with this GPU named (a mirror of several says which one failed,
+    /// e.g. one that fell off the bus); other errors as they are.
+    pub(crate) fn name_error(&self, e: MirrorError) -> MirrorError {
+        match e {
+            MirrorError::Driver(what) if !what.starts_with("GPU ") => MirrorError::Driver(format!("GPU {} ({}): {what}", self.device, self.name)),
+            other => other,
+        }
+    }
+
+    /// Faults this GPU (a kernel that traps), which leaves its context unusable as a GPU
+    /// that fails or falls off the bus does: every later call on it fails. Returns the
+    /// fault's error. Tests only.
+    #[doc(hidden)]
+    pub fn fail_for_tests(&self) -> MirrorError {
+        if let Err(e) = self.bind() {
+            return e;
+        }
+        let stream = &self.staging[0].stream;
+        let mut params: [*mut c_void; 0] = [];
+        // SAFETY: tusk_fault takes no parameters; it only traps.
+        let launched = unsafe { cu::launch_kernel(self.kernels.fault.f, (1, 1, 1), (1, 1, 1), 0, stream.raw(), &mut params) }.map_err(|e| driver("launching tusk_fault", e));
+        match launched.and_then(|()| stream.sync()) {
+            Err(e) => self.name_error(e),
+            Ok(()) => MirrorError::Driver("tusk_fault did not fault".into()),
+        }
     }
 
     /// The device ordinal.

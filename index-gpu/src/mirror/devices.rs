@@ -63,7 +63,7 @@ impl Devices {
     /// Index-only: applies each device's part of a refreshed layout (`CudaMirror::apply_layout`).
     pub(crate) fn apply_layout(&mut self, image: &[u8], refresh: &super::index_pages::Refresh, pages: &super::index_pages::IndexPages) -> Result<(), MirrorError> {
         for (i, d) in self.list.iter_mut().enumerate() {
-            d.apply_layout(image, &refresh.devices[i], pages.table(i))?;
+            d.apply_layout(image, &refresh.devices[i], pages.table(i)).map_err(|e| d.name_error(e))?;
         }
         Ok(())
     }
@@ -132,8 +132,8 @@ impl Devices {
         // Every queue as long as the longest slice: the last device's slice of a full batch can
         // be shorter (or empty) than its slice of a smaller one (3 devices, 200 queries: 128,
         // 72, 0; 190 queries: 64, 64, 62).
-        let queues = self.list.iter().map(|d| d.queue(kind, self.share(capacity))).collect::<Result<Vec<_>, _>>()?;
-        let [input, output, found] = CudaMirror::host_memory(kind, capacity)?;
+        let queues = self.list.iter().map(|d| d.queue(kind, self.share(capacity)).map_err(|e| d.name_error(e))).collect::<Result<Vec<_>, _>>()?;
+        let [input, output, found] = CudaMirror::host_memory(kind, capacity).map_err(|e| self.list[0].name_error(e))?;
         Ok(BatchMemory::new(kind, capacity, input, output, found, queues))
     }
 
@@ -168,7 +168,7 @@ impl Devices {
                     bits: bits + (8 * (r.start / 64)) as u64,
                     n: r.len(),
                 };
-                result = d.start_pass(meta, kind, q, host, stages);
+                result = d.start_pass(meta, kind, q, host, stages).map_err(|e| d.name_error(e));
                 started.push((d, q, r.len()));
                 if result.is_err() {
                     break;
@@ -176,7 +176,7 @@ impl Devices {
             }
             // Every started pass is waited for, whatever failed.
             for (d, q, len) in started {
-                let r = d.finish_pass(kind, q, len, stages);
+                let r = d.finish_pass(kind, q, len, stages).map_err(|e| d.name_error(e));
                 if result.is_ok() {
                     result = r;
                 }

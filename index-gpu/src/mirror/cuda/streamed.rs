@@ -246,7 +246,7 @@ impl Devices {
     pub(crate) fn begin_streamed(&mut self, extent_hint: u64) -> Result<Receiver<(usize, PinnedBuffer)>, MirrorError> {
         let mut pool = None;
         for (i, d) in self.all_mut().iter_mut().enumerate() {
-            let p = d.begin_streamed(extent_hint, i == 0)?;
+            let p = d.begin_streamed(extent_hint, i == 0).map_err(|e| d.name_error(e))?;
             pool = pool.or(p);
         }
         Ok(pool.expect("the first device holds the pool"))
@@ -259,7 +259,7 @@ impl Devices {
     pub(crate) fn submit_streamed(&mut self, packed: Packed) -> Result<(), MirrorError> {
         let mut queued = Ok(());
         for d in self.all_mut() {
-            queued = d.enqueue_packed(&packed);
+            queued = d.enqueue_packed(&packed).map_err(|e| d.name_error(e));
             if queued.is_err() {
                 break;
             }
@@ -308,7 +308,7 @@ impl Devices {
     pub(crate) fn end_streamed(&mut self, extent: u64) -> Result<(), MirrorError> {
         let mut result = Ok(());
         for d in self.all_mut() {
-            let r = d.end_streamed(extent);
+            let r = d.end_streamed(extent).map_err(|e| d.name_error(e));
             if result.is_ok() {
                 result = r;
             }
