@@ -549,7 +549,8 @@ fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
 }
 
 /// An index-only mirror on every GPU under a limit that holds either tree but not both: the
-/// trees are sharded (one per GPU) and every answer is still the models', through `get_batch`
+/// trees are sharded (no GPU holds both; on more than two GPUs the first tree keeps replicas
+/// on the others) and every answer is still the models', through `get_batch`
 /// and through caller buffers larger than one GPU's share, across syncs. On one GPU the same
 /// limit cannot hold both trees: `GpuOverLimit`, and the sharding part says it was skipped.
 #[test]
@@ -584,7 +585,7 @@ fn a_sharded_index_mirror_answers_when_the_indexes_exceed_one_gpu() {
     let pages = mirror.inner().index_pages().unwrap();
     let (ho, hu) = (pages.holders(orders_meta).to_vec(), pages.holders(users_meta).to_vec());
     eprintln!("sharded on {gpus} GPUs: B-link tree on {ho:?}, ART on {hu:?}");
-    assert!(ho.len() == 1 && hu.len() == 1 && ho != hu, "one tree per GPU: {ho:?}, {hu:?}");
+    assert!(!ho.is_empty() && !hu.is_empty() && ho.iter().all(|d| !hu.contains(d)), "no GPU holds both trees: {ho:?}, {hu:?}");
     let mut buffers = mirror.lookup_buffers(70_000).unwrap();
     for round in 0..3u64 {
         check_mirror(&mirror, &models, &mut rng, &format!("sharded, round {round}"));

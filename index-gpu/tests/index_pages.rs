@@ -252,19 +252,28 @@ fn trees_are_replicated_where_they_fit_and_sharded_where_they_do_not() {
     let (ob, ub) = (replicated.tree_bytes(o), replicated.tree_bytes(u));
     let limit = ob.max(ub) + table + (64 << 10);
     assert!(limit < ob + ub + table, "the test's trees ({ob} and {ub} bytes) must not fit on one GPU together");
-    let mut sharded = IndexPages::new(2, Some(limit));
-    let refresh = sharded.refresh(&img, img.len() as u64).unwrap();
-    let (ho, hu) = (sharded.holders(o).to_vec(), sharded.holders(u).to_vec());
-    assert!(ho.len() == 1 && hu.len() == 1 && ho != hu, "sharded: B-link on {ho:?}, ART on {hu:?}");
-    for d in 0..2 {
-        assert!(sharded.device_bytes(d) <= limit, "GPU {d}: {} bytes over the limit {limit}", sharded.device_bytes(d));
-        assert_objects_contiguous(&sharded, d);
+    // On two GPUs one tree each; on more, the first tree placed keeps its other replicas.
+    for gpus in [4, 3, 2] {
+        let mut sharded = IndexPages::new(gpus, Some(limit));
+        let refresh = sharded.refresh(&img, img.len() as u64).unwrap();
+        let (ho, hu) = (sharded.holders(o).to_vec(), sharded.holders(u).to_vec());
+        assert!(!ho.is_empty() && !hu.is_empty() && ho.iter().all(|d| !hu.contains(d)), "{gpus} GPUs: B-link on {ho:?}, ART on {hu:?}");
+        assert_eq!(ho.len() + hu.len(), gpus, "{gpus} GPUs: every GPU holds a tree");
+        for d in 0..gpus {
+            assert!(sharded.device_bytes(d) <= limit, "GPU {d} of {gpus}: {} bytes over the limit {limit}", sharded.device_bytes(d));
+            assert_objects_contiguous(&sharded, d);
+        }
+        for &d in &ho {
+            let mut on_orders = Device::synced(&sharded, d, &refresh, &img);
+            assert_eq!(orders.check(&mut on_orders).unwrap().keys, models.orders.len() as u64);
+            assert!(users.check(&mut on_orders).is_err(), "the ART is not on the B-link tree's GPU");
+        }
+        for &d in &hu {
+            assert_eq!(users.check(&mut Device::synced(&sharded, d, &refresh, &img)).unwrap().keys, models.users.len() as u64);
+        }
     }
-    let mut on_orders = Device::synced(&sharded, ho[0], &refresh, &img);
-    assert_eq!(orders.check(&mut on_orders).unwrap().keys, models.orders.len() as u64);
-    assert!(users.check(&mut on_orders).is_err(), "the ART is not on the B-link tree's GPU");
-    let mut on_users = Device::synced(&sharded, hu[0], &refresh, &img);
-    assert_eq!(users.check(&mut on_users).unwrap().keys, models.users.len() as u64);
+    let mut sharded = IndexPages::new(2, Some(limit));
+    sharded.refresh(&img, img.len() as u64).unwrap();
 
     // Growth past a GPU's room moves nothing silently: the next refresh either still fits or
     // says what it needs.

@@ -183,7 +183,9 @@ impl Layout {
         Ok(())
     }
 
-    /// Gives back the device pages of the object whose first heap page is `first`.
+    /// Gives back the device pages of the object whose first heap page is `first`. A run
+    /// that ends where the handed-out pages end lowers that end instead (with the free runs
+    /// below it), so a placement that failed and was given back leaves no hole.
     fn give_back(&mut self, first: u64, out: &mut DeviceRefresh) {
         let Some((pages, device)) = self.placed.remove(&first) else { return };
         for page in first..first + pages {
@@ -191,6 +193,25 @@ impl Layout {
         }
         widen(&mut out.changed, first as usize..(first + pages) as usize);
         self.free.push((device, pages));
+        while let Some(i) = self.free.iter().position(|&(at, n)| at as u64 + n == self.next) {
+            self.next = self.free.swap_remove(i).0 as u64;
+        }
+    }
+
+    /// Room left under the limit (pages given back count, though they may be scattered).
+    fn room(&self) -> u64 {
+        self.limit.map_or(u64::MAX, |l| l.saturating_sub(self.used()))
+    }
+
+    /// Lays `objects` out afresh, consecutively from device page 0, as if nothing had been
+    /// placed: every one is new (to upload again) and the whole table changes.
+    fn compact(&mut self, objects: &[(u64, u64)], out: &mut DeviceRefresh) -> Result<(), MirrorError> {
+        self.table.fill(NO_PAGE);
+        self.placed.clear();
+        self.free.clear();
+        self.next = 0;
+        widen(&mut out.changed, 0..self.table.len());
+        self.place_all(objects, out)
     }
 }
 
@@ -384,7 +405,7 @@ impl IndexPages {
         }
         let mut kept = Vec::new();
         for &d in &tree.devices {
-            if self.layouts[d].place_all(added, &mut out.devices[d]).is_ok() {
+            if self.layouts[d].place_all(added, &mut out.devices[d]).is_ok() || self.compact_with(d, &tree.objects, out) {
                 kept.push(d);
             } else {
                 for &(first, _) in &tree.objects {
@@ -411,7 +432,7 @@ impl IndexPages {
         by_room.sort_by_key(|&d| self.layouts[d].used());
         for d in by_room {
             loop {
-                if self.layouts[d].place_all(&tree.objects, &mut out.devices[d]).is_ok() {
+                if self.layouts[d].place_all(&tree.objects, &mut out.devices[d]).is_ok() || self.compact_with(d, &tree.objects, out) {
                     tree.devices = vec![d];
                     return Ok(());
                 }
@@ -426,6 +447,28 @@ impl IndexPages {
         }
         let need = tree.pages() * PAGE_SIZE + 4 * self.layouts[0].table.len() as u64;
         Err(MirrorError::OverLimit { bytes: need, limit: self.layouts[0].limit.unwrap_or(u64::MAX) })
+    }
+
+    /// When GPU `d` has room for `objects` (of a tree not in `self.trees`) beside what it
+    /// holds, but not in one piece (pages given back lie scattered), lays it out afresh with
+    /// them; returns whether they are placed. Everything on `d` is then uploaded again.
+    fn compact_with(&mut self, d: usize, objects: &[(u64, u64)], out: &mut Refresh) -> bool {
+        let layout = &self.layouts[d];
+        let missing: u64 = objects.iter().filter(|(first, _)| !layout.placed.contains_key(first)).map(|&(_, n)| n * PAGE_SIZE).sum();
+        if missing > layout.room() {
+            return false;
+        }
+        let mut all: Vec<(u64, u64)> = self.trees.values().filter(|t| t.devices.contains(&d)).flat_map(|t| t.objects.iter().copied()).collect();
+        all.extend_from_slice(objects);
+        all.sort_unstable();
+        all.dedup();
+        if self.layouts[d].compact(&all, &mut out.devices[d]).is_ok() {
+            return true;
+        }
+        // Not even laid out afresh: put back what it held (the caller gives `objects` up).
+        let held: Vec<(u64, u64)> = self.trees.values().filter(|t| t.devices.contains(&d)).flat_map(|t| t.objects.iter().copied()).collect();
+        self.layouts[d].compact(&held, &mut out.devices[d]).expect("what a GPU held fits it again");
+        false
     }
 
     /// Gives back the device pages of the tree at `meta` on every GPU.
@@ -513,6 +556,26 @@ mod tests {
         assert_eq!(layout.take(1).unwrap(), 3);
         assert_eq!(layout.take(2).unwrap(), 8);
         assert!(layout.free.is_empty());
+    }
+
+    #[test]
+    fn scattered_room_is_compacted_and_a_failed_placement_leaves_no_hole() {
+        let mut layout = Layout::new(Some(10 * PAGE_SIZE));
+        let mut out = DeviceRefresh::default();
+        layout.grow_table(40, &mut out);
+        // 40 table entries take 160 bytes, so 9 pages fit.
+        layout.place_all(&[(0, 2), (10, 2), (20, 2), (30, 2)], &mut out).unwrap();
+        layout.give_back(0, &mut out);
+        layout.give_back(20, &mut out);
+        assert_eq!(layout.next, 8, "holes below the top stay holes");
+        // 4 pages of room (two holes of 2 and one free page at the top), not in one piece.
+        assert!(layout.place_all(&[(5, 4)], &mut out).is_err());
+        assert_eq!(layout.next, 8, "the failed placement took nothing");
+        layout.compact(&[(10, 2), (30, 2), (5, 4)], &mut out).unwrap();
+        assert_eq!((layout.table[10], layout.table[30], layout.table[5], layout.next), (0, 2, 4, 8));
+        assert!(layout.table[20] == NO_PAGE && layout.table[0] == NO_PAGE);
+        layout.give_back(5, &mut out);
+        assert_eq!(layout.next, 4, "a run at the top lowers the top");
     }
 
     #[test]
