@@ -23,6 +23,8 @@
 //!   cores.
 //!
 //! `--devices` puts the mirror on several GPUs (`all`, or ordinals); `devices` says how many.
+//! Given more than once (`--devices 0 --devices all`), every index is measured on each, in
+//! that order, and the plot sets one GPU against several.
 //! `--contents` says what device memory holds: `heap` (the whole used extent) or `indexes`
 //! (only the trees' pages, with a page table; `--device-limit-mib` caps it). Given both
 //! (`heap,indexes`), everything above is measured on the first, and `contents_compare` times
@@ -82,9 +84,10 @@ pub struct GpuArgs {
     /// The heap is padded to this size (MiB) before the mirror opens (0: no padding).
     #[arg(long, default_value_t = 4096)]
     heap_mib: u64,
-    /// GPUs of the mirror: an ordinal, a comma-separated list, or `all`.
-    #[arg(long, default_value = "0")]
-    devices: String,
+    /// GPUs of the mirror: an ordinal, a comma-separated list, or `all`; repeat the option to
+    /// measure each (`--devices 0 --devices all`).
+    #[arg(long, default_value = "0", action = clap::ArgAction::Append)]
+    devices: Vec<String>,
     /// What device memory holds: `heap`, `indexes`, or both (`heap,indexes`: the first is
     /// measured, then both compared).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "heap")]
@@ -106,8 +109,9 @@ pub struct GpuArgs {
 
 pub fn run(args: GpuArgs) -> CliResult {
     let mut rows = Vec::new();
-    for &index in &args.index {
-        let row = measure(&args, index)?;
+    let runs: Vec<(GpuIndex, &str)> = args.index.iter().flat_map(|&i| args.devices.iter().map(move |d| (i, d.as_str()))).collect();
+    for (index, devices) in runs {
+        let row = measure(&args, index, devices)?;
         rows.push(row.clone());
         if args.out.json {
             outln!("{row}");
@@ -186,7 +190,17 @@ fn stage_line(v: &serde_json::Value) -> String {
 /// has no value for (no GPU, or no range queries on the ART) get no bar.
 fn plot(dir: &std::path::Path, rows: &[serde_json::Value]) -> CliResult {
     std::fs::create_dir_all(dir).at(dir)?;
-    let categories: Vec<String> = rows.iter().map(|r| r["index"].as_str().unwrap_or("").to_string()).collect();
+    let several = rows.iter().any(|r| r["devices"].as_u64().unwrap_or(0) > 1);
+    let categories: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let index = r["index"].as_str().unwrap_or("").to_string();
+            match r["devices"].as_u64() {
+                Some(n) if several => format!("{index}, {n} GPU{}", if n == 1 { "" } else { "s" }),
+                _ => index,
+            }
+        })
+        .collect();
     let series = |pairs: &[(&str, &str)]| -> Vec<(String, Vec<f64>)> {
         pairs
             .iter()
@@ -242,14 +256,14 @@ fn contents_name(c: Contents) -> &'static str {
     }
 }
 
-/// The mirror options of `--devices`, and of `contents` (with `--device-limit-mib` for an
-/// index-only mirror).
-fn gpu_options(args: &GpuArgs, contents: Contents) -> Result<GpuOptions, String> {
+/// The mirror options of `devices` (one `--devices`), and of `contents` (with
+/// `--device-limit-mib` for an index-only mirror).
+fn gpu_options(args: &GpuArgs, devices: &str, contents: Contents) -> Result<GpuOptions, String> {
     let (contents, device_memory_limit) = match contents {
         Contents::Heap => (MirrorContents::WholeHeap, None),
         Contents::Indexes => (MirrorContents::Indexes, (args.device_limit_mib > 0).then_some(args.device_limit_mib << 20)),
     };
-    Ok(GpuOptions { devices: parse_devices(&args.devices)?, contents, device_memory_limit, ..GpuOptions::default() })
+    Ok(GpuOptions { devices: parse_devices(devices)?, contents, device_memory_limit, ..GpuOptions::default() })
 }
 
 /// Kernel rates of two mirrors of one store (`--contents A,B`), in interleaved rounds: their
@@ -259,6 +273,7 @@ fn gpu_options(args: &GpuArgs, contents: Contents) -> Result<GpuOptions, String>
 #[allow(clippy::too_many_arguments)]
 fn compare_contents(
     args: &GpuArgs,
+    devices: &str,
     store: &Store,
     a: &tusk::GpuMirror,
     (first, second): (Contents, Contents),
@@ -268,7 +283,7 @@ fn compare_contents(
     art_refs: &[&[u8]],
     ranges: &[(u64, u64)],
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let b = store.gpu_mirror(gpu_options(args, second)?)?;
+    let b = store.gpu_mirror(gpu_options(args, devices, second)?)?;
     let (Some(da), Some(db)) = (a.inner().device_for(meta), b.inner().device_for(meta)) else {
         return Ok(json!({"second": contents_name(second), "skipped": "no GPU"}));
     };
@@ -335,7 +350,7 @@ fn be(k: u64) -> [u8; 8] {
     k.to_be_bytes()
 }
 
-fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let dir = BenchDir::new(args.out.dir.clone())?;
     let sequence: Vec<u64> = args.order.generate(args.keys, args.seed).into_iter().map(|(k, _)| k).collect();
@@ -375,7 +390,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
 
     phase(t0, "heap padded and populated");
     let first = *args.contents.first().ok_or("--contents names nothing")?;
-    let mut mirror = store.gpu_mirror(gpu_options(args, first)?)?;
+    let mut mirror = store.gpu_mirror(gpu_options(args, devices, first)?)?;
     phase(t0, "mirror opened and synced");
     let backend = mirror.backend().to_string();
     let mut rng = SmallRng::seed_from_u64(args.seed ^ 0x5EED);
@@ -498,7 +513,7 @@ fn measure(args: &GpuArgs, index: GpuIndex) -> Result<serde_json::Value, Box<dyn
 
     phase(t0, "device timed");
     let contents_compare = match args.contents.get(1) {
-        Some(&second) => Some(compare_contents(args, &store, &mirror, (first, second), index, meta, &batch, &art_refs, &ranges)?),
+        Some(&second) => Some(compare_contents(args, devices, &store, &mirror, (first, second), index, meta, &batch, &art_refs, &ranges)?),
         None => None,
     };
     // Sync after 1% of the heap's pages were dirtied by apply_batch.
