@@ -186,3 +186,46 @@ fn search_moves_right_past_a_high_key() {
         }
     });
 }
+
+/// Every node must lie in a chunk of its stripes' lists (the index-only GPU mirror holds only
+/// those): a list cut short, and a node that points outside every chunk, are both reported.
+#[test]
+fn detects_a_chunk_list_cut_short_and_a_node_outside_the_chunks() {
+    let stripe_of = |tx: &mut Transaction<'_>, tree: BTree| {
+        // Enough more keys for a second chunk (128 nodes each).
+        for k in 0..6_000u64 {
+            tree.insert(tx, 1_000_000 + k, k).unwrap();
+        }
+        (0..STRIPES).map(|s| meta::stripe(tree.ptr().offset(), s)).find(|&st| tx.load(st + meta::CHUNKS).unwrap() >= 2).expect("9000 keys take several chunks")
+    };
+    assert_broken(
+        |tx, tree, _| {
+            let st = stripe_of(tx, tree);
+            let newest = tx.load(st + meta::LAST_CHUNK).unwrap();
+            tx.store(newest, 0).unwrap();
+        },
+        "ends early",
+    );
+    // A node in memory of no chunk: the first leaf copied into a fresh allocation and its
+    // parent pointed at the copy (so that only the chunk rule breaks).
+    assert_broken(
+        |tx, tree, leaf| {
+            let raw = tx.alloc(2 * layout::NODE_SIZE).unwrap().offset().next_multiple_of(64);
+            for w in (0..layout::NODE_SIZE).step_by(8) {
+                let v = tx.load(leaf + w).unwrap();
+                tx.store(raw + w, v).unwrap();
+            }
+            // The root's path to the first leaf now ends at the copy.
+            let mut parent = tx.load(tree.ptr().offset() + ROOT_OFF).unwrap();
+            loop {
+                let child = layout::value(tx, parent, 0).unwrap();
+                if child == leaf {
+                    tx.store(parent + layout::VALUES_OFF, raw).unwrap();
+                    break;
+                }
+                parent = child;
+            }
+        },
+        "in no chunk",
+    );
+}

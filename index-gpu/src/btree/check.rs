@@ -19,11 +19,14 @@
 //! is walked first, bounded (a cycle, a node on two lists, a misaligned offset or one outside
 //! the heap is reported, never followed into a panic or a loop); no free node may be reachable
 //! in the tree; nodes in use plus free nodes must equal the nodes the stripes ever handed out,
-//! so a node lost by a merge (neither in the tree nor free) shows.
+//! so a node lost by a merge (neither in the tree nor free) shows. Where the stripes list
+//! their chunks (`slab.rs`; trees made before the lists have none), every node in use or free
+//! must lie in a listed chunk: the index-only GPU mirror holds those chunks' pages only.
 
 use std::collections::HashSet;
 
 use super::layout::{self, CAPACITY, MIN_FILL, NODE_SIZE};
+use super::slab;
 use super::meta::{self, FREE_HEAD, HANDED_OUT, KEY_DELTA, NODE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
 use crate::stripe::STRIPES;
 use crate::heap::HeapRead;
@@ -61,6 +64,18 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
     let key_count = meta::total(heap, meta, KEY_DELTA)?;
     let handed_out = meta::total(heap, meta, HANDED_OUT)?;
     let free = free_lists(heap, meta, handed_out)?;
+    let chunks = listed_chunks(heap, meta)?;
+    let in_chunks = |node: u64| -> Result<(), IndexError> {
+        let Some(chunks) = &chunks else { return Ok(()) };
+        let i = chunks.partition_point(|&c| slab::first_node(c) <= node);
+        match i.checked_sub(1).map(|i| chunks[i]) {
+            Some(c) if node + NODE_SIZE <= slab::chunk_span(c).end => Ok(()),
+            _ => Err(broken(node, "node in no chunk of its stripes' lists")),
+        }
+    };
+    for &node in &free {
+        in_chunks(node)?;
+    }
     check_node_offset(heap, root)?;
     let root_level = layout::read_header(heap, root)?.level;
     let mut stats = TreeStats { levels: root_level + 1, ..TreeStats::default() };
@@ -74,6 +89,7 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
             if free.contains(&node) {
                 return Err(broken(node, "node on the free list is reachable in the tree"));
             }
+            in_chunks(node)?;
             stats.nodes += 1;
             if stats.nodes > node_count {
                 return Err(broken(node, format!("more nodes reachable than the {node_count} allocated")));
@@ -157,6 +173,27 @@ fn check_node_offset<H: HeapRead>(heap: &mut H, node: u64) -> Result<(), IndexEr
         return Err(broken(node, "node offset outside the heap"));
     }
     Ok(())
+}
+
+/// The chunks on the stripes' lists, ascending (`None` for a tree made before the lists). A
+/// list is followed for as many links as its count says, so a damaged one ends the check.
+fn listed_chunks<H: HeapRead>(heap: &mut H, meta: u64) -> Result<Option<Vec<u64>>, IndexError> {
+    let mut chunks = Vec::new();
+    for s in 0..STRIPES {
+        let Some((count, mut chunk)) = slab::listed_chunks(heap, meta, s)? else { return Ok(None) };
+        for _ in 0..count {
+            if chunk == 0 || !heap.contains(chunk, slab::CHUNK_BYTES) {
+                return Err(broken(chunk, format!("the chunk list of stripe {s} ends early or leaves the heap")));
+            }
+            chunks.push(chunk);
+            chunk = slab::previous_chunk(heap, chunk)?;
+        }
+    }
+    chunks.sort_unstable();
+    if chunks.windows(2).any(|w| slab::chunk_span(w[0]).end > w[1]) {
+        return Err(broken(meta, "listed chunks overlap"));
+    }
+    Ok(Some(chunks))
 }
 
 /// The nodes on the stripes' free lists. Walks at most `handed_out` links in all, and stops at
