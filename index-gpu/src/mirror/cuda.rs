@@ -968,6 +968,10 @@ impl CudaMirror {
             unsafe { cu::memcpy_htod_sync(dev.at(4 * range.start), &table[range]) }.map_err(|e| driver("cuMemcpyHtoD (page table)", e))?;
         }
         self.page_entries = table.len();
+        if refresh.new.is_empty() {
+            // Nothing to upload: no staging streams to wait for (most syncs).
+            return Ok(());
+        }
         self.finish_staging(image, &refresh.new, Some(table))
     }
 
