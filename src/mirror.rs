@@ -4,9 +4,10 @@
 //! trees' heap offsets unchanged, or, with [`MirrorContents::Indexes`], only the pages of the
 //! trees under named roots and a page table the kernels translate offsets through (a heap far
 //! larger than GPU memory whose indexes fit; with several GPUs, trees replicated where they
-//! fit and spread over the GPUs where they do not). [`GpuMirror::sync`] brings it to the committed state at one
-//! LSN by copying only the pages dirtied since the previous sync (the dirty epochs and the
-//! consistent incremental copy that snapshots use), through a host image at that LSN. Batch
+//! fit and spread over the GPUs where they do not). [`GpuMirror::sync`] brings it to the
+//! committed state at one LSN by copying only the pages dirtied since the previous sync (the
+//! dirty epochs and the consistent incremental copy that snapshots use), through a host image
+//! at that LSN. Batch
 //! queries go to the GPU; every answer carries the LSN it is exact for. Without a usable GPU
 //! (no driver, no device, no NVRTC), `GpuOptions::default()` runs the same API on CPU threads
 //! over the host image and [`GpuMirror::backend`] says so and why; asking for
