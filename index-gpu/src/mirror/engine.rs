@@ -253,8 +253,9 @@ impl Mirror {
         }
     }
 
-    /// Bytes of device memory the mirror's heap (or index pages and page table) takes on
-    /// each GPU (0 on the CPU backend).
+    /// Bytes of device memory the mirror's heap (or index pages and page table) takes on the
+    /// first GPU (0 on the CPU backend; a sharded index-only mirror's GPUs differ: see
+    /// [`IndexPages::device_bytes`]).
     pub fn device_bytes(&self) -> u64 {
         match (&self.devices, &self.index_pages) {
             (None, _) => 0,
