@@ -180,14 +180,14 @@ fn check_node_offset<H: HeapRead>(heap: &mut H, node: u64) -> Result<(), IndexEr
 fn listed_chunks<H: HeapRead>(heap: &mut H, meta: u64) -> Result<Option<Vec<u64>>, IndexError> {
     let mut chunks = Vec::new();
     for s in 0..STRIPES {
-        let Some((count, mut chunk)) = slab::listed_chunks(heap, meta, s)? else { return Ok(None) };
-        for _ in 0..count {
-            if chunk == 0 || !heap.contains(chunk, slab::CHUNK_BYTES) {
-                return Err(broken(chunk, format!("the chunk list of stripe {s} ends early or leaves the heap")));
-            }
-            chunks.push(chunk);
-            chunk = slab::previous_chunk(heap, chunk)?;
+        let Some((count, last)) = slab::listed_chunks(heap, meta, s)? else { return Ok(None) };
+        let Some((walked, _)) = slab::walk_chunks(heap, last, count)? else {
+            return Err(broken(last, format!("the chunk list of stripe {s} ends early")));
+        };
+        if let Some(&outside) = walked.iter().find(|&&c| !heap.contains(c, slab::CHUNK_BYTES)) {
+            return Err(broken(outside, format!("a chunk of stripe {s}'s list leaves the heap")));
         }
+        chunks.extend(walked);
     }
     chunks.sort_unstable();
     if chunks.windows(2).any(|w| slab::chunk_span(w[0]).end > w[1]) {

@@ -42,9 +42,18 @@ pub fn chunk_span(chunk: u64) -> std::ops::Range<u64> {
     chunk..first_node(chunk) + NODES_PER_CHUNK * NODE_SIZE
 }
 
-/// The chunk listed before `chunk` on its stripe's list (0: none).
-pub fn previous_chunk<H: HeapRead>(heap: &mut H, chunk: u64) -> Result<u64, TxnError> {
-    heap.load(chunk)
+/// Follows `n` links of a chunk list from `chunk` (its newest): the chunks passed, newest
+/// first, and the link after them (0 at the list's end); `None` if the list ends sooner.
+pub fn walk_chunks<H: HeapRead>(heap: &mut H, mut chunk: u64, n: u64) -> Result<Option<(Vec<u64>, u64)>, TxnError> {
+    let mut chunks = Vec::new();
+    for _ in 0..n {
+        if chunk == 0 {
+            return Ok(None);
+        }
+        chunks.push(chunk);
+        chunk = heap.load(chunk)?;
+    }
+    Ok(Some((chunks, chunk)))
 }
 
 /// The chunk list of stripe `s` of the tree at `meta`: (chunks, newest chunk), or `None` if

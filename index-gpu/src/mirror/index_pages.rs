@@ -296,13 +296,20 @@ impl IndexPages {
         }
         for (&meta, &kind) in &named {
             let mut tree = self.trees.remove(&meta).unwrap_or_else(|| Tree::new(kind));
-            if kind == Kind::BTree && !btree_lists_go_on(&mut heap, meta, &tree)? {
-                // Another tree now has this descriptor's place: start over.
-                self.trees.insert(meta, tree);
-                self.forget(meta, &mut out);
-                tree = Tree::new(kind);
-            }
-            let placed = self.discover(&mut heap, meta, &mut tree, extent).and_then(|(added, removed)| {
+            let fresh = match kind {
+                Kind::Art => Vec::new(),
+                Kind::BTree => match btree_new_chunks(&mut heap, meta, &tree)? {
+                    Some(fresh) => fresh,
+                    None => {
+                        // Another tree now has this descriptor's place: start over.
+                        self.trees.insert(meta, tree);
+                        self.forget(meta, &mut out);
+                        tree = Tree::new(kind);
+                        btree_new_chunks(&mut heap, meta, &tree)?.expect("a tree walked from scratch has no earlier walk to continue")
+                    }
+                },
+            };
+            let placed = self.discover(&mut heap, meta, &mut tree, fresh, extent).and_then(|(added, removed)| {
                 for &d in &tree.devices {
                     for &first in &removed {
                         self.layouts[d].give_back(first, &mut out.devices[d]);
@@ -319,10 +326,11 @@ impl IndexPages {
         Ok(out)
     }
 
-    /// Finds the objects of the tree at `meta` that `tree` does not list yet (and, for an ART,
-    /// those no longer in its chunk tables); lists them. Returns (added, removed first pages).
+    /// Finds the objects of the tree at `meta` that `tree` does not list yet (a B-link tree's:
+    /// its stripes' new chunks, `fresh`; an ART's: read from its chunk tables, which also name
+    /// those no longer in use); lists them. Returns (added, removed first pages).
     #[allow(clippy::type_complexity)]
-    fn discover(&mut self, heap: &mut HeapImage<'_>, meta: u64, tree: &mut Tree, extent: u64) -> Result<(Vec<(u64, u64)>, Vec<u64>), MirrorError> {
+    fn discover(&mut self, heap: &mut HeapImage<'_>, meta: u64, tree: &mut Tree, fresh: Vec<NewChunks>, extent: u64) -> Result<(Vec<(u64, u64)>, Vec<u64>), MirrorError> {
         let mut added = Vec::new();
         if tree.objects.is_empty() {
             let size = match tree.kind {
@@ -334,22 +342,11 @@ impl IndexPages {
         let mut removed = Vec::new();
         match tree.kind {
             Kind::BTree => {
-                for s in 0..STRIPES {
-                    let Some((chunks, mut chunk)) = btree::slab::listed_chunks(heap, meta, s)? else {
-                        return Err(MirrorError::Unsupported(format!(
-                            "the B-link tree at heap offset {meta} was made before its slab listed its chunks, so the index-only mirror cannot find its nodes: mirror the whole heap, or copy it into a new tree"
-                        )));
-                    };
-                    let (seen, _) = tree.chunks_seen[s as usize];
-                    let newest = chunk;
-                    for _ in seen..chunks {
-                        if chunk == 0 {
-                            return Err(MirrorError::Unsupported(format!("the chunk list of the B-link tree at heap offset {meta} ends early: damaged")));
-                        }
+                for NewChunks { stripe, listed, newest, chunks } in fresh {
+                    for chunk in chunks {
                         added.push(self.claim(btree::slab::chunk_span(chunk), meta, extent)?);
-                        chunk = btree::slab::previous_chunk(heap, chunk)?;
                     }
-                    tree.chunks_seen[s as usize] = (chunks, newest);
+                    tree.chunks_seen[stripe as usize] = (listed, newest);
                 }
             }
             Kind::Art => {
@@ -483,29 +480,46 @@ impl IndexPages {
     }
 }
 
-/// Whether each stripe's chunk list of the B-link tree at `meta` still ends in the chunks
-/// `tree` walked: its new chunks are then exactly the ones before them.
-fn btree_lists_go_on(heap: &mut HeapImage<'_>, meta: u64, tree: &Tree) -> Result<bool, MirrorError> {
+/// The chunks one stripe of a B-link tree listed since the last refresh, newest first, and
+/// what to remember of its list: how many it lists and its newest.
+struct NewChunks {
+    stripe: u64,
+    listed: u64,
+    newest: u64,
+    chunks: Vec<u64>,
+}
+
+/// Each stripe's chunks listed since `tree` last walked the B-link tree at `meta` (one walk of
+/// the new links only). `None` if a list no longer ends in the chunks `tree` walked: another
+/// tree has the descriptor's place (the caller starts over). A tree made before the lists
+/// is [`MirrorError::Unsupported`].
+fn btree_new_chunks(heap: &mut HeapImage<'_>, meta: u64, tree: &Tree) -> Result<Option<Vec<NewChunks>>, MirrorError> {
+    let mut out = Vec::new();
     for s in 0..STRIPES {
         let (seen, newest_seen) = tree.chunks_seen[s as usize];
-        if seen == 0 {
-            continue;
-        }
-        let Some((chunks, mut chunk)) = btree::slab::listed_chunks(heap, meta, s)? else { return Ok(false) };
-        if chunks < seen {
-            return Ok(false);
-        }
-        for _ in seen..chunks {
-            if chunk == 0 {
-                return Ok(false);
+        let Some((listed, newest)) = btree::slab::listed_chunks(heap, meta, s)? else {
+            if seen > 0 {
+                return Ok(None);
             }
-            chunk = btree::slab::previous_chunk(heap, chunk)?;
+            return Err(MirrorError::Unsupported(format!(
+                "the B-link tree at heap offset {meta} was made before its slab listed its chunks, so the index-only mirror cannot find its nodes: mirror the whole heap, or copy it into a new tree"
+            )));
+        };
+        if listed < seen {
+            return Ok(None);
         }
-        if chunk != newest_seen {
-            return Ok(false);
+        let Some((chunks, next)) = btree::slab::walk_chunks(heap, newest, listed - seen)? else {
+            if seen > 0 {
+                return Ok(None);
+            }
+            return Err(MirrorError::Unsupported(format!("the chunk list of the B-link tree at heap offset {meta} ends early: damaged")));
+        };
+        if seen > 0 && next != newest_seen {
+            return Ok(None);
         }
+        out.push(NewChunks { stripe: s, listed, newest, chunks });
     }
-    Ok(true)
+    Ok(Some(out))
 }
 
 fn widen(changed: &mut Option<Range<usize>>, by: Range<usize>) {
