@@ -701,10 +701,11 @@ impl CudaMirror {
     }
 
     /// `e`, a driver error, with this GPU named (a mirror of several says which one failed,
-    /// e.g. one that fell off the bus); other errors as they are.
+    /// e.g. one that fell off the bus); other errors as they are. Applied once, where
+    /// `Devices` (or `gather`) calls into one GPU.
     pub(crate) fn name_error(&self, e: MirrorError) -> MirrorError {
         match e {
-            MirrorError::Driver(what) if !what.starts_with("GPU ") => MirrorError::Driver(format!("GPU {} ({}): {what}", self.device, self.name)),
+            MirrorError::Driver(what) => MirrorError::Driver(format!("GPU {} ({}): {what}", self.device, self.name)),
             other => other,
         }
     }

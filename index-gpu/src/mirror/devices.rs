@@ -47,6 +47,8 @@ fn share(devices: usize, n: usize) -> usize {
 /// The devices of a mirror (at least one).
 pub struct Devices {
     list: Vec<CudaMirror>,
+    /// 0..list.len(): the devices a whole-heap mirror runs every batch on.
+    every: Vec<usize>,
 }
 
 impl Devices {
@@ -57,7 +59,8 @@ impl Devices {
             other => other.ordinals(CudaMirror::device_count()?)?,
         };
         let list = ordinals.into_iter().map(|d| CudaMirror::open_ordinal(options, d)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Devices { list })
+        let every = (0..list.len()).collect();
+        Ok(Devices { list, every })
     }
 
     /// Index-only: applies each device's part of a refreshed layout (`CudaMirror::apply_layout`).
@@ -69,8 +72,8 @@ impl Devices {
     }
 
     /// Every device's index, in order (the devices a whole-heap mirror runs a batch on).
-    pub(crate) fn every(&self) -> Vec<usize> {
-        (0..self.list.len()).collect()
+    pub(crate) fn every(&self) -> &[usize] {
+        &self.every
     }
 
     /// The devices, in the order batches are cut.

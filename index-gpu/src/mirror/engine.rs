@@ -246,9 +246,9 @@ impl Mirror {
 
     /// The GPUs a batch about the tree at `meta` runs on: those holding it (index-only), or
     /// all.
-    fn on(&self, devices: &Devices, meta: u64) -> Vec<usize> {
+    fn on<'a>(&'a self, devices: &'a Devices, meta: u64) -> &'a [usize] {
         match &self.index_pages {
-            Some(pages) => pages.holders(meta).to_vec(),
+            Some(pages) => pages.holders(meta),
             None => devices.every(),
         }
     }
@@ -272,7 +272,7 @@ impl Mirror {
     pub fn btree_get(&self, meta: u64, keys: &[u64]) -> Result<Vec<Option<u64>>, MirrorError> {
         self.check_synced(meta)?;
         match &self.devices {
-            Some(d) => d.split(&self.on(d, meta), keys.len(), |d, r, out| d.btree_get_to(meta, &keys[r], out)),
+            Some(d) => d.split(self.on(d, meta), keys.len(), |d, r, out| d.btree_get_to(meta, &keys[r], out)),
             None => Ok(cpu::btree_get(self.image(), self.threads, meta, keys)?),
         }
     }
@@ -280,21 +280,21 @@ impl Mirror {
     pub fn btree_count_sum(&self, meta: u64, ranges: &[(u64, u64)]) -> Result<Vec<(u64, u128)>, MirrorError> {
         self.check_synced(meta)?;
         match &self.devices {
-            Some(d) => d.split(&self.on(d, meta), ranges.len(), |d, r, out| d.btree_count_sum_to(meta, &ranges[r], out)),
+            Some(d) => d.split(self.on(d, meta), ranges.len(), |d, r, out| d.btree_count_sum_to(meta, &ranges[r], out)),
             None => Ok(cpu::btree_count_sum(self.image(), self.threads, meta, ranges)?),
         }
     }
 
     pub fn art_get(&self, meta: u64, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, MirrorError> {
         self.check_synced(meta)?;
-        self.split_by_length(keys, |d, short| d.split(&self.on(d, meta), short.len(), |d, r, out| d.art_get_to(meta, &short[r], out)), |long| cpu::art_get(self.image(), self.threads, meta, long))
+        self.split_by_length(keys, |d, short| d.split(self.on(d, meta), short.len(), |d, r, out| d.art_get_to(meta, &short[r], out)), |long| cpu::art_get(self.image(), self.threads, meta, long))
     }
 
     pub fn art_count_sum_prefix(&self, meta: u64, prefixes: &[&[u8]]) -> Result<Vec<(u64, u128)>, MirrorError> {
         self.check_synced(meta)?;
         self.split_by_length(
             prefixes,
-            |d, short| d.split(&self.on(d, meta), short.len(), |d, r, out| d.art_count_sum_prefix_to(meta, &short[r], out)),
+            |d, short| d.split(self.on(d, meta), short.len(), |d, r, out| d.art_count_sum_prefix_to(meta, &short[r], out)),
             |long| cpu::art_count_sum_prefix(self.image(), self.threads, meta, long),
         )
     }
@@ -346,7 +346,7 @@ impl Mirror {
     fn answer_into(&self, meta: u64, mem: &mut BatchMemory) -> Result<(), MirrorError> {
         self.check_synced(meta)?;
         if let Some(devices) = self.devices.as_ref().filter(|d| d.own(mem)) {
-            return devices.answer_into(meta, mem, &self.on(devices, meta));
+            return devices.answer_into(meta, mem, self.on(devices, meta));
         }
         // The CPU engine, or buffers made by a mirror of another backend or device: the
         // general path, its answers written into the buffers.
@@ -412,7 +412,7 @@ impl Mirror {
     fn time_into(&self, meta: u64, mem: &mut BatchMemory, rounds: usize) -> Result<Option<StageTiming>, MirrorError> {
         self.check_synced(meta)?;
         match self.devices.as_ref().filter(|d| d.own(mem)) {
-            Some(d) => Ok(Some(d.time_into(meta, mem, rounds, &self.on(d, meta))?)),
+            Some(d) => Ok(Some(d.time_into(meta, mem, rounds, self.on(d, meta))?)),
             None => Ok(None),
         }
     }
