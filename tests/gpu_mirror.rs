@@ -113,6 +113,27 @@ fn check_mirror(mirror: &GpuMirror, models: &Models, rng: &mut SmallRng, what: &
     assert_eq!(got.values, expected, "{what}: ART prefix count/sum on {}", mirror.backend());
 }
 
+/// Commits `ops` to "orders" and inserts of `art` keys (value `round`) to "users" in one
+/// transaction, with `more` run in it too, and applies them to the models.
+fn commit_round(store: &Store, models: &mut Models, ops: &[BTreeOp], art: &[Vec<u8>], round: u64, mut more: impl FnMut(&mut tusk::Transaction<'_>) -> Result<(), Error>) {
+    store
+        .transact(Commit::Async, |tx| {
+            tx.btree("orders")?.apply_batch(ops)?;
+            let mut users = tx.art("users")?;
+            for k in art {
+                users.insert(k, round)?;
+            }
+            more(tx)
+        })
+        .unwrap();
+    for op in ops {
+        models.orders.insert(op.key(), round);
+    }
+    for k in art {
+        models.users.insert(k.clone(), round);
+    }
+}
+
 fn load(store: &Store, order: Order, rng: &mut SmallRng) -> Models {
     let mut models = Models { orders: BTreeMap::new(), users: BTreeMap::new() };
     for chunk in keys(order, 30_000, rng).chunks(2000) {
@@ -500,25 +521,12 @@ fn an_index_only_mirror_answers_for_a_heap_far_beyond_its_device_limit() {
     for round in 0..4u64 {
         let ops: Vec<BTreeOp> = (0..3000).map(|_| BTreeOp::Upsert { key: rng.random(), value: round }).collect();
         let art_inserts = art_keys(1500, &mut rng);
-        store
-            .transact(Commit::Async, |tx| {
-                tx.btree("orders")?.apply_batch(&ops)?;
-                let mut users = tx.art("users")?;
-                for k in &art_inserts {
-                    users.insert(k, round)?;
-                }
-                for p in records.drain(..records.len().min(50)) {
-                    tx.free(p)?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        for op in &ops {
-            models.orders.insert(op.key(), round);
-        }
-        for k in &art_inserts {
-            models.users.insert(k.clone(), round);
-        }
+        commit_round(&store, &mut models, &ops, &art_inserts, round, |tx| {
+            for p in records.drain(..records.len().min(50)) {
+                tx.free(p)?;
+            }
+            Ok(())
+        });
         let report = mirror.sync().unwrap();
         assert!(report.uploaded < store.heap_used() / 4, "round {round}: a sync uploaded {} bytes", report.uploaded);
         check_mirror(&mirror, &models, &mut rng, &format!("index-only, round {round}"));
@@ -597,22 +605,7 @@ fn a_sharded_index_mirror_answers_when_the_indexes_exceed_one_gpu() {
         // Updates that do not grow the trees: new values for present keys.
         let ops: Vec<BTreeOp> = present.iter().take(2000).map(|&k| BTreeOp::Upsert { key: k, value: round }).collect();
         let stored: Vec<Vec<u8>> = models.users.keys().take(500).cloned().collect();
-        store
-            .transact(Commit::Async, |tx| {
-                tx.btree("orders")?.apply_batch(&ops)?;
-                let mut users = tx.art("users")?;
-                for k in &stored {
-                    users.insert(k, round)?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        for op in &ops {
-            models.orders.insert(op.key(), round);
-        }
-        for k in &stored {
-            models.users.insert(k.clone(), round);
-        }
+        commit_round(&store, &mut models, &ops, &stored, round, |_| Ok(()));
         mirror.sync().unwrap();
     }
     check_mirror(&mirror, &models, &mut rng, "sharded, after the last sync");
