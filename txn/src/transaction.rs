@@ -104,8 +104,9 @@ struct InPlaceRun<'e> {
 struct Buffers {
     reads: Vec<u32>,
     writes: WriteSet,
-    /// Stripes locked by commit, with the word seen before locking.
-    locked: Vec<(u32, u64)>,
+    /// Stripes locked by commit (each word seen before locking is the locked word less the
+    /// lock bit).
+    locked: Vec<u32>,
 }
 
 impl Buffers {
@@ -279,7 +280,7 @@ impl<'e> Transaction<'e> {
     /// held `before` lines: commit locks them, and a clock-mode transaction has not read them.
     #[inline]
     fn prefetch_new_lines(&self, before: usize) {
-        for e in &self.bufs.writes.as_slice()[before..] {
+        for e in self.bufs.writes.iter_from(before) {
             self.engine.stripes.prefetch(e.line);
             self.engine.heap().prefetch_dirty_stamp(e.line);
         }
@@ -467,8 +468,8 @@ impl<'e> Transaction<'e> {
             let w = stripes.load(s);
             let w = if is_locked(w) {
                 // Locked by this transaction's commit: judge by the version it locked.
-                match self.bufs.locked.binary_search_by_key(&s, |&(i, _)| i) {
-                    Ok(i) => self.bufs.locked[i].1,
+                match self.bufs.locked.binary_search(&s) {
+                    Ok(_) => w & !1,
                     Err(_) => return false,
                 }
             } else {
@@ -689,7 +690,7 @@ impl<'e> Transaction<'e> {
             stamps.line(e.line);
         }
         drop(pass);
-        for &(s, _) in &self.bufs.locked {
+        for &s in &self.bufs.locked {
             engine.stripes.unlock_with(s, lsn);
         }
         self.bufs.locked.clear();
@@ -726,7 +727,7 @@ impl<'e> Transaction<'e> {
         const _: () = assert!(LINE_BYTES == STRIPE_BYTES);
         self.bufs.writes.sort();
         for e in self.bufs.writes.sorted().iter() {
-            self.bufs.locked.push((stripes.index_of(e.line), 0));
+            self.bufs.locked.push(stripes.index_of(e.line));
         }
         // The stripe words of the read set are validated right after locking: fetch them now,
         // so that their misses (a clock-mode transaction has not touched them yet) overlap
@@ -734,18 +735,17 @@ impl<'e> Transaction<'e> {
         for &s in self.bufs.reads.iter().take(PREFETCH_READS) {
             stripes.prefetch(u64::from(s) * STRIPE_BYTES);
         }
-        self.bufs.locked.dedup_by_key(|&mut (s, _)| s);
-        if !self.bufs.locked.windows(2).all(|p| p[0].0 < p[1].0) {
-            self.bufs.locked.sort_unstable_by_key(|&(s, _)| s);
-            self.bufs.locked.dedup_by_key(|&mut (s, _)| s);
+        self.bufs.locked.dedup();
+        if !self.bufs.locked.windows(2).all(|p| p[0] < p[1]) {
+            self.bufs.locked.sort_unstable();
+            self.bufs.locked.dedup();
         }
         for i in 0..self.bufs.locked.len() {
-            let s = self.bufs.locked[i].0;
+            let s = self.bufs.locked[i];
             let mut spins = 0;
             loop {
                 let seen = stripes.load(s);
                 if !is_locked(seen) && stripes.try_lock(s, seen) {
-                    self.bufs.locked[i].1 = seen;
                     break;
                 }
                 spins += 1;
@@ -762,8 +762,8 @@ impl<'e> Transaction<'e> {
     }
 
     fn unlock_restore(&mut self) {
-        for &(s, seen) in &self.bufs.locked {
-            self.engine.stripes.unlock_restore(s, seen);
+        for &s in &self.bufs.locked {
+            self.engine.stripes.unlock_unchanged(s);
         }
         self.bufs.locked.clear();
     }
@@ -783,17 +783,25 @@ impl<'e> Transaction<'e> {
     fn try_in_place(&mut self) -> Result<(), TxnError> {
         let engine = self.engine;
         // A closed store draws no LSN (the change draws one); commit reports the closure.
-        if engine.check_open().is_err() {
-            self.in_place_from = usize::MAX;
-            return Ok(());
-        }
-        self.went_large = true;
-        let Some(state) = engine.in_place.try_take() else {
-            // Another transaction runs in place: keep buffering, try again at twice the size.
-            self.in_place_from = self.bufs.writes.len() * 2;
-            return Ok(());
+        let token = if engine.check_open().is_ok() {
+            self.went_large = true;
+            engine.in_place.try_take()
+        } else {
+            None
         };
-        self.enter_in_place(state)
+        if let Some(state) = token {
+            return self.enter_in_place(state);
+        }
+        // Another transaction runs in place: keep buffering, try again at twice the size; but
+        // a set past what one record holds is refused now, before it grows further (commit
+        // would refuse it anyway).
+        let lines = self.bufs.writes.len();
+        if lines > MAX_LINES {
+            self.doomed = true;
+            return Err(TxnError::TooLarge { max: MAX_LINES as u64 });
+        }
+        self.in_place_from = (lines * 2).min(MAX_LINES);
+        Ok(())
     }
 
     /// Changes to in-place mode with the token's `state`: validates and holds the read set,
