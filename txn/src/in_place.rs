@@ -736,6 +736,36 @@ mod engine_tests {
         assert_eq!(engine.heap().load_word(line(1)), 0, "nothing of it stayed");
     }
 
+    /// A transaction that keeps buffering because another holds the in-place token fails with
+    /// `TooLarge` at the write that takes it past what one record holds (`MAX_LINES`, the real
+    /// limit: about 7.7 M lines, 0.7 GB of write set), not only at its commit; nothing of it is
+    /// written, and with the token back the same writes run in place.
+    #[test]
+    fn a_buffered_set_past_the_record_limit_is_refused_at_the_write() {
+        use tusk_storage::line_record::MAX_LINES;
+        let n = MAX_LINES as u64 + 1;
+        let engine = engine(BASE + (n + 1) * LINE_BYTES);
+        let held = engine.in_place.try_take().expect("free");
+        let mut tx = engine.begin();
+        let result = (0..n).try_for_each(|i| tx.store(line(i), i + 1).map_err(|e| (i, e)));
+        assert!(
+            matches!(result, Err((i, TxnError::TooLarge { max })) if i == n - 1 && max == MAX_LINES as u64),
+            "{:?}",
+            result.map_err(|(i, e)| (i, e.to_string()))
+        );
+        assert!(!tx.is_in_place());
+        assert!(matches!(tx.commit(Commit::Async), Err(TxnError::Conflict)), "the transaction stays failed");
+        drop(tx);
+        for i in [0, n / 2, n - 1] {
+            assert_eq!(engine.heap().load_word(line(i)), 0, "line {i}");
+        }
+        engine.in_place.give_back(held);
+        let mut tx = engine.begin();
+        (0..IN_PLACE_FROM as u64 + 10).try_for_each(|i| tx.store(line(i), 9)).unwrap();
+        assert!(tx.is_in_place(), "the token works as before");
+        tx.commit(Commit::Async).unwrap();
+    }
+
     /// A run that would write more lines than one record holds fails with `TooLarge`, and
     /// leaves nothing behind: every line and stripe word as before, the token free again.
     /// (The real limit, `MAX_WHOLE_LINES`, is about 38 M lines; the test lowers it.)

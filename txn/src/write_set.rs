@@ -514,6 +514,23 @@ mod tests {
         assert!(worst.0 <= 1.5, "memory {:.3}x the bytes held at {} lines", worst.0, worst.1);
     }
 
+    /// Lines past 2^46 bytes (a line number too wide to share a word with its position) sort
+    /// by the entries' lines instead, to the same order.
+    #[test]
+    fn lines_of_a_huge_heap_sort_too() {
+        let mut ws = WriteSet::default();
+        let lines = random_lines(100, 3);
+        for (i, &line) in lines.iter().enumerate() {
+            let far = if i % 2 == 0 { 1 << 50 } else { 0 };
+            ws.put(far + line, i as u64, 0xFF);
+        }
+        ws.sort();
+        let sorted: Vec<u64> = ws.sorted().iter().map(|e| e.line).collect();
+        let mut expected: Vec<u64> = lines.iter().enumerate().map(|(i, &l)| if i % 2 == 0 { (1 << 50) + l } else { l }).collect();
+        expected.sort_unstable();
+        assert_eq!(sorted, expected);
+    }
+
     #[test]
     fn partial_writes_accumulate() {
         let mut ws = WriteSet::default();
