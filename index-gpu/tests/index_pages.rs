@@ -298,3 +298,64 @@ fn trees_are_replicated_where_they_fit_and_sharded_where_they_do_not() {
         other => panic!("trees larger than any GPU: {other:?}"),
     }
 }
+
+/// Two GPUs whose limit holds the large tree, or the small one, but not both: the small tree
+/// starts on both, gives up one copy when the large one comes, and takes it back once the
+/// large one is dropped (its batches then split across both GPUs again). The copy taken back
+/// reads as the heap does through that GPU's table, and a second refresh changes nothing.
+#[test]
+fn a_replica_given_up_for_room_comes_back_when_the_room_does() {
+    let engine = common::engine(128 << 20);
+    let mut rng = Rng::new("a_replica_given_up_for_room_comes_back_when_the_room_does");
+    let fill = |tree: &BTree, model: &mut BTreeMap<u64, u64>, rng: &mut Rng, n: usize| {
+        for _ in 0..n / 1000 {
+            common::transact(&engine, |tx| {
+                for _ in 0..1000 {
+                    let k = rng.next();
+                    tree.insert(tx, k, k ^ 3).unwrap();
+                    model.insert(k, k ^ 3);
+                }
+            });
+        }
+    };
+    let (small, large) = common::transact(&engine, |tx| (BTree::named(tx, "small").unwrap(), BTree::create(tx).unwrap()));
+    let mut small_model = BTreeMap::new();
+    fill(&small, &mut small_model, &mut rng, 20_000);
+    let with_small = image(&engine);
+    common::transact(&engine, |tx| tx.set_root("large", large.ptr()).unwrap());
+    fill(&large, &mut BTreeMap::new(), &mut rng, 120_000);
+    let with_both = image(&engine);
+    common::transact(&engine, |tx| assert!(tx.remove_root("large").unwrap()));
+    let large_dropped = image(&engine);
+    assert_eq!(large_dropped.len(), with_both.len(), "dropping a root leaves the heap's extent");
+
+    let (small_meta, large_meta) = (small.ptr().offset(), large.ptr().offset());
+    let mut probe = IndexPages::new(1, None);
+    probe.refresh(&with_both, with_both.len() as u64).unwrap();
+    let (s, l) = (probe.tree_bytes(small_meta), probe.tree_bytes(large_meta));
+    assert!(l > s && s > 0, "the large tree ({l} bytes) is larger than the small one ({s})");
+    let limit = 4 * (with_both.len() as u64 / PAGE_SIZE) + l + s / 2;
+
+    let mut pages = IndexPages::new(2, Some(limit));
+    pages.refresh(&with_small, with_small.len() as u64).unwrap();
+    assert_eq!(pages.holders(small_meta), [0, 1], "alone, the small tree is on both GPUs");
+    pages.refresh(&with_both, with_both.len() as u64).unwrap();
+    let (on_large, on_small) = (pages.holders(large_meta).to_vec(), pages.holders(small_meta).to_vec());
+    assert!(on_large.len() == 1 && on_small.len() == 1 && on_large != on_small, "sharded: large on {on_large:?}, small on {on_small:?}");
+    let freed = on_large[0];
+
+    let refresh = pages.refresh(&large_dropped, large_dropped.len() as u64).unwrap();
+    assert!(pages.holders(large_meta).is_empty());
+    assert_eq!(pages.holders(small_meta), [0, 1], "the small tree's copy is back on GPU {freed}");
+    assert_eq!(refresh.devices[freed].new.iter().map(|r| r.end - r.start).sum::<u64>(), s, "its objects are uploaded to GPU {freed}");
+    assert!(refresh.devices[on_small[0]].new.is_empty(), "the GPU that kept its copy uploads nothing");
+    assert_objects_contiguous(&pages, freed);
+    let mut device = Device::synced(&pages, freed, &refresh, &large_dropped);
+    let stats = small.check(&mut device).unwrap_or_else(|e| panic!("the small tree through GPU {freed}'s table: {e}"));
+    assert_eq!(stats.keys, small_model.len() as u64);
+    for (k, v) in small_model.iter().step_by(11) {
+        assert_eq!(small.get(&mut device, *k).unwrap(), Some(*v), "key {k}");
+    }
+    let again = pages.refresh(&large_dropped, large_dropped.len() as u64).unwrap();
+    assert!(again.devices.iter().all(|d| d.new.is_empty() && d.changed.is_none()), "a second refresh of the same image changes nothing");
+}

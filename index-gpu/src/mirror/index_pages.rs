@@ -15,7 +15,8 @@
 //! replicated on every GPU where it fits, so that its batches are split across them; a tree
 //! that fits on no GPU beside the others takes the place of other trees' replicas on one GPU
 //! (a tree with copies on two GPUs gives one up), so the trees are sharded across the GPUs
-//! when they do not all fit on each. A tree that fits on no GPU alone is
+//! when they do not all fit on each. Where room comes free again (a tree dropped), trees take
+//! copies again on the GPUs where they fit whole. A tree that fits on no GPU alone is
 //! [`MirrorError::OverLimit`]. Queries about a tree go to the GPUs holding it
 //! ([`IndexPages::holders`]).
 //!
@@ -132,25 +133,13 @@ impl Layout {
     /// Device pages for an object of `pages` pages: first fit among the runs given back, else
     /// after the last.
     fn take(&mut self, pages: u64) -> Result<u32, MirrorError> {
-        if let Some(i) = self.free.iter().position(|&(_, n)| n >= pages) {
-            let (at, n) = self.free[i];
-            if n == pages {
-                self.free.swap_remove(i);
-            } else {
-                self.free[i] = (at + pages as u32, n - pages);
-            }
-            return Ok(at);
-        }
-        let need = (self.next + pages) * PAGE_SIZE + 4 * self.table.len() as u64;
-        if let Some(limit) = self.limit.filter(|&l| need > l) {
-            return Err(MirrorError::OverLimit { bytes: need, limit });
-        }
-        if self.next + pages >= NO_PAGE as u64 {
-            return Err(MirrorError::OutOfMemory { bytes: (self.next + pages) * PAGE_SIZE });
-        }
-        let at = self.next as u32;
-        self.next += pages;
-        Ok(at)
+        take_pages(&mut self.free, &mut self.next, self.limit, self.table.len(), pages)
+    }
+
+    /// Whether [`Layout::place_all`] of `objects` would succeed (it changes nothing).
+    fn fits(&self, objects: &[(u64, u64)]) -> bool {
+        let (mut free, mut next) = (self.free.clone(), self.next);
+        objects.iter().filter(|(first, _)| !self.placed.contains_key(first)).all(|&(_, pages)| take_pages(&mut free, &mut next, self.limit, self.table.len(), pages).is_ok())
     }
 
     /// Places each of `objects` not placed yet; on an error, gives back what this call placed.
@@ -213,6 +202,31 @@ impl Layout {
         widen(&mut out.changed, 0..self.table.len());
         self.place_all(objects, out)
     }
+}
+
+/// [`Layout::take`] over a layout's free runs and end (so that [`Layout::fits`] can try it on
+/// copies): first fit among `free`, else after `next`, within `limit` beside a table of
+/// `table_len` entries.
+fn take_pages(free: &mut Vec<(u32, u64)>, next: &mut u64, limit: Option<u64>, table_len: usize, pages: u64) -> Result<u32, MirrorError> {
+    if let Some(i) = free.iter().position(|&(_, n)| n >= pages) {
+        let (at, n) = free[i];
+        if n == pages {
+            free.swap_remove(i);
+        } else {
+            free[i] = (at + pages as u32, n - pages);
+        }
+        return Ok(at);
+    }
+    let need = (*next + pages) * PAGE_SIZE + 4 * table_len as u64;
+    if let Some(limit) = limit.filter(|&l| need > l) {
+        return Err(MirrorError::OverLimit { bytes: need, limit });
+    }
+    if *next + pages >= NO_PAGE as u64 {
+        return Err(MirrorError::OutOfMemory { bytes: (*next + pages) * PAGE_SIZE });
+    }
+    let at = *next as u32;
+    *next += pages;
+    Ok(at)
 }
 
 /// The host side of the index-only layout, for every GPU of a mirror.
@@ -320,6 +334,7 @@ impl IndexPages {
             self.trees.insert(meta, tree);
             placed?;
         }
+        self.regrow_replicas(&mut out);
         for (layout, o) in self.layouts.iter().zip(&mut out.devices) {
             o.device_pages = layout.next;
         }
@@ -468,6 +483,25 @@ impl IndexPages {
         false
     }
 
+    /// Copies again, where room has come free (a tree dropped or shrunk), of trees that gave
+    /// up replicas to make room or found none: their batches split across every GPU holding
+    /// them again. Only where a tree fits whole beside what the GPU holds (nothing gives way),
+    /// trees in descriptor order; a GPU without room changes nothing.
+    fn regrow_replicas(&mut self, out: &mut Refresh) {
+        let mut metas: Vec<u64> = self.trees.iter().filter(|(_, t)| t.devices.len() < self.layouts.len()).map(|(&meta, _)| meta).collect();
+        metas.sort_unstable();
+        for meta in metas {
+            let tree = self.trees.get_mut(&meta).expect("listed above");
+            for (d, layout) in self.layouts.iter_mut().enumerate() {
+                if !tree.devices.contains(&d) && layout.fits(&tree.objects) {
+                    layout.place_all(&tree.objects, &mut out.devices[d]).expect("checked to fit");
+                    tree.devices.push(d);
+                }
+            }
+            tree.devices.sort_unstable();
+        }
+    }
+
     /// Gives back the device pages of the tree at `meta` on every GPU.
     fn forget(&mut self, meta: u64, out: &mut Refresh) {
         let Some(tree) = self.trees.remove(&meta) else { return };
@@ -570,6 +604,28 @@ mod tests {
         assert_eq!(layout.take(1).unwrap(), 3);
         assert_eq!(layout.take(2).unwrap(), 8);
         assert!(layout.free.is_empty());
+    }
+
+    /// `fits` answers what `place_all` then does, and changes nothing itself: objects already
+    /// placed cost nothing, freed runs count first fit, scattered room does not add up.
+    #[test]
+    fn fits_foretells_place_all() {
+        let mut layout = Layout::new(Some(12 * PAGE_SIZE + 4 * 40));
+        let mut out = DeviceRefresh::default();
+        layout.grow_table(40, &mut out);
+        layout.place_all(&[(0, 3), (10, 3), (20, 3), (30, 3)], &mut out).unwrap();
+        layout.give_back(0, &mut out);
+        layout.give_back(20, &mut out);
+        // Room: two freed runs of 3 pages, none at the end.
+        let cases: [&[(u64, u64)]; 5] = [&[(5, 3)], &[(5, 3), (25, 3)], &[(5, 4)], &[(5, 3), (25, 3), (35, 1)], &[(10, 3), (5, 3)]];
+        for objects in cases {
+            let foretold = layout.fits(objects);
+            let (free, next, placed) = (layout.free.clone(), layout.next, layout.placed.clone());
+            let mut trial = Layout { table: layout.table.clone(), placed, free, next, limit: layout.limit };
+            assert_eq!(trial.place_all(objects, &mut DeviceRefresh::default()).is_ok(), foretold, "{objects:?}");
+            assert_eq!((layout.free.len(), layout.next), (2, 12), "fits changes nothing");
+        }
+        assert!(layout.fits(&[(10, 3), (5, 3)]) && !layout.fits(&[(5, 4)]), "placed objects are free; a run larger than any freed one is not");
     }
 
     #[test]
