@@ -19,7 +19,9 @@
 // Measured on an H100 (64 M keys, full nodes, shuffled lookups, kernel alone): T = 1 3.24 G/s,
 // T = 4 up to 3.29, T = 8 2.76-3.08, T = 32 1.54; VALS 25-35% slower (twice the bytes of every
 // internal node for one fewer round trip). The narrow tiles win by keeping more queries in
-// flight per multiprocessor; the mirror uses T = 1 (cuda.rs: DEFAULT_BTREE_KERNEL).
+// flight per multiprocessor. The sector search below beats them all (64 M keys: 5.12 G/s against
+// 3.16 for T = 1, same H100, same run) and is the mirror's default (cuda.rs: DEFAULT_BTREE_KERNEL);
+// the range kernel still descends with a warp.
 
 #define BT_NODE 512ull
 #define BT_CAP 28
@@ -227,6 +229,191 @@ TUSK_BTREE_GET(tusk_btree_get_t32v, 32, true, 1)
 // registers, a few spilled bytes; t2 with 4: 64 registers, none spilled; tighter caps spill more).
 TUSK_BTREE_GET(tusk_btree_get_t1_o3, 1, false, 3)
 TUSK_BTREE_GET(tusk_btree_get_t2_o4, 2, false, 4)
+
+// Sector search: one thread per query reads a node's keys one 32-byte sector (four keys) at a
+// time instead of all 28 at once. The profile of the scan (BENCHMARKS.md, issue 30) showed it
+// waiting on memory with a quarter of the warps a multiprocessor holds, each thread keeping 28
+// keys in registers, and reading about 670 bytes a lookup at 64 M keys. A sector search keeps
+// four keys live and reads the header's sector and three or fewer key sectors a node, at the
+// price of dependent round trips; GUESS starts each child at the sector its key's place in the
+// parent's separators predicts (the keys are spread evenly between separators unless the data
+// is skewed, and a wrong guess only costs a round trip), so most nodes need one or two.
+#define BT_SECTOR_KEYS 4u
+
+__device__ __forceinline__ void bt_sector(const u8* __restrict__ heap, u64 at, u32 s, u64 (&k)[4]) {
+    const ulonglong2 a = tusk_ld2(heap, at + BT_KEYS + 32ull * s);
+    const ulonglong2 b = tusk_ld2(heap, at + BT_KEYS + 32ull * s + 16ull);
+    k[0] = a.x;
+    k[1] = a.y;
+    k[2] = b.x;
+    k[3] = b.y;
+}
+
+// The key's lower bounds among the node's first n keys (lt: keys < key, le: keys <= key),
+// searching sector by sector. On entry `s` is the sector already loaded into `k` (any value:
+// one past the node's sectors is loaded afresh); on return `s` and `k` are the last sector read.
+// Invariant of [lo, hi): every key of the sectors before lo is < key, and the first key of
+// sector hi (if any) is > key, so the lower bound lies in [4 lo, 4 hi].
+template <bool GUESS>
+__device__ __forceinline__ void bt_sector_search(const u8* __restrict__ heap, u64 at, u32 n, u64 key,
+                                                 u32& s, u64 (&k)[4], u32& lt, u32& le) {
+    u32 lo = 0, hi = (n + BT_SECTOR_KEYS - 1) / BT_SECTOR_KEYS;
+    if (n == 0) {
+        lt = 0;
+        le = 0;
+        return;
+    }
+    if (s >= hi) {
+        s = hi >> 1;
+        bt_sector(heap, at, s, k);
+    }
+    bool guessed = GUESS;
+    for (;;) {
+        const u32 valid = min(BT_SECTOR_KEYS, n - BT_SECTOR_KEYS * s);
+        u32 below = 0, at_most = 0;
+        #pragma unroll
+        for (u32 j = 0; j < BT_SECTOR_KEYS; ++j) {
+            if (j < valid) {
+                below += k[j] < key ? 1u : 0u;
+                at_most += k[j] <= key ? 1u : 0u;
+            }
+        }
+        // The bound is inside this sector, or at its start (its first key is the key, or
+        // nothing before it is left to search).
+        if ((below > 0 && below < valid) || (below == 0 && (at_most > 0 || s == lo))) {
+            lt = BT_SECTOR_KEYS * s + below;
+            le = BT_SECTOR_KEYS * s + at_most;
+            return;
+        }
+        const bool right = below == valid;
+        if (right) {
+            lo = s + 1;
+            if (lo == hi) {
+                // Every key before sector lo is < key and sector lo's first (if any) is > key.
+                lt = min(BT_SECTOR_KEYS * lo, n);
+                le = lt;
+                return;
+            }
+        } else {
+            hi = s;
+        }
+        // A guess that missed is usually near: try the neighbour first, then halve.
+        s = guessed ? (right ? lo : hi - 1) : (lo + hi) >> 1;
+        guessed = false;
+        bt_sector(heap, at, s, k);
+    }
+}
+
+// The sector of a child node where `key` probably lies: its place between the child's
+// separators keys[slot] and keys[slot + 1] (or the node's high key after the last one) times the
+// parent's count (nodes of a level fill alike), when the last sector read holds them; else the
+// middle sector.
+__device__ __forceinline__ u32 bt_guess(u64 key, u32 slot, u32 n, u32 s, const u64 (&k)[4], u64 high, u64 right) {
+    const u32 middle = (BT_CAP / BT_SECTOR_KEYS) / 2;
+    const u32 first = BT_SECTOR_KEYS * s;
+    if (slot < first || slot >= first + BT_SECTOR_KEYS) return middle;
+    u64 lo_key = 0, hi_key = 0;
+    #pragma unroll
+    for (u32 j = 0; j < BT_SECTOR_KEYS; ++j) {
+        if (first + j == slot) lo_key = k[j];
+        if (first + j == slot + 1) hi_key = k[j];
+    }
+    if (slot + 1 == n) {
+        if (right == 0) return middle;
+        hi_key = high;
+    } else if (slot + 1 >= first + BT_SECTOR_KEYS) {
+        return middle;
+    }
+    if (hi_key <= lo_key || key < lo_key) return middle;
+    const double f = (double)(key - lo_key) / (double)(hi_key - lo_key);
+    const u32 place = (u32)(f * (double)n);
+    return min(place / BT_SECTOR_KEYS, BT_CAP / BT_SECTOR_KEYS - 1);
+}
+
+// bt_descend with the sector search (one thread per query).
+template <bool GUESS>
+__device__ __forceinline__ bool bt_descend_sectors(const View& v, u64 root, u64 key, u64* err, BtLeaf& out) {
+    const u8* __restrict__ heap = v.base;
+    const u64 max_steps = bt_max_steps(v.extent);
+    u64 node = root;
+    u64 prev = 0, prev_at = 0;
+    u32 s = (BT_CAP / BT_SECTOR_KEYS) / 2;  // the sector loaded with the next node's header
+    for (u64 step = 0; step < max_steps; ++step) {
+        u64 at;
+        if (!(step == 0 ? bt_node(v, node, at) : bt_step(v, prev, prev_at, node, at))) {
+            tusk_fail(err, TUSK_ERR_BAD_OFFSET, node);
+            return false;
+        }
+        prev = node;
+        prev_at = at;
+        const u64 lc = tusk_ld(heap, at);
+        const u64 high = tusk_ld(heap, at + 8);
+        const u64 right = tusk_ld(heap, at + 16);
+        u64 k[4];
+        bt_sector(heap, at, s, k);
+        if (right != 0 && key >= high) {  // Lehman–Yao: the key lies beyond this node
+            node = right;
+            continue;
+        }
+        const u32 level = (u32)lc;
+        const u32 count = (u32)(lc >> 32);
+        const u32 n = count < BT_CAP ? count : BT_CAP;
+        u32 lt, le;
+        bt_sector_search<GUESS>(heap, at, n, key, s, k, lt, le);
+        if (level == 0) {
+            out.node = node;
+            out.at = at;
+            out.high = high;
+            out.right = right;
+            out.count = count;
+            out.lt = lt;
+            out.le = le;
+            return true;
+        }
+        const u32 slot = (le > lt) ? lt : (lt > 0 ? lt - 1 : 0);
+        node = tusk_ld(heap, at + BT_VALUES + 8ull * slot);
+        s = GUESS ? bt_guess(key, slot, n, s, k, high, right) : (BT_CAP / BT_SECTOR_KEYS) / 2;
+    }
+    tusk_fail(err, TUSK_ERR_LOOP, root);
+    return false;
+}
+
+template <bool GUESS>
+__device__ __forceinline__ void bt_get_sectors(const View& v, u64 meta,
+                                               const u64* __restrict__ keys, u64 n, u64* __restrict__ vals,
+                                               u8* __restrict__ found, u64* err) {
+    u64 dmeta;
+    if ((meta & 7ull) != 0 || !tusk_map(v, meta, 16, dmeta)) {
+        if (tusk_thread() == 0) tusk_fail(err, TUSK_ERR_BAD_OFFSET, meta);
+        return;
+    }
+    const u64 root = tusk_ld(v.base, dmeta + 8);
+    const u64 threads = tusk_threads();
+    for (u64 q = tusk_thread(); q < n; q += threads) {
+        const u64 key = keys[q];
+        BtLeaf leaf;
+        u64 value = 0;
+        u8 hit = 0;
+        if (bt_descend_sectors<GUESS>(v, root, key, err, leaf) && leaf.le > leaf.lt) {
+            hit = 1;
+            value = tusk_ld(v.base, leaf.at + BT_VALUES + 8ull * leaf.lt);
+        }
+        vals[q] = value;
+        found[q] = hit;
+    }
+}
+
+#define TUSK_BTREE_GET_SECTORS(NAME, GUESS, MINB)                                                  \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                        \
+    NAME(const u8* __restrict__ heap, u64 extent, const u32* __restrict__ pages, u64 bytes,      \
+         u64 meta, const u64* __restrict__ keys, u64 n, u64* __restrict__ vals,                    \
+         u8* __restrict__ found, u64* err) {                                                       \
+        bt_get_sectors<GUESS>(View{heap, extent, pages, bytes}, meta, keys, n, vals, found, err);  \
+    }
+
+TUSK_BTREE_GET_SECTORS(tusk_btree_get_s1, false, 1)
+TUSK_BTREE_GET_SECTORS(tusk_btree_get_g1, true, 1)
+TUSK_BTREE_GET_SECTORS(tusk_btree_get_g1_o4, true, 4)
 
 // Count and sum of the values of the keys in [lo, hi] (inclusive; empty when lo > hi), one warp
 // per range: one descent to the leaf holding lo, then along the leaf chain by right links

@@ -342,6 +342,21 @@ fn caller_buffers_answer_as_the_trees_across_batches_and_syncs() {
         }
         mirror.sync().unwrap();
     }
+    // More ranges than one device chunk: a range batch past its first chunk once addressed the
+    // lookups' found flags, which range batches have none of, and panicked.
+    let many = if mirror.on_gpu() { 2_200_000 } else { 5_000 };
+    let present: Vec<u64> = models.orders.keys().copied().collect();
+    let narrow: Vec<(u64, u64)> = (0..many)
+        .map(|_| {
+            let k = present[rng.random_range(0..present.len())];
+            (k, k.saturating_add(1 << 40))
+        })
+        .collect();
+    let mut big = mirror.range_buffers(many).unwrap();
+    big.load_ranges(&narrow);
+    mirror.btree("orders").unwrap().count_sum_into(&mut big).unwrap();
+    let expected = narrow.iter().map(|&(lo, hi)| models.orders.range(lo..=hi).fold((0, 0), |(c, s), (_, v)| (c + 1, s + *v as u128)));
+    assert!(big.answers().eq(expected), "{many} ranges into buffers on {}", mirror.backend());
     assert!(matches!(mirror.art_lookup_buffers(10, 0), Err(Error::Gpu(_))), "0-byte keys");
     assert!(matches!(mirror.art_lookup_buffers(10, 33), Err(Error::Gpu(_))), "keys longer than the kernels take");
     let mut empty = mirror.lookup_buffers(0).unwrap();

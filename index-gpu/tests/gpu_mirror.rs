@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use tusk_index::heap::{HeapRead, HeapWrite};
 use tusk_index::image::HeapImage;
-use tusk_index::mirror::cuda::{CudaMirror, BTREE_KERNELS, DEFAULT_BTREE_KERNEL, GPU_MAX_KEY};
+use tusk_index::mirror::cuda::{BTreeGet, CudaMirror, BTREE_KERNELS, DEFAULT_BTREE_KERNEL, GPU_MAX_KEY};
 use tusk_index::mirror::{GpuOptions, MirrorError};
 use tusk_index::{Art, BTree, Op};
 use tusk_storage::layout::BRK_OFF;
@@ -268,12 +268,12 @@ fn empty_and_tiny_trees_and_errors() {
     assert!(matches!(mirror.art_get(beyond, &[b"k"]), Err(MirrorError::Index(_))));
     assert_eq!(mirror.btree_get(bt.ptr().offset(), &[7]).unwrap(), [Some(u64::MAX)]);
     // Every kernel variant answers the same.
-    for (w, pre, cap) in BTREE_KERNELS {
-        mirror.set_btree_kernel(w, pre, cap).unwrap();
-        assert_eq!(mirror.btree_get(bt.ptr().offset(), &[7, 8, 9, 0]).unwrap(), [Some(u64::MAX), Some(u64::MAX), None, None], "tile {w} preload {pre} capped {cap}");
+    for k in BTREE_KERNELS {
+        mirror.set_btree_kernel(k).unwrap();
+        assert_eq!(mirror.btree_get(bt.ptr().offset(), &[7, 8, 9, 0]).unwrap(), [Some(u64::MAX), Some(u64::MAX), None, None], "{k}");
     }
-    assert!(mirror.set_btree_kernel(3, false, false).is_err());
-    mirror.set_btree_kernel(DEFAULT_BTREE_KERNEL.0, DEFAULT_BTREE_KERNEL.1, DEFAULT_BTREE_KERNEL.2).unwrap();
+    assert!(mirror.set_btree_kernel(BTreeGet::scan(3, false, false)).is_err());
+    mirror.set_btree_kernel(DEFAULT_BTREE_KERNEL).unwrap();
     // The heap grows past the device buffer: it grows too, keeping what it held.
     let before = mirror.extent();
     let keys: Vec<u64> = (0..200_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
@@ -314,10 +314,10 @@ fn btree_kernel_variants_agree() {
     rng.shuffle(&mut queries);
     let mut image = HeapImage::new(&prev);
     let cpu: Vec<Option<u64>> = queries.iter().map(|&k| tree.get(&mut image, k).unwrap()).collect();
-    for (w, pre, cap) in BTREE_KERNELS {
-        mirror.set_btree_kernel(w, pre, cap).unwrap();
-        assert_eq!(mirror.btree_get(tree.ptr().offset(), &queries).unwrap(), cpu, "tile {w} preload {pre} capped {cap}");
-        eprintln!("{TEST}: tile {w} preload {pre} capped {cap}: {} lookups equal", queries.len());
+    for k in BTREE_KERNELS {
+        mirror.set_btree_kernel(k).unwrap();
+        assert_eq!(mirror.btree_get(tree.ptr().offset(), &queries).unwrap(), cpu, "{k}");
+        eprintln!("{TEST}: {k}: {} lookups equal", queries.len());
     }
 }
 
@@ -562,6 +562,9 @@ fn gpu_lookup_timing() {
     let rounds = 7;
     println!("| tree | keys | kernel | kernel ms | G lookups/s | end-to-end ms | G/s end to end |");
     println!("|---|---|---|---|---|---|---|");
+    // Nodes as full as a bulk load makes them, or as `TUSK_GPU_FILL` says (random inserts
+    // leave them about 0.7 full).
+    let fill: f64 = std::env::var("TUSK_GPU_FILL").ok().and_then(|f| f.parse().ok()).unwrap_or(1.0);
     for n in sizes("TUSK_GPU_MKEYS", "16,64") {
         let t = Instant::now();
         let mut heap = PlainHeap::new();
@@ -569,14 +572,14 @@ fn gpu_lookup_timing() {
         // Distinct keys: mix is a bijection of u64.
         let mut keys: Vec<u64> = (0..n as u64).map(mix).collect();
         keys.sort_unstable();
-        tree.bulk_load(&mut heap, keys.iter().map(|&k| (k, k ^ 0xA5A5)), 1.0).unwrap();
+        tree.bulk_load(&mut heap, keys.iter().map(|&k| (k, k ^ 0xA5A5)), fill).unwrap();
         rng.shuffle(&mut keys);
         let extent = heap.top.next_multiple_of(PAGE_SIZE);
         let img = &heap.bytes[..extent as usize];
         let built = t.elapsed();
         let t = Instant::now();
         mirror.upload(img, std::slice::from_ref(&(0..extent)), extent).unwrap();
-        eprintln!("B-link {n} keys: built in {built:.2?}, {} MB uploaded in {:.2?}", extent >> 20, t.elapsed());
+        eprintln!("B-link {n} keys, nodes {fill} full: built in {built:.2?}, {} MB uploaded in {:.2?}", extent >> 20, t.elapsed());
         // A sync of 1% of the pages, scattered (every 100th page).
         let runs: Vec<Range<u64>> = (0..extent / PAGE_SIZE).step_by(100).map(|p| p * PAGE_SIZE..(p + 1) * PAGE_SIZE).collect();
         let t = Instant::now();
@@ -591,15 +594,14 @@ fn gpu_lookup_timing() {
             assert_eq!(*g, tree.get(&mut image, *k).unwrap());
         }
         for _repeat in 0..2 {
-            for (w, pre, cap) in BTREE_KERNELS {
-                mirror.set_btree_kernel(w, pre, cap).unwrap();
+            for k in BTREE_KERNELS {
+                mirror.set_btree_kernel(k).unwrap();
                 let ms = mirror.time_btree_get_kernel(meta, &keys, rounds).unwrap();
-                let name = format!("tile {w}{}{}", if pre { "+preload" } else { "" }, if cap { "+capped" } else { "" });
-                println!("| B-link | {}M | {name} | {ms:.3} | {:.2} | | |", n >> 20, n as f64 / ms / 1e6);
+                println!("| B-link | {}M | {k} | {ms:.3} | {:.2} | | |", n >> 20, n as f64 / ms / 1e6);
             }
         }
         let best = DEFAULT_BTREE_KERNEL;
-        mirror.set_btree_kernel(best.0, best.1, best.2).unwrap();
+        mirror.set_btree_kernel(best).unwrap();
         let timing = mirror.time_btree_get(meta, &keys, 5).unwrap();
         println!(
             "| B-link | {}M | default {best:?} | {:.3} | {:.2} | {:.1} | {:.2} |",

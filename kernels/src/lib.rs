@@ -47,31 +47,90 @@ pub mod names {
     /// A device fault, for tests of a GPU that fails between calls.
     pub const FAULT: &str = "tusk_fault";
 
-    /// The B-link lookup kernel variants: (tile width, children preloaded, register-capped).
-    pub const BTREE_GET_VARIANTS: [(u32, bool, bool); 12] = [
-        (1, false, false),
-        (1, false, true),
-        (2, false, false),
-        (2, false, true),
-        (4, false, false),
-        (8, false, false),
-        (16, false, false),
-        (32, false, false),
-        (4, true, false),
-        (8, true, false),
-        (16, true, false),
-        (32, true, false),
+    /// How a B-link lookup kernel searches a node's keys.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum NodeSearch {
+        /// The tile's lanes load all 28 keys at once and count those below the query.
+        Scan,
+        /// One thread per query: a binary search over the node's 32-byte sectors of four keys.
+        Sectors,
+        /// [`NodeSearch::Sectors`] starting at the sector the key's place between its parent's
+        /// separators predicts.
+        Guessed,
+    }
+
+    /// A B-link lookup kernel: tile width, internal nodes' children loaded with their keys
+    /// (`preload`), registers capped for more queries in flight (`capped`), node search.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct BTreeGet {
+        pub width: u32,
+        pub preload: bool,
+        pub capped: bool,
+        pub search: NodeSearch,
+    }
+
+    impl BTreeGet {
+        /// A scanning kernel.
+        pub const fn scan(width: u32, preload: bool, capped: bool) -> BTreeGet {
+            BTreeGet { width, preload, capped, search: NodeSearch::Scan }
+        }
+
+        /// A one-thread sector-searching kernel.
+        pub const fn sectors(search: NodeSearch, capped: bool) -> BTreeGet {
+            BTreeGet { width: 1, preload: false, capped, search }
+        }
+    }
+
+    impl std::fmt::Display for BTreeGet {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self.search {
+                NodeSearch::Scan => write!(f, "tile {}", self.width)?,
+                NodeSearch::Sectors => write!(f, "sectors")?,
+                NodeSearch::Guessed => write!(f, "sectors, guessed")?,
+            }
+            if self.preload {
+                write!(f, "+preload")?;
+            }
+            if self.capped {
+                write!(f, "+capped")?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The B-link lookup kernel variants.
+    pub const BTREE_GET_VARIANTS: [BTreeGet; 15] = [
+        BTreeGet::scan(1, false, false),
+        BTreeGet::scan(1, false, true),
+        BTreeGet::scan(2, false, false),
+        BTreeGet::scan(2, false, true),
+        BTreeGet::scan(4, false, false),
+        BTreeGet::scan(8, false, false),
+        BTreeGet::scan(16, false, false),
+        BTreeGet::scan(32, false, false),
+        BTreeGet::scan(4, true, false),
+        BTreeGet::scan(8, true, false),
+        BTreeGet::scan(16, true, false),
+        BTreeGet::scan(32, true, false),
+        BTreeGet::sectors(NodeSearch::Sectors, false),
+        BTreeGet::sectors(NodeSearch::Guessed, false),
+        BTreeGet::sectors(NodeSearch::Guessed, true),
     ];
 
-    /// The B-link lookup kernel for a tile of `width` lanes (1, 2, 4, 8, 16, 32), with
+    /// The kernel of a variant: scanning tiles of `width` lanes (1, 2, 4, 8, 16, 32), with
     /// internal nodes' children loaded together with their keys (`preload`; widths ≥ 4), or
-    /// with registers capped for more queries in flight (`capped`; widths 1 and 2).
-    pub fn btree_get_variant(width: u32, preload: bool, capped: bool) -> Option<&'static str> {
-        match (width, preload, capped) {
-            (1, false, true) => Some("tusk_btree_get_t1_o3"),
-            (2, false, true) => Some("tusk_btree_get_t2_o4"),
-            (_, _, true) => None,
-            _ => btree_get(width, preload),
+    /// with registers capped for more queries in flight (`capped`; widths 1 and 2); sector
+    /// searches with one thread per query (capped: guessed only).
+    pub fn btree_get_variant(k: BTreeGet) -> Option<&'static str> {
+        match (k.search, k.width, k.preload, k.capped) {
+            (NodeSearch::Scan, 1, false, true) => Some("tusk_btree_get_t1_o3"),
+            (NodeSearch::Scan, 2, false, true) => Some("tusk_btree_get_t2_o4"),
+            (NodeSearch::Scan, _, _, true) => None,
+            (NodeSearch::Scan, w, p, false) => btree_get(w, p),
+            (NodeSearch::Sectors, 1, false, false) => Some("tusk_btree_get_s1"),
+            (NodeSearch::Guessed, 1, false, false) => Some("tusk_btree_get_g1"),
+            (NodeSearch::Guessed, 1, false, true) => Some("tusk_btree_get_g1_o4"),
+            _ => None,
         }
     }
 
@@ -352,9 +411,10 @@ mod tests {
             assert!(src.contains(names::btree_get(w, true).unwrap()));
         }
         assert!(names::btree_get(3, false).is_none() && names::btree_get(1, true).is_none());
-        for (w, p, c) in names::BTREE_GET_VARIANTS {
-            assert!(src.contains(names::btree_get_variant(w, p, c).unwrap()), "{w} {p} {c}");
+        for k in names::BTREE_GET_VARIANTS {
+            assert!(src.contains(names::btree_get_variant(k).unwrap()), "{k}");
         }
+        assert!(names::btree_get_variant(names::BTreeGet::sectors(names::NodeSearch::Sectors, true)).is_none());
         assert!(src.contains(&format!("#define TUSK_PIECE {SCATTER_PIECE}ull")));
         assert!(src.contains(&format!("#define TUSK_ART_MAX_KEY {ART_MAX_KEY}u")));
         assert!(!src.contains("#include"), "NVRTC gets no include path");

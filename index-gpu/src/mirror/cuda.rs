@@ -38,6 +38,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use tusk_kernels as kernels;
+pub use tusk_kernels::names::{BTreeGet, NodeSearch};
 use tusk_txn::TxnError;
 
 use self::raw::{driver, DeviceBuffer, Event, Module, PinnedBuffer, Stream};
@@ -73,14 +74,16 @@ const SECTION: usize = 256;
 pub const GPU_MAX_KEY: usize = kernels::ART_MAX_KEY;
 /// The B-link lookup kernel variants: (tile width, internal nodes' children loaded with their
 /// keys, registers capped for more queries in flight).
-pub const BTREE_KERNELS: [(u32, bool, bool); 12] = kernels::names::BTREE_GET_VARIANTS;
-/// The B-link lookup kernel used unless told otherwise: one thread per query, scanning a node's
-/// 28 keys with fourteen 16-byte loads issued at once. Measured on an H100 (`gpu_lookup_timing`
-/// in tests/gpu_mirror.rs, bulk-loaded full nodes, shuffled present keys, kernel alone, two
-/// machines): 64 M keys 3.24–3.27 G lookups/s (tile 4: 2.93–3.29, tile 8: 2.76–3.08, tile 32:
-/// 1.51–1.54; preloading children costs 25–35%: 448 instead of 224 bytes per internal node);
-/// 16 M keys 3.86–3.91 G/s (tile 4: 3.80–4.15).
-pub const DEFAULT_BTREE_KERNEL: (u32, bool, bool) = (1, false, false);
+pub const BTREE_KERNELS: [BTreeGet; 15] = kernels::names::BTREE_GET_VARIANTS;
+/// The B-link lookup kernel used unless told otherwise: one thread per query, searching each
+/// node's keys one 32-byte sector at a time, starting at the sector its parent's separators
+/// predict (`kernels/btree.cu`). Measured on an H100 (`gpu_lookup_timing` in
+/// tests/gpu_mirror.rs, bulk-loaded full nodes, shuffled present keys, kernel alone): 64 M keys
+/// 5.12 G lookups/s against 3.16 for the scan of all 28 keys by one thread (tile 1) and 4.46
+/// for the plain binary sector search; 16 M keys 6.96 G/s against 3.67. The scan keeps a
+/// node's 28 keys in registers (a quarter of the warps a multiprocessor holds) and reads every
+/// key line; the sector search keeps four keys and reads one to three sectors a node.
+pub const DEFAULT_BTREE_KERNEL: BTreeGet = BTreeGet::sectors(NodeSearch::Guessed, false);
 
 /// What one of the timing functions measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -101,7 +104,7 @@ struct Kernel {
 
 struct Kernels {
     scatter: Kernel,
-    btree_get: Vec<((u32, bool, bool), Kernel)>,
+    btree_get: Vec<(BTreeGet, Kernel)>,
     btree_count_sum: Kernel,
     art_get: Kernel,
     art_get_nospec: Kernel,
@@ -549,7 +552,7 @@ pub struct CudaMirror {
     query: Mutex<Vec<QuerySlot>>,
     /// Threads that pack and decode a chunk on the host.
     host_threads: usize,
-    btree_kernel: (u32, bool, bool),
+    btree_kernel: BTreeGet,
     art_speculate: bool,
     kernels: Kernels,
     // Dropped after every handle above that lives in it.
@@ -615,9 +618,9 @@ impl CudaMirror {
             Ok(Kernel { f, blocks: sms * per_sm.max(1) as u32 })
         };
         let mut btree_get = Vec::new();
-        for (width, preload, capped) in BTREE_KERNELS {
-            let name = kernels::names::btree_get_variant(width, preload, capped).expect("every listed variant has a kernel");
-            btree_get.push(((width, preload, capped), kernel(name)?));
+        for variant in BTREE_KERNELS {
+            let name = kernels::names::btree_get_variant(variant).expect("every listed variant has a kernel");
+            btree_get.push((variant, kernel(name)?));
         }
         let kernels = Kernels {
             scatter: kernel(kernels::names::SCATTER)?,
@@ -749,18 +752,18 @@ impl CudaMirror {
     }
 
     /// Picks the B-link lookup kernel (one of [`BTREE_KERNELS`]): tile width, whether internal
-    /// nodes' children are loaded with their keys, whether registers are capped. For
-    /// measurements.
-    pub fn set_btree_kernel(&mut self, width: u32, preload: bool, capped: bool) -> Result<(), MirrorError> {
-        if !self.kernels.btree_get.iter().any(|(k, _)| *k == (width, preload, capped)) {
-            return Err(MirrorError::Unsupported(format!("no B-link lookup kernel for tile width {width}, preload {preload}, capped {capped}")));
+    /// nodes' children are loaded with their keys, whether registers are capped, how a node is
+    /// searched. For measurements.
+    pub fn set_btree_kernel(&mut self, kernel: BTreeGet) -> Result<(), MirrorError> {
+        if !self.kernels.btree_get.iter().any(|(k, _)| *k == kernel) {
+            return Err(MirrorError::Unsupported(format!("no B-link lookup kernel {kernel:?}")));
         }
-        self.btree_kernel = (width, preload, capped);
+        self.btree_kernel = kernel;
         Ok(())
     }
 
-    /// The B-link lookup kernel in use: (tile width, preload, capped).
-    pub fn btree_kernel(&self) -> (u32, bool, bool) {
+    /// The B-link lookup kernel in use.
+    pub fn btree_kernel(&self) -> BTreeGet {
         self.btree_kernel
     }
 
@@ -1004,7 +1007,7 @@ impl CudaMirror {
     fn launch(&self, op: Op, meta: u64, heap: u64, io: KernelIo, fixed_len: i32, stream: sys::CUstream) -> Result<(), MirrorError> {
         let k = self.kernel_for(op);
         let threads_per_query: u64 = match op {
-            Op::BtreeGet => self.btree_kernel.0 as u64,
+            Op::BtreeGet => self.btree_kernel.width as u64,
             Op::BtreeCountSum | Op::ArtPrefix => 32,
             Op::ArtGet => 1,
         };

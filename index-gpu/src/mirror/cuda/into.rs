@@ -4,7 +4,8 @@
 //! `run` answers them (and packs lookups' found bytes into bits), `copy_out` copies the
 //! answers into the caller's pinned memory. Each stream waits only for the chunk it needs
 //! (events), so chunk c+1's copy in, chunk c's kernels and chunk c−1's copy out run at once:
-//! the call costs the slowest of the three plus one chunk of each of the others.
+//! the call costs the slowest of the three plus one chunk of each of the others. A small pass
+//! takes smaller chunks ([`chunk_bounds`]), so that it overlaps too.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -19,9 +20,29 @@ use crate::mirror::buffers::{BatchKind, BatchMemory};
 use crate::mirror::MirrorError;
 
 /// Queries per chunk: a multiple of 64 (one found-bit word), large enough that a kernel fills
-/// the device (1 M lookups: 8 MiB of keys, about 0.15 ms of copy each way at 55 GB/s).
+/// the device (1 M lookups: 8 MiB of keys, about 0.15 ms of copy each way at 55 GB/s; chunks
+/// of 128 K made 16 M B-link lookups' kernels 1.6x slower in all on an H100).
 pub(crate) const CHUNK_QUERIES: usize = 1 << 20;
 const _: () = assert!(CHUNK_QUERIES.is_multiple_of(64));
+/// Queries per chunk of a pass under [`SMALL_PASS`] queries: a pass of one or a few whole
+/// chunks would barely overlap its copies with its kernels. On an H100, 1 M range queries in
+/// chunks of 256 K took 0.96x the kernels' time alone end to end, in one chunk 0.90x; 16 M
+/// lookups gained nothing from smaller first and last chunks.
+const SMALL_CHUNK: usize = CHUNK_QUERIES / 4;
+const SMALL_PASS: usize = 4 * CHUNK_QUERIES;
+const _: () = assert!(SMALL_CHUNK.is_multiple_of(64));
+
+/// Most chunks a pass over at most `capacity` queries has.
+fn max_chunks(capacity: usize) -> usize {
+    capacity.div_ceil(CHUNK_QUERIES).max(capacity.min(SMALL_PASS).div_ceil(SMALL_CHUNK))
+}
+
+/// The chunks of a pass over `n` queries, in order: each starts at a multiple of 64 (a found-bit
+/// word), all of [`CHUNK_QUERIES`] but the last, or of [`SMALL_CHUNK`] for a small pass.
+fn chunk_bounds(n: usize) -> Vec<std::ops::Range<usize>> {
+    let size = if n < SMALL_PASS { SMALL_CHUNK } else { CHUNK_QUERIES };
+    (0..n).step_by(size).map(|start| start..(start + size).min(n)).collect()
+}
 
 /// One device's side of a set of caller buffers (its share of them).
 pub(crate) struct DeviceQueue {
@@ -93,7 +114,7 @@ impl CudaMirror {
     pub(crate) fn queue(&self, kind: BatchKind, capacity: usize) -> Result<DeviceQueue, MirrorError> {
         self.bind()?;
         let (in_words, out_words, found_words) = (capacity * kind.in_words(), capacity * kind.out_words(), BatchMemory::found_words(kind, capacity));
-        let chunks = capacity.div_ceil(CHUNK_QUERIES).max(1);
+        let chunks = max_chunks(capacity);
         let mut copied = Vec::with_capacity(chunks);
         let mut answered = Vec::with_capacity(chunks);
         for _ in 0..chunks {
@@ -173,8 +194,8 @@ impl CudaMirror {
             // SAFETY: the slot holds ERR_BYTES bytes; ordered before this pass's kernels.
             unsafe { cu::memset_d8_async(q.dev_err.ptr(), 0, ERR_BYTES, q.run.raw()) }.map_err(|e| driver("cuMemsetD8Async", e))?;
         }
-        for (c, start) in (0..n).step_by(CHUNK_QUERIES).enumerate() {
-            let len = CHUNK_QUERIES.min(n - start);
+        for (c, chunk) in chunk_bounds(n).into_iter().enumerate() {
+            let (start, len) = (chunk.start, chunk.len());
             let (at_in, at_out) = (start * in_bytes, start * out_bytes);
             let bits_at = 8 * (start / 64);
             let bits_len = 8 * len.div_ceil(64);
@@ -189,7 +210,9 @@ impl CudaMirror {
             }
             if stages.kernels {
                 q.run.wait(&q.copied[c])?;
-                let io = KernelIo { input: q.dev_in.at(at_in), offs: 0, lens: 0, out: q.dev_out.at(at_out), found: q.dev_found.at(start), err: q.dev_err.ptr(), n: len };
+                // Only lookups have found flags: the other kinds' flag buffer is empty.
+                let found = if kind.lookups() { q.dev_found.at(start) } else { 0 };
+                let io = KernelIo { input: q.dev_in.at(at_in), offs: 0, lens: 0, out: q.dev_out.at(at_out), found, err: q.dev_err.ptr(), n: len };
                 self.launch(op, meta, heap, io, fixed_len, q.run.raw())?;
                 if kind.lookups() {
                     self.launch_found_bits(q.dev_found.at(start), len, q.dev_bits.at(bits_at), &q.run)?;
@@ -238,5 +261,32 @@ fn op_of(kind: BatchKind) -> Op {
         BatchKind::BtreeGet => Op::BtreeGet,
         BatchKind::BtreeCountSum => Op::BtreeCountSum,
         BatchKind::ArtGet { .. } => Op::ArtGet,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_every_query_once_on_found_word_bounds() {
+        let sizes = [0, 1, 63, 64, 65, SMALL_CHUNK, SMALL_CHUNK + 1, 1 << 20, SMALL_PASS - 1, SMALL_PASS, SMALL_PASS + 1, (SMALL_PASS * 2) - 1, 7 << 17, (7 << 18) - 1, 7 << 18, (7 << 18) + 1, 3 << 20, 16_000_000, 16_000_037, (16 << 20) + 5];
+        for n in sizes {
+            let bounds = chunk_bounds(n);
+            // Every pass fits the events of buffers made for any capacity ≥ n.
+            for capacity in sizes.into_iter().filter(|&c| c >= n) {
+                assert!(bounds.len() <= max_chunks(capacity), "{n} in {capacity}: {} chunks", bounds.len());
+            }
+            let mut next = 0;
+            for b in &bounds {
+                assert_eq!(b.start, next, "{n}: contiguous");
+                assert!(b.start.is_multiple_of(64) && !b.is_empty() && b.len() <= CHUNK_QUERIES, "{n}: {b:?}");
+                next = b.end;
+            }
+            assert_eq!(next, n, "{n}: covered");
+        }
+        // A small pass overlaps in quarter chunks; a large one takes whole chunks.
+        assert_eq!(chunk_bounds(1 << 20).len(), 4);
+        assert!(chunk_bounds(16_000_037).iter().rev().skip(1).all(|b| b.len() == CHUNK_QUERIES));
     }
 }
