@@ -162,21 +162,36 @@ impl Devices {
         let (input, output, bits) = (pinned(&mem.input), pinned(&mem.output), pinned(&mem.found));
         for round in slices.chunks(on.len()) {
             let mut started = Vec::with_capacity(round.len());
-            let mut result = Ok(());
-            for (i, r) in round {
-                let (d, q) = (&self.list[*i], &mem.device[*i]);
-                let host = HostSlice {
-                    input: input + (8 * kind.in_words() * r.start) as u64,
-                    output: output + (8 * kind.out_words() * r.start) as u64,
-                    bits: bits + (8 * (r.start / 64)) as u64,
-                    n: r.len(),
-                };
-                result = d.start_pass(meta, kind, q, host, stages).map_err(|e| d.name_error(e));
-                started.push((d, q, r.len()));
-                if result.is_err() {
-                    break;
+            let mut passes = Vec::with_capacity(round.len());
+            // Begin every device's pass, then queue their chunks in turn (chunk 0 of each, then
+            // chunk 1 of each, …), so that no device waits for another's whole pass to be
+            // queued before its first kernel starts.
+            let mut queue = || -> Result<(), MirrorError> {
+                for (i, r) in round {
+                    let (d, q) = (&self.list[*i], &mem.device[*i]);
+                    let host = HostSlice {
+                        input: input + (8 * kind.in_words() * r.start) as u64,
+                        output: output + (8 * kind.out_words() * r.start) as u64,
+                        bits: bits + (8 * (r.start / 64)) as u64,
+                        n: r.len(),
+                    };
+                    started.push((d, q, r.len()));
+                    if let Some(pass) = d.begin_pass(meta, kind, q, host, stages).map_err(|e| d.name_error(e))? {
+                        passes.push((d, q, pass));
+                    }
                 }
-            }
+                let most = passes.iter().map(|(_, _, p)| p.chunks()).max().unwrap_or(0);
+                for c in 0..most {
+                    for (d, q, pass) in passes.iter().filter(|(_, _, p)| c < p.chunks()) {
+                        d.queue_chunk(pass, q, c).map_err(|e| d.name_error(e))?;
+                    }
+                }
+                for (d, q, pass) in &passes {
+                    d.end_pass(pass, q).map_err(|e| d.name_error(e))?;
+                }
+                Ok(())
+            };
+            let mut result = queue();
             // Every started pass is waited for, whatever failed.
             for (d, q, len) in started {
                 let r = d.finish_pass(kind, q, len, stages).map_err(|e| d.name_error(e));

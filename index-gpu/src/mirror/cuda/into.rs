@@ -68,8 +68,8 @@ pub(crate) struct DeviceQueue {
 }
 
 // SAFETY: the queue's driver handles (streams, events, device and pinned memory) may be used
-// from any thread once the context is current, and every use binds it first (`start_pass`,
-// `finish_pass`, `Drop`); moving the queue between threads moves no thread-bound state.
+// from any thread once the context is current, and every use binds it first (`begin_pass`,
+// `queue_chunk`, `end_pass`, `finish_pass`, `Drop`); moving the queue between threads moves no thread-bound state.
 unsafe impl Send for DeviceQueue {}
 
 impl Drop for DeviceQueue {
@@ -106,6 +106,23 @@ pub(crate) struct HostSlice {
     pub(crate) output: u64,
     pub(crate) bits: u64,
     pub(crate) n: usize,
+}
+
+/// A pass begun on one device: what each of its chunks needs.
+pub(crate) struct Pass {
+    meta: u64,
+    heap: u64,
+    kind: BatchKind,
+    host: HostSlice,
+    stages: Stages,
+    chunks: Vec<std::ops::Range<usize>>,
+}
+
+impl Pass {
+    /// Chunks of the pass.
+    pub(crate) fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
 }
 
 impl CudaMirror {
@@ -146,17 +163,23 @@ impl CudaMirror {
         Ok([HostMemory::pinned(in_words)?, HostMemory::pinned(out_words)?, HostMemory::pinned(found_words)?])
     }
 
-    /// Queues `stages` of a pass over `host`'s queries on `queue` (made by this device),
-    /// without waiting: [`CudaMirror::finish_pass`] waits.
-    pub(crate) fn start_pass(&self, meta: u64, kind: BatchKind, queue: &DeviceQueue, host: HostSlice, stages: Stages) -> Result<(), MirrorError> {
+    /// Starts a pass of `stages` over `host`'s queries on `queue` (made by this device): its
+    /// chunks are then queued one by one ([`CudaMirror::queue_chunk`], so that the chunks of
+    /// several devices can be queued in turn and every device starts at once), then
+    /// [`CudaMirror::end_pass`]; [`CudaMirror::finish_pass`] waits. `None`: nothing to do.
+    pub(crate) fn begin_pass(&self, meta: u64, kind: BatchKind, queue: &DeviceQueue, host: HostSlice, stages: Stages) -> Result<Option<Pass>, MirrorError> {
         assert_eq!(queue.device, self.device, "a device's queue on its own device");
         assert!(host.n <= queue.capacity, "a slice of {} queries on a queue for {}", host.n, queue.capacity);
         if host.n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         self.bind()?;
         let heap = self.heap_ptr(meta)?;
-        self.enqueue(meta, heap, kind, queue, host.n, host.input, host.output, host.bits, stages)
+        if stages.kernels {
+            // SAFETY: the slot holds ERR_BYTES bytes; ordered before this pass's kernels.
+            unsafe { cu::memset_d8_async(queue.dev_err.ptr(), 0, ERR_BYTES, queue.run.raw()) }.map_err(|e| driver("cuMemsetD8Async", e))?;
+        }
+        Ok(Some(Pass { meta, heap, kind, host, stages, chunks: chunk_bounds(host.n) }))
     }
 
     /// Waits for every copy and kernel of the pass on `queue` and checks its kernels' error
@@ -182,59 +205,62 @@ impl CudaMirror {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue(&self, meta: u64, heap: u64, kind: BatchKind, q: &DeviceQueue, n: usize, host_in: u64, host_out: u64, host_bits: u64, stages: Stages) -> Result<(), MirrorError> {
+    /// Queues chunk `c` of `pass` on `q`: its copy in, its kernels, its copy out, each on its
+    /// stream after the one before it (events).
+    pub(crate) fn queue_chunk(&self, pass: &Pass, q: &DeviceQueue, c: usize) -> Result<(), MirrorError> {
+        self.bind()?;
+        let (kind, stages) = (pass.kind, pass.stages);
         let (in_bytes, out_bytes) = (8 * kind.in_words(), 8 * kind.out_words());
         let fixed_len = match kind {
             BatchKind::ArtGet { key_len } => key_len as i32,
             _ => -1,
         };
-        let op = op_of(kind);
-        if stages.kernels {
-            // SAFETY: the slot holds ERR_BYTES bytes; ordered before this pass's kernels.
-            unsafe { cu::memset_d8_async(q.dev_err.ptr(), 0, ERR_BYTES, q.run.raw()) }.map_err(|e| driver("cuMemsetD8Async", e))?;
+        let (host_in, host_out, host_bits) = (pass.host.input, pass.host.output, pass.host.bits);
+        let (start, len) = (pass.chunks[c].start, pass.chunks[c].len());
+        let (at_in, at_out) = (start * in_bytes, start * out_bytes);
+        let bits_at = 8 * (start / 64);
+        let bits_len = 8 * len.div_ceil(64);
+        if stages.copy_in {
+            // SAFETY: both ranges lie inside the buffers made for `capacity ≥ n` queries of
+            // this kind; the caller's pinned memory is borrowed exclusively until the pass
+            // has synchronized every stream.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(q.dev_in.at(at_in), (host_in + at_in as u64) as *const c_void, len * in_bytes, q.copy_in.raw()) }
+                .result()
+                .map_err(|e| driver("cuMemcpyHtoDAsync (batch queries)", e))?;
+            q.copied[c].record(&q.copy_in)?;
         }
-        for (c, chunk) in chunk_bounds(n).into_iter().enumerate() {
-            let (start, len) = (chunk.start, chunk.len());
-            let (at_in, at_out) = (start * in_bytes, start * out_bytes);
-            let bits_at = 8 * (start / 64);
-            let bits_len = 8 * len.div_ceil(64);
-            if stages.copy_in {
-                // SAFETY: both ranges lie inside the buffers made for `capacity ≥ n` queries of
-                // this kind; the caller's pinned memory is borrowed exclusively until the pass
-                // has synchronized every stream.
-                unsafe { sys::cuMemcpyHtoDAsync_v2(q.dev_in.at(at_in), (host_in + at_in as u64) as *const c_void, len * in_bytes, q.copy_in.raw()) }
+        if stages.kernels {
+            q.run.wait(&q.copied[c])?;
+            // Only lookups have found flags: the other kinds' flag buffer is empty.
+            let found = if kind.lookups() { q.dev_found.at(start) } else { 0 };
+            let io = KernelIo { input: q.dev_in.at(at_in), offs: 0, lens: 0, out: q.dev_out.at(at_out), found, err: q.dev_err.ptr(), n: len };
+            self.launch(op_of(kind), pass.meta, pass.heap, io, fixed_len, q.run.raw())?;
+            if kind.lookups() {
+                self.launch_found_bits(q.dev_found.at(start), len, q.dev_bits.at(bits_at), &q.run)?;
+            }
+            q.answered[c].record(&q.run)?;
+        }
+        if stages.copy_out {
+            q.copy_out.wait(&q.answered[c])?;
+            // SAFETY: as for the copy in, for the answer memory.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2((host_out + at_out as u64) as *mut c_void, q.dev_out.at(at_out), len * out_bytes, q.copy_out.raw())
                     .result()
-                    .map_err(|e| driver("cuMemcpyHtoDAsync (batch queries)", e))?;
-                q.copied[c].record(&q.copy_in)?;
-            }
-            if stages.kernels {
-                q.run.wait(&q.copied[c])?;
-                // Only lookups have found flags: the other kinds' flag buffer is empty.
-                let found = if kind.lookups() { q.dev_found.at(start) } else { 0 };
-                let io = KernelIo { input: q.dev_in.at(at_in), offs: 0, lens: 0, out: q.dev_out.at(at_out), found, err: q.dev_err.ptr(), n: len };
-                self.launch(op, meta, heap, io, fixed_len, q.run.raw())?;
+                    .map_err(|e| driver("cuMemcpyDtoHAsync (batch answers)", e))?;
                 if kind.lookups() {
-                    self.launch_found_bits(q.dev_found.at(start), len, q.dev_bits.at(bits_at), &q.run)?;
-                }
-                q.answered[c].record(&q.run)?;
-            }
-            if stages.copy_out {
-                q.copy_out.wait(&q.answered[c])?;
-                // SAFETY: as for the copy in, for the answer memory.
-                unsafe {
-                    sys::cuMemcpyDtoHAsync_v2((host_out + at_out as u64) as *mut c_void, q.dev_out.at(at_out), len * out_bytes, q.copy_out.raw())
+                    sys::cuMemcpyDtoHAsync_v2((host_bits + bits_at as u64) as *mut c_void, q.dev_bits.at(bits_at), bits_len, q.copy_out.raw())
                         .result()
-                        .map_err(|e| driver("cuMemcpyDtoHAsync (batch answers)", e))?;
-                    if kind.lookups() {
-                        sys::cuMemcpyDtoHAsync_v2((host_bits + bits_at as u64) as *mut c_void, q.dev_bits.at(bits_at), bits_len, q.copy_out.raw())
-                            .result()
-                            .map_err(|e| driver("cuMemcpyDtoHAsync (found bits)", e))?;
-                    }
+                        .map_err(|e| driver("cuMemcpyDtoHAsync (found bits)", e))?;
                 }
             }
         }
-        if stages.kernels {
+        Ok(())
+    }
+
+    /// Ends `pass` on `q` once every chunk is queued: its error slot follows its kernels home.
+    pub(crate) fn end_pass(&self, pass: &Pass, q: &DeviceQueue) -> Result<(), MirrorError> {
+        if pass.stages.kernels {
+            self.bind()?;
             // SAFETY: the pinned slot holds ERR_BYTES bytes; read only after the pass syncs.
             unsafe { sys::cuMemcpyDtoHAsync_v2(q.pin_err.ptr() as *mut c_void, q.dev_err.ptr(), ERR_BYTES, q.run.raw()) }
                 .result()
