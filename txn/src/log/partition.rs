@@ -75,17 +75,18 @@ pub struct Taken {
 
 impl Partition {
     /// Draws an LSN from `clock` and appends its record, under this partition's mutex.
-    /// Returns the LSN and the buffered byte count after the append.
-    pub fn append(&self, clock: &AtomicU64, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize) {
+    /// Returns the LSN and the buffered byte counts before and after the append.
+    pub fn append(&self, clock: &AtomicU64, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
         let mut s = self.state.lock();
         let lsn = clock.fetch_add(1, Ordering::SeqCst) + 1;
+        let before = s.active.len();
         encode(&mut s.active, lsn);
         if s.active_first == 0 {
             s.active_first = lsn;
         }
         debug_assert!(lsn > s.active_last, "LSNs ascend within a partition");
         s.active_last = lsn;
-        (lsn, s.active.len())
+        (lsn, before, s.active.len())
     }
 
     /// Wakes every waiter of this partition, for a change every waiter must see (failure,
@@ -241,12 +242,28 @@ mod tests {
         assert_eq!(p.flush_due(interval, Instant::now()), Some(due), "finishing the flush does not move it");
     }
 
+    /// What `LogManager::append` throttles on: the bytes buffered ahead of a record (which a
+    /// flush's take empties), not the record's own size.
+    #[test]
+    fn append_reports_the_bytes_ahead_of_its_record() {
+        let clock = AtomicU64::new(0);
+        let p = Partition::default();
+        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
+        assert_eq!((before, after), (0, 1000), "a large record into an empty buffer has nothing ahead of it");
+        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 10, 0));
+        assert_eq!((before, after), (1000, 1010));
+        let taken = p.take().unwrap();
+        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
+        assert_eq!((before, after), (0, 1000), "the flush took what was ahead");
+        p.written(taken);
+    }
+
     #[test]
     fn pending_tracks_active_and_inflight() {
         let clock = AtomicU64::new(10);
         let p = Partition::default();
         assert_eq!(p.first_pending(), None);
-        let (lsn, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        let (lsn, _, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
         assert_eq!(lsn, 11);
         assert_eq!(p.first_pending(), Some(11));
         assert_eq!(p.generation_for(11), Some(1), "the active buffer goes with the next take");
@@ -254,7 +271,7 @@ mod tests {
         let taken = p.take().unwrap();
         assert_eq!(taken.generation, 1);
         assert!(p.take().is_none(), "one buffer in flight at a time");
-        let (lsn2, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        let (lsn2, _, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
         assert_eq!(p.first_pending(), Some(11), "in-flight buffer is older");
         assert_eq!(p.generation_for(11), Some(1), "in flight");
         assert_eq!(p.generation_for(lsn2), Some(2), "behind the buffer in flight");

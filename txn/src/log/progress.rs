@@ -107,7 +107,7 @@ impl<S: Flush> FlushGroup<S> {
     }
 
     /// Draws an LSN and appends its record to `partition` (see [`Partition::append`]).
-    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize) {
+    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
         self.partitions[partition].append(&self.clock, encode)
     }
 
