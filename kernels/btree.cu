@@ -40,6 +40,13 @@ struct BtLeaf {
     u32 le;
 };
 
+// The child of an internal node to descend to, from the key's lower bounds in it (lt: keys <
+// key, le: keys <= key): layout.rs child_slot, keys[lt] == key ? lt : lt - 1 (keys[0] is the
+// node's low bound).
+__device__ __forceinline__ u32 bt_child_slot(u32 lt, u32 le) {
+    return (le > lt) ? lt : (lt > 0 ? lt - 1 : 0);
+}
+
 // The most nodes a descent or chain walk can visit in a mirror of `extent` bytes: every node
 // at most once (a longer walk follows a cycle in damaged data and is reported).
 __device__ __forceinline__ u64 bt_max_steps(u64 extent) {
@@ -144,17 +151,10 @@ __device__ __forceinline__ bool bt_descend(const View& v, u64 root, u64 key,
         lt = both & 0xffffu;
         le = both >> 16;
         if (level == 0) {
-            out.node = node;
-            out.at = at;
-            out.high = high;
-            out.right = right;
-            out.count = count;
-            out.lt = lt;
-            out.le = le;
+            out = BtLeaf{node, at, high, right, count, lt, le};
             return true;
         }
-        // layout.rs child_slot: keys[lt] == key ? lt : lt - 1 (keys[0] is the node's low bound).
-        const u32 slot = (le > lt) ? lt : (lt > 0 ? lt - 1 : 0);
+        const u32 slot = bt_child_slot(lt, le);
         u64 child;
         if (pre) {
             // Shuffle each of the owner's KPL children and keep the one asked for: selecting
@@ -361,16 +361,10 @@ __device__ __forceinline__ bool bt_descend_sectors(const View& v, u64 root, u64 
         u32 lt, le;
         bt_sector_search<GUESS>(heap, at, n, key, s, k, lt, le);
         if (level == 0) {
-            out.node = node;
-            out.at = at;
-            out.high = high;
-            out.right = right;
-            out.count = count;
-            out.lt = lt;
-            out.le = le;
+            out = BtLeaf{node, at, high, right, count, lt, le};
             return true;
         }
-        const u32 slot = (le > lt) ? lt : (lt > 0 ? lt - 1 : 0);
+        const u32 slot = bt_child_slot(lt, le);
         node = tusk_ld(heap, at + BT_VALUES + 8ull * slot);
         s = GUESS ? bt_guess(key, slot, n, s, k, high, right) : (BT_CAP / BT_SECTOR_KEYS) / 2;
     }
