@@ -84,8 +84,10 @@ fn segment_bytes(options: &Options) -> u64 {
 
 /// The log size at which committers stall: below `max_log_bytes` by what the partitions
 /// may still have buffered when the stall begins (per partition, a buffer in flight and an
-/// active one, each up to the Async throttle bound of 8 buffers ahead of a committer's
-/// record, plus padding).
+/// active one, each up to the Async throttle bound of 8 buffers, plus padding). The margin
+/// counts buffers, not records: a committer's own record past the bound (at most two per
+/// committer not yet durable, `LogManager::append`) comes on top of it, as a single large
+/// record always did.
 fn stall_at(options: &Options) -> u64 {
     let buffered = options.log_partitions.max(1) as u64 * options.log_buffer_bytes.max(4096) as u64 * 17;
     options.max_log_bytes.saturating_sub(buffered).max(options.max_log_bytes / 2)

@@ -117,14 +117,16 @@ impl LogManager {
 
     /// Draws the next LSN and appends its record to `partition`, atomically with respect to
     /// the partition (see the module docs). `encode` writes the record for the given LSN.
-    /// Returns the LSN and whether the partition's buffer had outgrown its bound before this
-    /// record (the committer should then [`LogManager::throttle`] once it has released its
-    /// locks).
+    /// Returns the LSN and whether the partition held more than its bound not yet durable
+    /// ahead of this record, buffered or in flight (the committer should then
+    /// [`LogManager::throttle`] once it has released its locks).
     ///
     /// The bound is on the bytes ahead of the record, not on the record itself: a large
     /// transaction's record alone past the bound says nothing about the disk falling behind,
     /// and throttling it made every such `Async` commit wait for its own flush (100 k-key
-    /// B-link transactions spent about a fifth of their time so).
+    /// B-link transactions spent about a fifth of their time so). Counting the buffer in
+    /// flight keeps a committer of large records to about two of them not yet durable: the
+    /// next waits while the one before is still being written.
     pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, bool) {
         let (lsn, before, len) = self.shared.group.append(partition, encode);
         if len >= self.shared.config.log_buffer_bytes {

@@ -42,6 +42,8 @@ struct State {
     active_last: u64,
     /// First LSN of the buffer the writer has in flight (0 when none).
     inflight_first: u64,
+    /// Bytes of the buffer in flight (0 when none).
+    inflight_bytes: usize,
     /// Buffers taken so far: the generation of the one in flight, or of the last flushed.
     takes: u64,
     /// The buffer the writer last returned, kept for reuse.
@@ -57,6 +59,7 @@ impl State {
         let data = std::mem::replace(&mut self.active, spare);
         self.takes += 1;
         self.inflight_first = first;
+        self.inflight_bytes = data.len();
         self.active_first = 0;
         self.active_last = 0;
         self.last_take = Some(Instant::now());
@@ -75,11 +78,12 @@ pub struct Taken {
 
 impl Partition {
     /// Draws an LSN from `clock` and appends its record, under this partition's mutex.
-    /// Returns the LSN and the buffered byte counts before and after the append.
+    /// Returns the LSN, the bytes not yet durable ahead of the record (the active buffer's and
+    /// the one in flight's), and the active buffer's bytes after the append.
     pub fn append(&self, clock: &AtomicU64, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
         let mut s = self.state.lock();
         let lsn = clock.fetch_add(1, Ordering::SeqCst) + 1;
-        let before = s.active.len();
+        let before = s.active.len() + s.inflight_bytes;
         encode(&mut s.active, lsn);
         if s.active_first == 0 {
             s.active_first = lsn;
@@ -205,6 +209,7 @@ impl Partition {
         let mut s = self.state.lock();
         debug_assert_eq!(s.inflight_first, taken.first);
         s.inflight_first = 0;
+        s.inflight_bytes = 0;
         self.durable.fetch_max(taken.last, Ordering::SeqCst);
         clear_for_reuse(&mut taken.data, MAX_KEPT_BUFFER);
         if s.spare.capacity() < taken.data.capacity() {
@@ -242,8 +247,8 @@ mod tests {
         assert_eq!(p.flush_due(interval, Instant::now()), Some(due), "finishing the flush does not move it");
     }
 
-    /// What `LogManager::append` throttles on: the bytes buffered ahead of a record (which a
-    /// flush's take empties), not the record's own size.
+    /// What `LogManager::append` throttles on: the bytes not yet durable ahead of a record
+    /// (buffered or in flight), not the record's own size.
     #[test]
     fn append_reports_the_bytes_ahead_of_its_record() {
         let clock = AtomicU64::new(0);
@@ -254,8 +259,14 @@ mod tests {
         assert_eq!((before, after), (1000, 1010));
         let taken = p.take().unwrap();
         let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
-        assert_eq!((before, after), (0, 1000), "the flush took what was ahead");
+        assert_eq!((before, after), (1010, 1000), "the bytes in flight are still ahead until written");
         p.written(taken);
+        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 10, 0));
+        assert_eq!((before, after), (1000, 1010), "once written, only the active buffer is ahead");
+        let taken = p.take().unwrap();
+        p.written(taken);
+        let (_, before, _) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
+        assert_eq!(before, 0, "nothing ahead once every flush is done");
     }
 
     #[test]
