@@ -69,7 +69,8 @@ pub(crate) struct DeviceQueue {
 
 // SAFETY: the queue's driver handles (streams, events, device and pinned memory) may be used
 // from any thread once the context is current, and every use binds it first (`begin_pass`,
-// `queue_chunk`, `end_pass`, `finish_pass`, `Drop`); moving the queue between threads moves no thread-bound state.
+// `queue_chunk`, `end_pass`, `finish_pass`, `Drop`); moving the queue between threads moves
+// no thread-bound state.
 unsafe impl Send for DeviceQueue {}
 
 impl Drop for DeviceQueue {
