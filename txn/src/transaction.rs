@@ -1030,6 +1030,14 @@ impl<'e> Transaction<'e> {
             Ok(()) => engine.draw_empty_lsn(),
             Err(_) => engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
         });
+        // The restored pages are stamped like a commit's: a consistent page copy whose open
+        // pass read them while the run's stores were there must copy them again in its closed
+        // pass (which waits for this pass), or it keeps stores no commit made (found by
+        // `snapshot::copy::tests::an_in_place_run_dropped_during_the_open_pass_leaves_no_trace`).
+        let mut stamps = PageStamps::new(heap, engine.dirty_epoch());
+        for line in state.fresh.iter().copied().chain(state.undo.iter().map(|e| e.line)) {
+            stamps.line(line);
+        }
         drop(pass);
         for &s in &state.held {
             match version {
