@@ -295,7 +295,6 @@ mod tests {
     #[test]
     fn an_in_place_run_dropped_during_the_open_pass_leaves_no_trace() {
         use crate::in_place::IN_PLACE_FROM;
-        use std::sync::mpsc;
 
         /// Calls `around(false)` before its first copy and `around(true)` after it.
         struct Hooked<'a> {
