@@ -15,7 +15,8 @@
 //! - `count_sum_ranges_per_s` (device-resident), `…_end_to_end` and `…_into_buffers`:
 //!   count+sum over `--ranges` ranges spanning about `--range-keys` keys;
 //! - `sync_ms_1pct`: `apply_batch` of one upsert per 1% of the heap's pages (random present
-//!   keys, so each dirties a leaf), then `sync`, with its scan and copy times;
+//!   keys, so each dirties a leaf), then `sync`, with its scan and copy times: the median of
+//!   `--rounds` such rounds (and `sync_ms_1pct_min_max`);
 //! - `update_path_ops_per_s`: `apply_batch` of `--update-ops` upserts to present keys, a
 //!   `sync` (its bytes and GB/s), and a lookup batch into caller buffers that must see every
 //!   upsert, all timed;
@@ -516,38 +517,46 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
         Some(&second) => Some(compare_contents(args, devices, &store, &mirror, (first, second), index, meta, &batch, &art_refs, &ranges)?),
         None => None,
     };
-    // Sync after 1% of the heap's pages were dirtied by apply_batch.
+    // Syncs after 1% of the heap's pages were dirtied by apply_batch, `--rounds` times (fresh
+    // picks each round); the round of the median time is reported.
     let updates = (heap_pages / 100) as usize;
-    let mut picks: Vec<u64> = distinct.choose_multiple(&mut rng, updates.min(distinct.len())).copied().collect();
-    picks.sort_unstable();
-    store.transact(Commit::Async, |tx| match index {
-        GpuIndex::Btree => {
-            let ops: Vec<BTreeOp> = picks.iter().map(|&k| BTreeOp::Upsert { key: k, value: k }).collect();
-            tx.btree("t")?.apply_batch(&ops).map(|_| ())
-        }
-        GpuIndex::Art => {
-            let mut t = tx.art("t")?;
-            for &k in &picks {
-                t.insert(&be(k), k)?;
+    let mut syncs = Vec::with_capacity(args.rounds.max(1));
+    for _ in 0..args.rounds.max(1) {
+        let mut picks: Vec<u64> = distinct.choose_multiple(&mut rng, updates.min(distinct.len())).copied().collect();
+        picks.sort_unstable();
+        store.transact(Commit::Async, |tx| match index {
+            GpuIndex::Btree => {
+                let ops: Vec<BTreeOp> = picks.iter().map(|&k| BTreeOp::Upsert { key: k, value: k }).collect();
+                tx.btree("t")?.apply_batch(&ops).map(|_| ())
             }
-            Ok(())
+            GpuIndex::Art => {
+                let mut t = tx.art("t")?;
+                for &k in &picks {
+                    t.insert(&be(k), k)?;
+                }
+                Ok(())
+            }
+        })?;
+        let started = Instant::now();
+        let report = mirror.sync()?;
+        let sync_ms = started.elapsed().as_secs_f64() * 1e3;
+        let probe: Vec<u64> = picks.iter().copied().take(1000).collect();
+        let after = match index {
+            GpuIndex::Btree => mirror.btree("t")?.get_batch(&probe)?.values,
+            GpuIndex::Art => {
+                let keys: Vec<[u8; 8]> = probe.iter().map(|&k| be(k)).collect();
+                let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                mirror.art("t")?.get_batch(&refs)?.values
+            }
+        };
+        if after.iter().zip(&probe).any(|(v, k)| *v != Some(*k)) {
+            return Err("after the sync the mirror does not show the updates".into());
         }
-    })?;
-    let started = Instant::now();
-    let report = mirror.sync()?;
-    let sync_ms = started.elapsed().as_secs_f64() * 1e3;
-    let probe: Vec<u64> = picks.iter().copied().take(1000).collect();
-    let after = match index {
-        GpuIndex::Btree => mirror.btree("t")?.get_batch(&probe)?.values,
-        GpuIndex::Art => {
-            let keys: Vec<[u8; 8]> = probe.iter().map(|&k| be(k)).collect();
-            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-            mirror.art("t")?.get_batch(&refs)?.values
-        }
-    };
-    if after.iter().zip(&probe).any(|(v, k)| *v != Some(*k)) {
-        return Err("after the sync the mirror does not show the updates".into());
+        syncs.push((sync_ms, report));
     }
+    syncs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let sync_spread = (syncs[0].0, syncs[syncs.len() - 1].0);
+    let (sync_ms, report) = syncs.swap_remove(syncs.len() / 2);
 
     phase(t0, "sync timed");
     // The whole update path a user runs: a batch of upserts committed, a sync, and a lookup
@@ -631,6 +640,7 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
         "update_buffers_setup_ms": buffers_ms,
         "range_keys": args.range_keys,
         "sync_ms_1pct": sync_ms,
+        "sync_ms_1pct_min_max": [sync_spread.0, sync_spread.1],
         "sync_pages": report.pages,
         "sync_uploaded_bytes": report.uploaded,
         "sync_host_ms": report.host.as_secs_f64() * 1e3,

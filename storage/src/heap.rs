@@ -189,6 +189,25 @@ impl Heap {
         self.read_bytes(off, dst);
     }
 
+    /// [`Heap::copy_out`] with non-temporal stores (`region::copy_streaming`): for copies of
+    /// whole lines into memory nobody reads soon. Other lengths and alignments take the plain
+    /// copy. The stores are ordered before later ones only by `region::streaming_fence`.
+    pub fn copy_out_streaming(&self, off: u64, dst: &mut [u8]) {
+        use crate::region::STREAM_STEP;
+        let aligned = (off as usize | dst.as_ptr() as usize | dst.len()).is_multiple_of(STREAM_STEP);
+        if cfg!(loom) || !aligned {
+            return self.copy_out(off, dst);
+        }
+        self.check_range(off, dst.len() as u64);
+        #[cfg(not(loom))]
+        // SAFETY: the source range lies in the mapping (checked above), `dst` is borrowed
+        // exclusively, and both are line-aligned with a length of whole lines (checked above);
+        // the source may be written meanwhile, as with `copy_out`.
+        unsafe {
+            crate::region::copy_streaming(dst.as_mut_ptr(), self.data.base().add(off as usize), dst.len());
+        }
+    }
+
     /// Copies `src` into the heap at `off` with a plain `memcpy` (wide moves instead of one
     /// atomic store per word). Only for a heap no other thread reads or writes in that range
     /// meanwhile: recovery loading checkpoint images into a fresh heap.
@@ -517,6 +536,28 @@ mod tests {
         heap.copy_out(13, &mut fast);
         heap.read_bytes(13, &mut slow);
         assert_eq!(fast, slow);
+    }
+
+    /// The streaming copy equals the plain one, aligned (non-temporal moves) or not (the plain
+    /// copy it falls back to).
+    #[test]
+    fn copy_out_streaming_equals_copy_out() {
+        let heap = Heap::new(4 * PAGE_SIZE).unwrap();
+        for i in 0..(4 * PAGE_SIZE / 8) {
+            heap.store_word(i * 8, i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        }
+        let mut backing = vec![0u8; 3 * PAGE_SIZE as usize + 64];
+        let lead = backing.as_ptr().align_offset(64);
+        let bytes = &mut backing[lead..];
+        for (off, len) in [(PAGE_SIZE, 2 * PAGE_SIZE as usize), (64, 640), (13, 900), (128, 100)] {
+            let mut plain = vec![0u8; len];
+            heap.copy_out(off, &mut plain);
+            let dst = &mut bytes[..len];
+            dst.fill(0xEE);
+            heap.copy_out_streaming(off, dst);
+            crate::region::streaming_fence();
+            assert!(dst == plain.as_slice(), "{len} bytes at {off}");
+        }
     }
 
     #[test]

@@ -160,6 +160,58 @@ pub(crate) fn prefetch_ptr(p: *const u8) {
     let _ = p;
 }
 
+/// Bytes a streaming copy moves per step (four 16-byte moves): its lengths and addresses are
+/// multiples of this.
+pub const STREAM_STEP: usize = 64;
+
+/// Copies `len` bytes from `src` to `dst` with non-temporal stores: the destination's lines
+/// are written to memory without first being read into cache, and leave no copy there (a
+/// third less memory traffic for a copy nobody reads soon, such as the image and the pinned
+/// staging of a GPU mirror's sync). Ordered before later stores only by [`streaming_fence`].
+///
+/// # Safety
+/// `src` readable and `dst` writable for `len` bytes, both aligned to and `len` a multiple of
+/// [`STREAM_STEP`]; `dst` not read or written by anyone else meanwhile (`src` may be: its
+/// bytes may come out torn, as with `memcpy`).
+#[cfg(not(loom))]
+pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    debug_assert!((dst as usize | src as usize | len).is_multiple_of(STREAM_STEP));
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_stream_si128};
+        let mut at = 0;
+        while at < len {
+            // SAFETY: in bounds and 16-byte aligned by the contract above; SSE2 is part of
+            // every x86_64 target.
+            unsafe {
+                let (s, d) = (src.add(at) as *const __m128i, dst.add(at) as *mut __m128i);
+                let (a, b, c, e) = (_mm_load_si128(s), _mm_load_si128(s.add(1)), _mm_load_si128(s.add(2)), _mm_load_si128(s.add(3)));
+                _mm_stream_si128(d, a);
+                _mm_stream_si128(d.add(1), b);
+                _mm_stream_si128(d.add(2), c);
+                _mm_stream_si128(d.add(3), e);
+            }
+            at += STREAM_STEP;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: valid, non-overlapping ranges by the contract above.
+    unsafe {
+        libc::memcpy(dst as *mut libc::c_void, src as *const libc::c_void, len);
+    }
+}
+
+/// Makes this thread's earlier [`copy_streaming`] stores visible before its later stores (such
+/// as the release of a channel send that hands the copy to another thread or a DMA engine).
+#[inline]
+pub fn streaming_fence() {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: a store fence has no memory-safety preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
 /// A plain byte region reserved like the heap (zero until touched, never moved), for copies
 /// of the heap that readers use with ordinary loads: memcpy snapshots. Reserving the heap's
 /// whole capacity up front lets a snapshot grow with the heap without moving.

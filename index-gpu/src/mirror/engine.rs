@@ -67,16 +67,14 @@ struct Streaming<'a> {
 
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
-        let pool = &self.pool;
-        let held = self.held;
-        let prepare = |pieces: &[(u64, &[u8])]| streamed::pack(pool, pieces, held);
+        let packer = streamed::Packer { pool: &self.pool, held: self.held };
         // About four portions per copier, so that the bus starts early, but none so small that
         // a buffer's fixed costs dominate.
         let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
         let portion = (total / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64) / PAGE_SIZE * PAGE_SIZE;
         let (device, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
         self.image
-            .copy_runs_streamed::<_, std::convert::Infallible>(heap, runs, portion, &prepare, &mut |packed| {
+            .copy_runs_streamed::<_, std::convert::Infallible>(heap, runs, portion, &packer, &mut |packed| {
                 if failed.is_some() || packed.is_empty() {
                     device.give_back(packed);
                     return Ok(());

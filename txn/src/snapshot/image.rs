@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use tusk_storage::region::ImageRegion;
+use tusk_storage::region::{self, ImageRegion};
 use tusk_storage::{workers, Heap, PAGE_SIZE};
 
 use super::copy::PageSink;
@@ -11,9 +11,6 @@ use crate::TxnError;
 
 /// Copies smaller than this run on the calling thread alone (starting threads costs more).
 const PARALLEL_COPY_BYTES: u64 = 8 << 20;
-
-/// A piece of a streamed copy's portion: its heap offset and its bytes as now in the image.
-pub type CopiedPiece<'a> = (u64, &'a [u8]);
 
 pub struct ImageTarget {
     region: ImageRegion,
@@ -47,55 +44,78 @@ impl ImageTarget {
         self.threads = threads.max(1);
     }
 
-    /// [`PageSink::copy_runs`] in portions of at most `portion` bytes: each copier thread
-    /// hands every portion it has copied to `prepare` at once, on its own thread, with the
-    /// portion's pieces as they now are in the image (heap offset, bytes: still in that
-    /// thread's caches), and sends what `prepare` made to `consume` on the calling thread,
-    /// while the copiers go on. What consumes the image (an upload to a device) then overlaps
-    /// the copy, and its packing is spread over the copiers. Portions come to `consume` in no
-    /// particular order; its first error is returned once every copy has ended (a portion
-    /// after it is still prepared but not consumed).
-    pub fn copy_runs_streamed<T: Send, E>(
+    /// [`PageSink::copy_runs`] that hands every page to `packer` as it goes: each copier
+    /// thread fills portions of at most `portion` bytes, copying [`PACK_STEP`] bytes at a time
+    /// into the image and packing them at once from the heap (their lines still in that core's
+    /// cache), and sends each full portion to `consume` on the calling thread while it goes on.
+    /// What consumes the portions (an upload to a device) then overlaps the copy, and the
+    /// packing is spread over the copiers. The image is written with non-temporal stores
+    /// (nobody reads it soon, and its lines need not be read before they are written), so
+    /// a page costs one read of the heap and one write each of the image and the portion.
+    /// Portions come to `consume` in no particular order; its first error is returned once
+    /// every copy has ended (a portion after it is still packed but not consumed).
+    ///
+    /// A page written while it is copied may differ between the image and the portion; the
+    /// consistent copy copies every such page again under the closed gate (`copy.rs`).
+    pub fn copy_runs_streamed<P: PortionPacker, E>(
         &mut self,
         heap: &Heap,
         runs: &[Range<u64>],
         portion: u64,
-        prepare: &(dyn Fn(&[CopiedPiece<'_>]) -> T + Sync),
-        consume: &mut dyn FnMut(T) -> Result<(), E>,
+        packer: &P,
+        consume: &mut dyn FnMut(P::Portion) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.copy_runs_with(heap, runs, Stepping { portion: portion.max(PAGE_SIZE), step: PACK_STEP, streaming: true }, packer, consume)
+    }
+
+    fn copy_runs_with<P: PortionPacker, E>(
+        &mut self,
+        heap: &Heap,
+        runs: &[Range<u64>],
+        stepping: Stepping,
+        packer: &P,
+        consume: &mut dyn FnMut(P::Portion) -> Result<(), E>,
     ) -> Result<(), E> {
         let Some(end) = runs.last().map(|r| r.end) else { return Ok(()) };
         self.len = self.len.max(end);
         let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
-        let portion = portion.max(PAGE_SIZE);
+        let Stepping { portion, step, streaming } = stepping;
         let threads = if total < PARALLEL_COPY_BYTES { 1 } else { self.threads };
         let jobs = split_runs(self.region.bytes_mut(end), runs, total.div_ceil(threads as u64).next_multiple_of(PAGE_SIZE));
-        // Each job's pieces, cut to fill portions exactly, copied and prepared portion by portion.
-        let copy_job = |job: Vec<(u64, &mut [u8])>, send: &mut dyn FnMut(T)| {
-            let mut pieces: Vec<(u64, &[u8])> = Vec::new();
+        // Each job's pieces, cut into steps that fill portions exactly, copied and packed step
+        // by step.
+        let copy_job = |job: Vec<(u64, &mut [u8])>, send: &mut dyn FnMut(P::Portion)| {
+            let mut open: Option<P::Portion> = None;
             let mut bytes = 0u64;
             for (off, mut dst) in job {
                 let mut at = off;
                 while !dst.is_empty() {
-                    let take = (portion - bytes).min(dst.len() as u64) as usize;
+                    let take = (portion - bytes).min(step).min(dst.len() as u64) as usize;
                     let (piece, rest) = std::mem::take(&mut dst).split_at_mut(take);
-                    heap.copy_out(at, piece);
-                    pieces.push((at, piece));
+                    if streaming {
+                        heap.copy_out_streaming(at, piece);
+                    } else {
+                        heap.copy_out(at, piece);
+                    }
+                    packer.pack(open.get_or_insert_with(|| packer.begin()), heap, at, take);
                     dst = rest;
                     at += take as u64;
                     bytes += take as u64;
                     if bytes == portion {
-                        send(prepare(&pieces));
-                        pieces.clear();
+                        region::streaming_fence();
+                        send(open.take().expect("packed above"));
                         bytes = 0;
                     }
                 }
             }
-            if !pieces.is_empty() {
-                send(prepare(&pieces));
+            // The portion's stores and the image's, before the copy counts as done.
+            region::streaming_fence();
+            if let Some(last) = open {
+                send(last);
             }
         };
         let mut result = Ok(());
-        let mut take = |made: T| {
+        let mut take = |made: P::Portion| {
             if result.is_ok() {
                 result = consume(made);
             }
@@ -106,7 +126,7 @@ impl ImageTarget {
             }
             return result;
         }
-        let (tx, rx) = crossbeam_channel::unbounded::<T>();
+        let (tx, rx) = crossbeam_channel::unbounded::<P::Portion>();
         // The copiers on the worker pool, the consumer on this thread (not a worker: its waits
         // for portions hold up no copier).
         workers::pool().in_place_scope(|s| {
@@ -123,10 +143,46 @@ impl ImageTarget {
     }
 }
 
+/// Bytes a streamed copy copies into the image before packing them: small enough that they
+/// are still in the copier's cache (L2) when the packer reads them again.
+pub const PACK_STEP: u64 = 64 << 10;
+
+/// How a copy is cut: portions of `portion` bytes, copied `step` bytes at a time, the image
+/// written with non-temporal stores or not.
+#[derive(Clone, Copy)]
+struct Stepping {
+    portion: u64,
+    step: u64,
+    streaming: bool,
+}
+
+/// Where a streamed copy's pages go besides the image (the GPU mirror's pinned staging
+/// buffers): each copier fills one portion at a time.
+pub trait PortionPacker: Sync {
+    type Portion: Send;
+    /// An empty portion (it may wait, for an idle buffer say).
+    fn begin(&self) -> Self::Portion;
+    /// Adds the heap's whole pages `[off, off + len)` to `portion`, read from `heap`: the
+    /// copier has just copied them into the image, so their lines are in its cache. Stores
+    /// may be non-temporal: the copy fences before it hands a portion over.
+    fn pack(&self, portion: &mut Self::Portion, heap: &Heap, off: u64, len: usize);
+}
+
+/// A packer that keeps nothing: the plain copy.
+struct NoPacking;
+
+impl PortionPacker for NoPacking {
+    type Portion = ();
+    fn begin(&self) {}
+    fn pack(&self, _: &mut (), _: &Heap, _: u64, _: usize) {}
+}
+
 impl PageSink for ImageTarget {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
-        // The streamed copy with nothing to hand over: one portion per copier, consumed by no one.
-        self.copy_runs_streamed::<(), std::convert::Infallible>(heap, runs, u64::MAX, &|_| (), &mut |()| Ok(())).unwrap_or_else(|never| match never {});
+        // Nothing to hand over: one portion per copier, copied in one go per piece with plain
+        // stores (a snapshot's readers may read what was just copied), consumed by no one.
+        let plain = Stepping { portion: u64::MAX, step: u64::MAX, streaming: false };
+        self.copy_runs_with::<_, std::convert::Infallible>(heap, runs, plain, &NoPacking, &mut |()| Ok(())).unwrap_or_else(|never| match never {});
         Ok(())
     }
 }
@@ -182,8 +238,24 @@ mod tests {
         assert_eq!(covered, runs.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>());
     }
 
+    /// Packs copies of the pages, at most a step at a time, each whole pages.
+    struct Recording;
+
+    impl PortionPacker for Recording {
+        type Portion = Vec<(u64, Vec<u8>)>;
+        fn begin(&self) -> Self::Portion {
+            Vec::new()
+        }
+        fn pack(&self, portion: &mut Self::Portion, heap: &Heap, off: u64, len: usize) {
+            assert!(len as u64 <= PACK_STEP && off.is_multiple_of(PAGE_SIZE) && (len as u64).is_multiple_of(PAGE_SIZE), "{len} bytes at {off}");
+            let mut bytes = vec![0u8; len];
+            heap.copy_out(off, &mut bytes);
+            portion.push((off, bytes));
+        }
+    }
+
     /// Streamed copies hand over every copied byte exactly once, in portions no larger than
-    /// asked, each prepared only once its bytes are in the image, on one thread or several;
+    /// asked, packed a step at a time with the heap's bytes, on one thread or several;
     /// they leave the image equal to the heap in every run; a consumer's error comes back
     /// after the copy ended.
     #[test]
@@ -198,22 +270,18 @@ mod tests {
             let mut image = ImageTarget::new(heap.capacity(), threads).unwrap();
             let mut seen: Vec<Range<u64>> = Vec::new();
             let mut portions = 0;
-            // Each portion's pieces must hold the heap's bytes when prepared (copied first).
-            let prepare = |pieces: &[(u64, &[u8])]| -> Vec<Range<u64>> {
-                let mut bytes = 0;
-                for &(off, piece) in pieces {
-                    let mut want = vec![0u8; piece.len()];
-                    heap.read_bytes(off, &mut want);
-                    assert!(piece == want.as_slice(), "piece at {off} prepared before it was copied");
-                    bytes += piece.len();
-                }
-                assert!(bytes <= 1 << 20, "a portion of {bytes} bytes, more than asked");
-                pieces.iter().map(|&(off, p)| off..off + p.len() as u64).collect()
-            };
+            let packer = Recording;
             image
-                .copy_runs_streamed::<_, ()>(&heap, &runs, 1 << 20, &prepare, &mut |portion| {
+                .copy_runs_streamed::<_, ()>(&heap, &runs, 1 << 20, &packer, &mut |portion| {
                     portions += 1;
-                    seen.extend(portion);
+                    let bytes: usize = portion.iter().map(|(_, b)| b.len()).sum();
+                    assert!(bytes <= 1 << 20, "a portion of {bytes} bytes, more than asked");
+                    for (off, piece) in portion {
+                        let mut want = vec![0u8; piece.len()];
+                        heap.read_bytes(off, &mut want);
+                        assert!(piece == want, "piece at {off} packed with other bytes than the heap's");
+                        seen.push(off..off + piece.len() as u64);
+                    }
                     Ok(())
                 })
                 .unwrap();
@@ -240,7 +308,7 @@ mod tests {
                 assert!(image.bytes()[r.start as usize..r.end as usize] == want[..], "{threads} threads: run {r:?} copied");
             }
             let mut calls = 0;
-            let failed = image.copy_runs_streamed(&heap, &runs, 1 << 20, &|_| (), &mut |()| {
+            let failed = image.copy_runs_streamed(&heap, &runs, 1 << 20, &NoPacking, &mut |()| {
                 calls += 1;
                 Err(calls)
             });
@@ -248,8 +316,28 @@ mod tests {
         }
     }
 
+    /// Packs pages into staging buffers taken from a pool, as the GPU mirror's sync does
+    /// (`index-gpu`'s `cuda/streamed.rs`), with non-temporal stores.
+    struct Staging {
+        idle: crossbeam_channel::Receiver<Vec<u8>>,
+    }
+
+    impl PortionPacker for Staging {
+        type Portion = (Vec<u8>, usize);
+        fn begin(&self) -> Self::Portion {
+            (self.idle.recv().expect("buffers come back"), 0)
+        }
+        fn pack(&self, (buffer, used): &mut Self::Portion, heap: &Heap, off: u64, len: usize) {
+            // Line-aligned, as pinned buffers are (else the copy is a plain one).
+            let at = buffer.as_ptr().align_offset(64) + *used;
+            heap.copy_out_streaming(off, &mut buffer[at..at + len]);
+            *used += len;
+        }
+    }
+
     /// Times copies of 1% of a 4 GiB heap's pages (random single pages) and of 300 MB of
-    /// runs into an image, plain and streamed with a no-op consumer (run on a many-core host:
+    /// runs into an image: plain, streamed with nothing packed, and streamed into staging buffers
+    /// (run on a many-core host:
     /// `--ignored --nocapture copy_timing`).
     #[test]
     #[ignore = "a timing, not a check: run it where the cores are"]
@@ -284,8 +372,27 @@ mod tests {
                 ms[3]
             };
             let plain = time(&mut || image.copy_runs(&heap, runs).unwrap());
-            let streamed = time(&mut || image.copy_runs_streamed::<_, ()>(&heap, runs, 2 << 20, &|p| p.len(), &mut |_| Ok(())).unwrap());
-            eprintln!("{what} ({} MB) on {threads} threads: plain {plain:.3} ms ({:.1} GB/s), streamed {streamed:.3} ms", bytes >> 20, bytes as f64 / plain / 1e6);
+            let streamed = time(&mut || image.copy_runs_streamed::<_, ()>(&heap, runs, 2 << 20, &NoPacking, &mut |()| Ok(())).unwrap());
+            // As a GPU sync packs: into staging buffers that go round a pool (no device here).
+            let (back, idle) = crossbeam_channel::unbounded();
+            for _ in 0..32 {
+                back.send(vec![0u8; (2 << 20) + 64]).unwrap();
+            }
+            let staging = Staging { idle };
+            let packed = time(&mut || {
+                image
+                    .copy_runs_streamed::<_, ()>(&heap, runs, 2 << 20, &staging, &mut |(buffer, _)| {
+                        back.send(buffer).unwrap();
+                        Ok(())
+                    })
+                    .unwrap()
+            });
+            eprintln!(
+                "{what} ({} MB) on {threads} threads: plain {plain:.3} ms ({:.1} GB/s), streamed {streamed:.3} ms, streamed and packed {packed:.3} ms ({:.1} GB/s)",
+                bytes >> 20,
+                bytes as f64 / plain / 1e6,
+                bytes as f64 / packed / 1e6
+            );
         }
     }
 

@@ -1,13 +1,19 @@
 //! Syncs that upload while the host copy runs.
 //!
-//! The consistent copy fills the host image in portions, on its copier threads
-//! (`ImageTarget::copy_runs_streamed`). Each copier packs the portion it has just copied, its
-//! bytes still in that core's caches, into an idle pinned stream buffer ([`pack`]: a table of
-//! (heap offset, length) pairs, then the pieces [`PIECE`] bytes apart), and the calling thread
-//! submits each packed buffer at once ([`CudaMirror::submit_streamed`]): one copy to the
-//! buffer's device twin at the bus's rate and one scatter launch. So the bus carries one
-//! portion while the copiers copy and pack the next, and the packing, which one thread did
-//! before, is spread over all of them.
+//! The consistent copy fills the host image on its copier threads
+//! (`ImageTarget::copy_runs_streamed`), 64 KiB at a time. Each copier packs what it has just
+//! copied, read again from the heap while its lines are in that core's cache, into the pinned
+//! stream buffer of the portion it fills ([`Packer`]: a table of (heap offset, length) pairs,
+//! then the pieces [`PIECE`] bytes apart), and sends each full buffer to the calling thread,
+//! which submits it at once ([`CudaMirror::submit_streamed`]): one copy to the buffer's device
+//! twin at the bus's rate and one scatter launch. So the bus carries one portion while the
+//! copiers copy and pack the next, and the packing is spread over all of them.
+//!
+//! Host memory is what a sync waits on (a 16-core host moves about 130 GB/s, and every byte
+//! of a sync crosses it several times), so both the image and the buffers are written with
+//! non-temporal stores: a page costs one read of the heap, one write of the image, one write
+//! and one DMA read of the buffer, where cached stores would also read each destination line
+//! before writing it and packing from the image would read the page a second time.
 //!
 //! Every submission goes to one stream, in the order the portions arrive. A page copied
 //! twice (written during the copy's open pass, so copied again under the closed gate) is
@@ -25,6 +31,8 @@ use std::collections::VecDeque;
 
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::sys;
+use tusk_storage::Heap;
+use tusk_txn::snapshot::image::PortionPacker;
 
 use super::raw::{driver, DeviceBuffer, Event, PinnedBuffer, Stream};
 use super::{check_scatter, scatter, CudaMirror, ScatterIo, PIECE};
@@ -33,12 +41,14 @@ use crate::mirror::index_pages::IndexPages;
 use crate::mirror::MirrorError;
 
 /// Most bytes of heap a stream buffer carries (the image copy's largest portion).
-pub(crate) const STREAM_PORTION: usize = 4 << 20;
+pub(crate) const STREAM_PORTION: usize = 2 << 20;
 /// Least bytes of a portion: below it, a buffer's fixed costs (a copy's setup, a launch) take a
 /// large share of its time on the bus.
 pub(crate) const MIN_STREAM_PORTION: usize = 1 << 20;
-/// Stream buffers: enough that copiers rarely wait for one while earlier ones cross the bus.
-const STREAM_BUFFERS: usize = 16;
+/// Stream buffers: enough that copiers rarely wait for one while earlier ones cross the bus
+/// (a copier holds one from its portion's first page to its last, so twice the copiers of a
+/// 16-core host).
+const STREAM_BUFFERS: usize = 32;
 /// Table entries a buffer has room for: a portion cut into whole pieces (portions are made of
 /// whole pages, and a page is a piece).
 const TABLE_ENTRIES: usize = STREAM_PORTION / PIECE;
@@ -120,32 +130,43 @@ impl StreamBuffers {
     }
 }
 
-/// Packs `pieces` (heap offset, bytes; whole pages, at most [`STREAM_PORTION`] bytes in all)
-/// into an idle buffer from `pool`, waiting for one if none is idle. Runs on the copier
+/// Packs the pages each copier has just copied into the portion it fills: an idle buffer from
+/// `pool` (waiting for one if none is idle), taken when the portion begins. Runs on the copier
 /// threads. With `held` (the index-only layout, `index_pages.rs`) only pages some GPU holds
 /// are packed (each GPU's scatter translates them through its own table).
-pub(crate) fn pack(pool: &Receiver<(usize, PinnedBuffer)>, pieces: &[(u64, &[u8])], held: Option<&IndexPages>) -> Packed {
-    let (id, mut buffer) = pool.recv().expect("the mirror keeps its stream buffers while a sync runs");
-    let bytes = buffer.as_mut_slice();
-    let (entries, data) = bytes.split_at_mut(TABLE_BYTES);
-    let (mut n, mut packed, mut end) = (0usize, 0u64, 0u64);
-    for &(off, piece) in pieces {
-        assert!(off.is_multiple_of(PIECE as u64) && piece.len().is_multiple_of(PIECE), "a portion of whole pages: {} bytes at {off}", piece.len());
-        for (i, part) in piece.chunks(PIECE).enumerate() {
+pub(crate) struct Packer<'a> {
+    pub(crate) pool: &'a Receiver<(usize, PinnedBuffer)>,
+    pub(crate) held: Option<&'a IndexPages>,
+}
+
+impl PortionPacker for Packer<'_> {
+    type Portion = Packed;
+
+    fn begin(&self) -> Packed {
+        let (id, buffer) = self.pool.recv().expect("the mirror keeps its stream buffers while a sync runs");
+        Packed { id, buffer, pieces: 0, bytes: 0, end: 0 }
+    }
+
+    /// Adds a table entry (heap offset, length) per page and the page itself, read from the
+    /// heap with non-temporal stores (the buffer is read next by the DMA engine, not a core).
+    fn pack(&self, packed: &mut Packed, heap: &Heap, off: u64, len: usize) {
+        assert!(off.is_multiple_of(PIECE as u64) && len.is_multiple_of(PIECE), "a portion of whole pages: {len} bytes at {off}");
+        let bytes = packed.buffer.as_mut_slice();
+        let (entries, data) = bytes.split_at_mut(TABLE_BYTES);
+        for at in (off..off + len as u64).step_by(PIECE) {
+            let n = packed.pieces;
             assert!(n < TABLE_ENTRIES, "a portion of more than {TABLE_ENTRIES} pieces");
-            let at = off + (i * PIECE) as u64;
-            if held.is_some_and(|h| !h.held_anywhere(at / PIECE as u64)) {
+            if self.held.is_some_and(|h| !h.held_anywhere(at / PIECE as u64)) {
                 continue;
             }
-            packed += part.len() as u64;
-            end = end.max(at + part.len() as u64);
             entries[16 * n..16 * n + 8].copy_from_slice(&at.to_le_bytes());
-            entries[16 * n + 8..16 * n + 16].copy_from_slice(&(part.len() as u64).to_le_bytes());
-            data[n * PIECE..n * PIECE + part.len()].copy_from_slice(part);
-            n += 1;
+            entries[16 * n + 8..16 * n + 16].copy_from_slice(&(PIECE as u64).to_le_bytes());
+            heap.copy_out_streaming(at, &mut data[n * PIECE..(n + 1) * PIECE]);
+            packed.pieces += 1;
+            packed.bytes += PIECE as u64;
+            packed.end = packed.end.max(at + PIECE as u64);
         }
     }
-    Packed { id, buffer, pieces: n, bytes: packed, end }
 }
 
 impl CudaMirror {
