@@ -201,7 +201,7 @@ pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
-/// Makes this thread's earlier [`copy_streaming`] stores visible before its later stores (such
+/// Makes this thread's earlier non-temporal stores (`copy_streaming`, [`crate::Heap::copy_out_streaming`]) visible before its later stores (such
 /// as the release of a channel send that hands the copy to another thread or a DMA engine).
 #[inline]
 pub fn streaming_fence() {
