@@ -22,7 +22,8 @@ use tusk_txn::{Engine, TxnError};
 use super::buffers::{ArtLookupBuffers, BatchKind, BatchMemory, LookupBuffers, RangeBuffers};
 use super::cpu;
 use super::cuda::raw::{HostMemory, PinnedBuffer};
-use super::cuda::{streamed, CudaMirror};
+use super::cuda::streamed::{self, Packed};
+use super::cuda::CudaMirror;
 use super::devices::{Devices, StageTiming};
 use super::index_pages::IndexPages;
 use super::{Backend, GpuOptions, MirrorContents, MirrorError};
@@ -46,8 +47,9 @@ pub struct SyncReport {
     pub upload: Duration,
     /// How long commits were held at the gate.
     pub pause: Duration,
-    /// Of `host`: finding the dirty pages (the epochs' scans), and copying them (with a
-    /// streamed sync, the uploads' launches too).
+    /// Of `host`: estimating the dirty pages and the closed pass's scan of the epochs, and
+    /// copying them (the open pass's scan too, which the copiers make as they copy; with a
+    /// streamed sync, the uploads' launches as well).
     pub scan: Duration,
     pub copy: Duration,
 }
@@ -65,28 +67,53 @@ struct Streaming<'a> {
     failed: Option<MirrorError>,
 }
 
+impl Streaming<'_> {
+    /// About four portions per copier for `bytes` in all, so that the bus starts early, but
+    /// none so small that a buffer's fixed costs dominate.
+    fn portion(&self, bytes: u64) -> u64 {
+        (bytes / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64) / PAGE_SIZE * PAGE_SIZE
+    }
+
+    /// Submits a packed buffer (or gives it back, empty or after an error).
+    fn submit(devices: &mut Devices, uploaded: &mut u64, failed: &mut Option<MirrorError>, packed: Packed) {
+        if failed.is_some() || packed.is_empty() {
+            devices.give_back(packed);
+            return;
+        }
+        *uploaded += packed.bytes();
+        if let Err(e) = devices.submit_streamed(packed) {
+            *failed = Some(e);
+        }
+    }
+}
+
 impl PageSink for Streaming<'_> {
     fn copy_runs(&mut self, heap: &Heap, runs: &[Range<u64>]) -> Result<(), TxnError> {
         let packer = streamed::Packer { pool: &self.pool, held: self.held };
-        // About four portions per copier, so that the bus starts early, but none so small that
-        // a buffer's fixed costs dominate.
-        let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
-        let portion = (total / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64) / PAGE_SIZE * PAGE_SIZE;
-        let (device, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
+        let portion = self.portion(runs.iter().map(|r| r.end - r.start).sum());
+        let (devices, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
         self.image
             .copy_runs_streamed::<_, std::convert::Infallible>(heap, runs, portion, &packer, &mut |packed| {
-                if failed.is_some() || packed.is_empty() {
-                    device.give_back(packed);
-                    return Ok(());
-                }
-                *uploaded += packed.bytes();
-                if let Err(e) = device.submit_streamed(packed) {
-                    *failed = Some(e);
-                }
+                Self::submit(devices, uploaded, failed, packed);
                 Ok(())
             })
             .unwrap_or_else(|never| match never {});
         Ok(())
+    }
+
+    /// The copiers find the dirty pages as they copy them (`copy_dirty_streamed`).
+    fn copy_dirty(&mut self, heap: &Heap, pages: Range<u64>, since: u64, growth: Range<u64>, hint: u64) -> Result<u64, TxnError> {
+        let packer = streamed::Packer { pool: &self.pool, held: self.held };
+        let portion = self.portion(hint * PAGE_SIZE);
+        let (devices, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
+        let copied = self
+            .image
+            .copy_dirty_streamed::<_, std::convert::Infallible>(heap, pages, since, growth, portion, &packer, &mut |packed| {
+                Self::submit(devices, uploaded, failed, packed);
+                Ok(())
+            })
+            .unwrap_or_else(|never| match never {});
+        Ok(copied)
     }
 }
 

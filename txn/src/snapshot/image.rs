@@ -79,69 +79,193 @@ impl ImageTarget {
         let Some(end) = runs.last().map(|r| r.end) else { return Ok(()) };
         self.len = self.len.max(end);
         let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
-        let Stepping { portion, step, streaming } = stepping;
         let threads = if total < PARALLEL_COPY_BYTES { 1 } else { self.threads };
         let jobs = split_runs(self.region.bytes_mut(end), runs, total.div_ceil(threads as u64).next_multiple_of(PAGE_SIZE));
         // Each job's pieces, cut into steps that fill portions exactly, copied and packed step
         // by step.
-        let copy_job = |job: Vec<(u64, &mut [u8])>, send: &mut dyn FnMut(P::Portion)| {
-            let mut open: Option<P::Portion> = None;
-            let mut bytes = 0u64;
-            for (off, mut dst) in job {
-                let mut at = off;
-                while !dst.is_empty() {
-                    let take = (portion - bytes).min(step).min(dst.len() as u64) as usize;
-                    let (piece, rest) = std::mem::take(&mut dst).split_at_mut(take);
-                    if streaming {
-                        heap.copy_out_streaming(at, piece);
-                    } else {
-                        heap.copy_out(at, piece);
-                    }
-                    packer.pack(open.get_or_insert_with(|| packer.begin()), heap, at, take);
-                    dst = rest;
-                    at += take as u64;
-                    bytes += take as u64;
-                    if bytes == portion {
-                        region::streaming_fence();
-                        send(open.take().expect("packed above"));
-                        bytes = 0;
-                    }
+        let tasks = jobs.into_iter().map(|job| {
+            move |send: &mut dyn FnMut(P::Portion)| {
+                let mut filler = Filler { heap, packer, stepping, open: None, bytes: 0 };
+                for (off, dst) in job {
+                    filler.copy(off, dst, send);
                 }
-            }
-            // The portion's stores and the image's, before the copy counts as done.
-            region::streaming_fence();
-            if let Some(last) = open {
-                send(last);
-            }
-        };
-        let mut result = Ok(());
-        let mut take = |made: P::Portion| {
-            if result.is_ok() {
-                result = consume(made);
-            }
-        };
-        if jobs.len() <= 1 {
-            for job in jobs {
-                copy_job(job, &mut take);
-            }
-            return result;
-        }
-        let (tx, rx) = crossbeam_channel::unbounded::<P::Portion>();
-        // The copiers on the worker pool, the consumer on this thread (not a worker: its waits
-        // for portions hold up no copier).
-        workers::pool().in_place_scope(|s| {
-            for job in jobs {
-                let tx = tx.clone();
-                s.spawn(move |_| copy_job(job, &mut |made| tx.send(made).expect("the calling thread receives until every copier ends")));
-            }
-            drop(tx);
-            for made in rx {
-                take(made);
+                filler.finish(send);
             }
         });
-        result
+        run_copiers(tasks.collect(), consume)
+    }
+
+    /// [`ImageTarget::copy_runs_streamed`] of the pages in `pages` (page numbers) stamped after
+    /// `since` and of every page of `growth` (bytes, page-aligned, after `pages`), the epochs
+    /// scanned by the copier threads as they go: the page range is cut into parts of
+    /// [`SCAN_PART_PAGES`], and each copier takes the next part, finds its dirty runs and
+    /// copies them, so
+    /// the scan needs no pass of its own and spreads like the copy. Returns the pages copied.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_dirty_streamed<P: PortionPacker, E>(
+        &mut self,
+        heap: &Heap,
+        pages: Range<u64>,
+        since: u64,
+        growth: Range<u64>,
+        portion: u64,
+        packer: &P,
+        consume: &mut dyn FnMut(P::Portion) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        assert!(growth.is_empty() || growth.start >= pages.end * PAGE_SIZE, "growth after the scanned pages");
+        let end = (pages.end * PAGE_SIZE).max(growth.end);
+        self.len = self.len.max(end);
+        let stepping = Stepping { portion: portion.max(PAGE_SIZE), step: PACK_STEP, streaming: true };
+        let count = pages.end.saturating_sub(pages.start);
+        let threads = if count < tusk_storage::heap::PARALLEL_SCAN_PAGES { 1 } else { self.threads };
+        // The parts, each with its stretch of the image: scans of `SCAN_PART_PAGES` pages, then
+        // the growth in pieces of a portion. Small parts, since dirty pages gather where the
+        // writes went (an index's pages): larger ones would leave most copiers idle.
+        let per = SCAN_PART_PAGES;
+        let mut parts = Vec::new();
+        let (mut rest, mut rest_at) = (self.region.bytes_mut(end), 0u64);
+        let mut cut = |from: u64, to: u64, part: fn(u64, &mut [u8]) -> Part<'_>| {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut((from - rest_at) as usize);
+            let (mine, tail) = tail.split_at_mut((to - from) as usize);
+            (rest, rest_at) = (tail, to);
+            part(from, mine)
+        };
+        let mut p = pages.start;
+        while p < pages.end {
+            let q = (p + per).min(pages.end);
+            parts.push(cut(p * PAGE_SIZE, q * PAGE_SIZE, |at, image| Part::Scan { at, image }));
+            p = q;
+        }
+        let mut g = growth.start;
+        while g < growth.end {
+            let h = (g + stepping.portion.next_multiple_of(PAGE_SIZE)).min(growth.end);
+            parts.push(cut(g, h, |at, image| Part::Whole { at, image }));
+            g = h;
+        }
+        let queue = std::sync::Mutex::new(parts.into_iter());
+        let copied = std::sync::atomic::AtomicU64::new(0);
+        let (queue, copied_ref) = (&queue, &copied);
+        let tasks = (0..threads).map(|_| {
+            move |send: &mut dyn FnMut(P::Portion)| {
+                let mut filler = Filler { heap, packer, stepping, open: None, bytes: 0 };
+                let mut runs = Vec::new();
+                let mut pages_copied = 0;
+                loop {
+                    let next = queue.lock().expect("no copier panics holding the queue").next();
+                    match next {
+                        None => break,
+                        Some(Part::Whole { at, image }) => {
+                            pages_copied += image.len() as u64 / PAGE_SIZE;
+                            filler.copy(at, image, send);
+                        }
+                        Some(Part::Scan { at, image }) => {
+                            runs.clear();
+                            let first = at / PAGE_SIZE;
+                            pages_copied += heap.dirty_runs(first..first + image.len() as u64 / PAGE_SIZE, since, &mut runs);
+                            for run in &runs {
+                                let lo = (run.start - at) as usize;
+                                filler.copy(run.start, &mut image[lo..lo + (run.end - run.start) as usize], send);
+                            }
+                        }
+                    }
+                }
+                filler.finish(send);
+                copied_ref.fetch_add(pages_copied, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        run_copiers(tasks.collect(), consume)?;
+        Ok(copied.into_inner())
     }
 }
+
+/// A stretch of the image a fused scan and copy hands to a copier: heap bytes from `at`, to be
+/// scanned for dirty pages, or copied whole (growth).
+enum Part<'a> {
+    Scan { at: u64, image: &'a mut [u8] },
+    Whole { at: u64, image: &'a mut [u8] },
+}
+
+/// Runs each task on a copier thread of the worker pool (one task: on this thread), each
+/// sending what it makes to `consume` on this thread as it goes. Returns `consume`'s first
+/// error once every task has ended (what comes after it is not consumed).
+fn run_copiers<T: Send, E, F: FnOnce(&mut dyn FnMut(T)) + Send>(mut tasks: Vec<F>, consume: &mut dyn FnMut(T) -> Result<(), E>) -> Result<(), E> {
+    let mut result = Ok(());
+    let mut take = |made: T| {
+        if result.is_ok() {
+            result = consume(made);
+        }
+    };
+    if tasks.len() <= 1 {
+        if let Some(task) = tasks.pop() {
+            task(&mut take);
+        }
+        return result;
+    }
+    let (tx, rx) = crossbeam_channel::unbounded::<T>();
+    // The copiers on the worker pool, the consumer on this thread (not a worker: its waits for
+    // portions hold up no copier).
+    workers::pool().in_place_scope(|s| {
+        for task in tasks {
+            let tx = tx.clone();
+            s.spawn(move |_| task(&mut |made| tx.send(made).expect("the calling thread receives until every copier ends")));
+        }
+        drop(tx);
+        for made in rx {
+            take(made);
+        }
+    });
+    result
+}
+
+/// One copier's open portion: copies pieces into the image step by step, packs each step, and
+/// sends each portion once full.
+struct Filler<'a, P: PortionPacker> {
+    heap: &'a Heap,
+    packer: &'a P,
+    stepping: Stepping,
+    open: Option<P::Portion>,
+    bytes: u64,
+}
+
+impl<P: PortionPacker> Filler<'_, P> {
+    /// Copies the heap's bytes at `off` into `dst` (their place in the image).
+    fn copy(&mut self, off: u64, mut dst: &mut [u8], send: &mut dyn FnMut(P::Portion)) {
+        let Stepping { portion, step, streaming } = self.stepping;
+        let mut at = off;
+        while !dst.is_empty() {
+            let take = (portion - self.bytes).min(step).min(dst.len() as u64) as usize;
+            let (piece, rest) = std::mem::take(&mut dst).split_at_mut(take);
+            if streaming {
+                self.heap.copy_out_streaming(at, piece);
+            } else {
+                self.heap.copy_out(at, piece);
+            }
+            let packer = self.packer;
+            packer.pack(self.open.get_or_insert_with(|| packer.begin()), self.heap, at, take);
+            dst = rest;
+            at += take as u64;
+            self.bytes += take as u64;
+            if self.bytes == portion {
+                region::streaming_fence();
+                send(self.open.take().expect("packed above"));
+                self.bytes = 0;
+            }
+        }
+    }
+
+    /// Sends the last portion, after the stores of the portion and of the image are ordered
+    /// before whatever comes next.
+    fn finish(self, send: &mut dyn FnMut(P::Portion)) {
+        region::streaming_fence();
+        if let Some(last) = self.open {
+            send(last);
+        }
+    }
+}
+
+/// Pages of the epochs a copier of a fused scan and copy scans at a time (4 MiB of heap, 8 KiB
+/// of epochs): a 4 GiB heap makes a thousand parts, which the copiers share out as they go.
+pub const SCAN_PART_PAGES: u64 = 1024;
 
 /// Bytes a streamed copy copies into the image before packing them: small enough that they
 /// are still in the copier's cache (L2) when the packer reads them again.
@@ -313,6 +437,62 @@ mod tests {
                 Err(calls)
             });
             assert_eq!(failed, Err(1), "the first error, and no call after it");
+        }
+    }
+
+    /// The fused scan and copy hands over exactly the pages stamped after `since` in the
+    /// scanned range and every page of the growth, once each, with the heap's bytes, and
+    /// leaves them in the image: on one thread, and on several (a heap past the parallel scan's
+    /// size, so that the page range is cut into parts).
+    #[test]
+    fn fused_scan_and_copy_takes_exactly_the_dirty_pages() {
+        let pages = tusk_storage::heap::PARALLEL_SCAN_PAGES + 1000;
+        let heap = Heap::new(pages * PAGE_SIZE).unwrap();
+        let mut x = 11u64;
+        let mut dirty = std::collections::BTreeSet::new();
+        for i in 0..3000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let page = (x >> 24) % (pages - 200);
+            // Old stamps (epoch 2) are not copied; runs of new ones (epoch 5) are.
+            let epoch = if i % 3 == 0 { 2 } else { 5 };
+            let len = 1 + (x >> 60) % 3;
+            for p in page..page + len {
+                heap.store_word(p * PAGE_SIZE + 8 * (i % 512), i + 1);
+                heap.stamp_dirty(p * PAGE_SIZE, 8, epoch);
+            }
+        }
+        for p in 0..pages - 200 {
+            if heap.page_epoch(p) > 3 {
+                dirty.insert(p);
+            }
+        }
+        let growth = (pages - 100) * PAGE_SIZE..(pages - 60) * PAGE_SIZE;
+        heap.store_word(growth.start + 64, 77);
+        let mut expected: Vec<u64> = dirty.iter().copied().collect();
+        expected.extend(growth.start / PAGE_SIZE..growth.end / PAGE_SIZE);
+        for threads in [1, 4] {
+            let mut image = ImageTarget::new(heap.capacity(), threads).unwrap();
+            let mut seen = Vec::new();
+            let copied = image
+                .copy_dirty_streamed::<_, ()>(&heap, 0..pages - 200, 3, growth.clone(), 1 << 20, &Recording, &mut |portion| {
+                    for (off, piece) in portion {
+                        let mut want = vec![0u8; piece.len()];
+                        heap.read_bytes(off, &mut want);
+                        assert!(piece == want, "piece at {off} packed with other bytes than the heap's");
+                        seen.extend(off / PAGE_SIZE..(off + piece.len() as u64) / PAGE_SIZE);
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            seen.sort_unstable();
+            assert_eq!(copied, expected.len() as u64, "{threads} threads: pages copied");
+            assert!(seen == expected, "{threads} threads: every dirty page and the growth, once each");
+            for &p in &expected {
+                let at = (p * PAGE_SIZE) as usize;
+                let mut want = vec![0u8; PAGE_SIZE as usize];
+                heap.read_bytes(p * PAGE_SIZE, &mut want);
+                assert!(image.bytes()[at..at + PAGE_SIZE as usize] == want[..], "{threads} threads: page {p} in the image");
+            }
         }
     }
 

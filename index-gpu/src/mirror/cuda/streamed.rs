@@ -1,7 +1,8 @@
 //! Syncs that upload while the host copy runs.
 //!
 //! The consistent copy fills the host image on its copier threads
-//! (`ImageTarget::copy_runs_streamed`), 64 KiB at a time. Each copier packs what it has just
+//! (`ImageTarget::copy_runs_streamed`; an incremental sync's copiers also find the dirty pages,
+//! scanning the epochs a part at a time: `copy_dirty_streamed`), 64 KiB at a time. Each copier packs what it has just
 //! copied, read again from the heap while its lines are in that core's cache, into the pinned
 //! stream buffer of the portion it fills ([`Packer`]: a table of (heap offset, length) pairs,
 //! then the pieces [`PIECE`] bytes apart), and sends each full buffer to the calling thread,
