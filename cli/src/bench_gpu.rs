@@ -21,7 +21,9 @@
 //!   `sync` (its bytes and GB/s), and a lookup batch into caller buffers that must see every
 //!   upsert, all timed;
 //! - `cpu_lookups_per_s`: the same batch on the CPU engine over the mirror's host image, all
-//!   cores.
+//!   cores;
+//! - `bus_gb_per_s`: the bus alone with page-locked memory, 128 MB host to device, device to
+//!   host, and both at once (`CudaMirror::bus_rates`): the ceiling of every end-to-end figure.
 //!
 //! `--devices` puts the mirror on several GPUs (`all`, or ordinals); `devices` says how many.
 //! Given more than once (`--devices 0 --devices all`), every index is measured on each, in
@@ -127,6 +129,7 @@ pub fn run(args: GpuArgs) -> CliResult {
                     ("lookups/s, into caller buffers", f("lookups_per_s_into_buffers")),
                     ("  its stages alone: in / kernels / out, ms", stage_line(&row["into_buffers_stages"])),
                     ("lookups/s, CPU engine", f("cpu_lookups_per_s")),
+                    ("bus alone, GB/s: to device / to host / both at once", bus_line(&row["bus_gb_per_s"])),
                     ("device memory", format!("{} MiB ({})", row["device_bytes"].as_u64().unwrap_or(0) >> 20, row["contents"].as_str().unwrap_or(""))),
                     ("contents compared (kernels, second / first)", compare_line(&row["contents_compare"])),
                     ("count+sum ranges/s, device-resident", f("count_sum_ranges_per_s")),
@@ -246,6 +249,17 @@ fn plot(dir: &std::path::Path, rows: &[serde_json::Value]) -> CliResult {
 }
 
 /// Reports a phase's end on stderr (the tables and JSON go to stdout).
+fn bus_line(bus: &serde_json::Value) -> String {
+    match ["to_device", "to_host", "both"].map(|k| bus[k].as_f64()) {
+        [Some(a), Some(b), Some(c)] => format!("{a:.1} / {b:.1} / {c:.1}"),
+        _ => "-".to_string(),
+    }
+}
+
+/// Bytes each way of the bus probe (`bus_gb_per_s`): large enough that a copy's fixed costs
+/// vanish, as a 16 M-query batch's 128 MB of keys does.
+const BUS_PROBE_BYTES: usize = 128 << 20;
+
 fn phase(started: Instant, what: &str) {
     eprintln!("[{:7.1} s] {what}", started.elapsed().as_secs_f64());
 }
@@ -454,8 +468,10 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
     // Device figures: device-resident kernels, `get_batch` end to end, and batches into
     // caller buffers (per stage, then the call).
     let (mut lookups, mut e2e, mut range_rate, mut range_e2e) = (None, None, None, None);
-    let (mut into, mut ranges_into) = (None, None);
+    let (mut into, mut ranges_into, mut bus) = (None, None, None);
     if let Some(device) = inner.device_for(meta) {
+        // The bus with nothing else on it: what end-to-end batches can reach at most.
+        bus = Some(device.bus_rates(BUS_PROBE_BYTES, args.rounds)?);
         let t = match index {
             GpuIndex::Btree => device.time_btree_get(meta, &batch, args.rounds)?,
             GpuIndex::Art => device.time_art_get(meta, &art_refs, args.rounds)?,
@@ -611,7 +627,7 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
     }
     let update_path_ms = apply_ms + update_sync_ms + update_lookup_ms;
 
-    Ok(json!({
+    let mut row = json!({
         "bench": "gpu",
         "backend": backend,
         "contents": contents_name(first),
@@ -653,5 +669,7 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
         "cpu_lookups_per_s": median(&cpu_lookups),
         "cpu_count_sum_ranges_per_s": (index == GpuIndex::Btree).then(|| median(&cpu_ranges)),
         "load_s": load_s,
-    }))
+    });
+    row["bus_gb_per_s"] = json!(bus.map(|b| json!({"to_device": b.to_device_gb_per_s, "to_host": b.to_host_gb_per_s, "both": b.both_gb_per_s})));
+    Ok(row)
 }

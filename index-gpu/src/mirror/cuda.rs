@@ -94,6 +94,15 @@ pub struct KernelTiming {
     pub end_to_end_ms: f64,
 }
 
+/// The bus's rates with page-locked memory ([`CudaMirror::bus_rates`]).
+#[derive(Clone, Copy, Debug)]
+pub struct BusRates {
+    pub to_device_gb_per_s: f64,
+    pub to_host_gb_per_s: f64,
+    /// Both directions at once, their sum.
+    pub both_gb_per_s: f64,
+}
+
 #[derive(Clone, Copy)]
 struct Kernel {
     f: sys::CUfunction,
@@ -1271,6 +1280,40 @@ impl CudaMirror {
             e2e.push(t.elapsed().as_secs_f64() * 1e3);
         }
         Ok(KernelTiming { kernel_ms: median(kernel), end_to_end_ms: median(e2e) })
+    }
+
+    /// The bus's rates with page-locked memory, GB/s, medians of `rounds` after a warm-up:
+    /// `bytes` copied host to device alone, device to host alone, and both at once on two
+    /// streams (their sum). What a batch that moves its queries in and its answers out can
+    /// reach end to end, whatever its kernels do.
+    pub fn bus_rates(&self, bytes: usize, rounds: usize) -> Result<BusRates, MirrorError> {
+        self.bind()?;
+        let (host_in, mut host_out) = (PinnedBuffer::alloc(bytes)?, PinnedBuffer::alloc(bytes)?);
+        let (dev_in, dev_out) = (DeviceBuffer::alloc(bytes)?, DeviceBuffer::alloc(bytes)?);
+        let (to_device, to_host) = (Stream::new()?, Stream::new()?);
+        let host_out = host_out.mut_ptr();
+        let time = |up: bool, down: bool| -> Result<f64, MirrorError> {
+            let t = Instant::now();
+            if up {
+                // SAFETY: both buffers hold `bytes` bytes; the stream is synchronized below,
+                // before the buffers can be dropped.
+                unsafe { sys::cuMemcpyHtoDAsync_v2(dev_in.ptr(), host_in.ptr(), bytes, to_device.raw()) }.result().map_err(|e| driver("cuMemcpyHtoDAsync (bus probe)", e))?;
+            }
+            if down {
+                // SAFETY: as above.
+                unsafe { sys::cuMemcpyDtoHAsync_v2(host_out, dev_out.ptr(), bytes, to_host.raw()) }.result().map_err(|e| driver("cuMemcpyDtoHAsync (bus probe)", e))?;
+            }
+            to_device.sync()?;
+            to_host.sync()?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let rate = |up: bool, down: bool| -> Result<f64, MirrorError> {
+            time(up, down)?;
+            let secs = (0..rounds.max(1)).map(|_| time(up, down)).collect::<Result<Vec<f64>, _>>()?;
+            let moved = bytes as f64 * f64::from(u8::from(up) + u8::from(down));
+            Ok(moved / median(secs) / 1e9)
+        };
+        Ok(BusRates { to_device_gb_per_s: rate(true, false)?, to_host_gb_per_s: rate(false, true)?, both_gb_per_s: rate(true, true)? })
     }
 
     /// B-link lookups timed: kernel alone on device-resident keys, and end to end.

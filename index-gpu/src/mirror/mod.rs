@@ -11,7 +11,7 @@ pub mod engine;
 pub mod index_pages;
 
 pub use buffers::{ArtLookupBuffers, LookupBuffers, RangeBuffers};
-pub use cuda::CudaMirror;
+pub use cuda::{BusRates, CudaMirror};
 pub use devices::{Devices, StageTiming};
 pub use engine::{CpuEngine, Mirror, SyncReport, DEVICE_MAX_KEY};
 
