@@ -23,7 +23,8 @@
 //! - `cpu_lookups_per_s`: the same batch on the CPU engine over the mirror's host image, all
 //!   cores;
 //! - `bus_gb_per_s`: the bus alone with page-locked memory, 128 MB host to device, device to
-//!   host, and both at once (`CudaMirror::bus_rates`): the ceiling of every end-to-end figure.
+//!   host, and both at once (`CudaMirror::bus_rates`): the ceiling of every end-to-end figure;
+//!   with several GPUs also `bus_gb_per_s_every_gpu`, every GPU's probe at once, summed.
 //!
 //! `--devices` puts the mirror on several GPUs (`all`, or ordinals); `devices` says how many.
 //! Given more than once (`--devices 0 --devices all`), every index is measured on each, in
@@ -249,6 +250,33 @@ fn plot(dir: &std::path::Path, rows: &[serde_json::Value]) -> CliResult {
 }
 
 /// Reports a phase's end on stderr (the tables and JSON go to stdout).
+/// With several GPUs, every GPU's bus probed at once (one thread each, in step at every copy),
+/// summed: where host memory, not the links, bounds what the GPUs can move together. Null
+/// with one GPU.
+fn every_gpu_bus(mirror: &tusk_index::mirror::Mirror, rounds: usize) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let Some(devices) = mirror.devices().filter(|d| d.len() > 1) else { return Ok(serde_json::Value::Null) };
+    // A barrier that gives up after a while: a probe that fails stops stepping, and the
+    // others must not wait for it for ever.
+    thread_local! {
+        static STEPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    let arrived = std::sync::atomic::AtomicUsize::new(0);
+    let step = || {
+        let k = STEPS.with(|c| c.replace(c.get() + 1));
+        arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let since = Instant::now();
+        while arrived.load(std::sync::atomic::Ordering::SeqCst) < (k + 1) * devices.len() && since.elapsed() < std::time::Duration::from_secs(2) {
+            std::hint::spin_loop();
+        }
+    };
+    let rates = std::thread::scope(|s| {
+        let probes: Vec<_> = devices.all().iter().map(|d| s.spawn(|| d.bus_rates_in_step(BUS_PROBE_BYTES, rounds, &step))).collect();
+        probes.into_iter().map(|p| p.join().expect("a probe thread panicked")).collect::<Result<Vec<_>, _>>()
+    })?;
+    let sum = |f: fn(&tusk_index::mirror::BusRates) -> f64| rates.iter().map(f).sum::<f64>();
+    Ok(json!({"to_device": sum(|b| b.to_device_gb_per_s), "to_host": sum(|b| b.to_host_gb_per_s), "both": sum(|b| b.both_gb_per_s), "gpus": rates.len()}))
+}
+
 fn bus_line(bus: &serde_json::Value) -> String {
     match ["to_device", "to_host", "both"].map(|k| bus[k].as_f64()) {
         [Some(a), Some(b), Some(c)] => format!("{a:.1} / {b:.1} / {c:.1}"),
@@ -468,10 +496,11 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
     // Device figures: device-resident kernels, `get_batch` end to end, and batches into
     // caller buffers (per stage, then the call).
     let (mut lookups, mut e2e, mut range_rate, mut range_e2e) = (None, None, None, None);
-    let (mut into, mut ranges_into, mut bus) = (None, None, None);
+    let (mut into, mut ranges_into, mut bus, mut every_bus) = (None, None, None, serde_json::Value::Null);
     if let Some(device) = inner.device_for(meta) {
         // The bus with nothing else on it: what end-to-end batches can reach at most.
         bus = Some(device.bus_rates(BUS_PROBE_BYTES, args.rounds)?);
+        every_bus = every_gpu_bus(inner, args.rounds)?;
         let t = match index {
             GpuIndex::Btree => device.time_btree_get(meta, &batch, args.rounds)?,
             GpuIndex::Art => device.time_art_get(meta, &art_refs, args.rounds)?,
@@ -671,5 +700,6 @@ fn measure(args: &GpuArgs, index: GpuIndex, devices: &str) -> Result<serde_json:
         "load_s": load_s,
     });
     row["bus_gb_per_s"] = json!(bus.map(|b| json!({"to_device": b.to_device_gb_per_s, "to_host": b.to_host_gb_per_s, "both": b.both_gb_per_s})));
+    row["bus_gb_per_s_every_gpu"] = every_bus;
     Ok(row)
 }

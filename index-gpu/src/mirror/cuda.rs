@@ -1287,12 +1287,19 @@ impl CudaMirror {
     /// streams (their sum). What a batch that moves its queries in and its answers out can
     /// reach end to end, whatever its kernels do.
     pub fn bus_rates(&self, bytes: usize, rounds: usize) -> Result<BusRates, MirrorError> {
+        self.bus_rates_in_step(bytes, rounds, &|| ())
+    }
+
+    /// [`CudaMirror::bus_rates`] with `step` called before each timed copy: probes of several
+    /// GPUs at once pass a barrier's wait, so that each direction runs on all of them together.
+    pub fn bus_rates_in_step(&self, bytes: usize, rounds: usize, step: &(dyn Fn() + Sync)) -> Result<BusRates, MirrorError> {
         self.bind()?;
         let (host_in, mut host_out) = (PinnedBuffer::alloc(bytes)?, PinnedBuffer::alloc(bytes)?);
         let (dev_in, dev_out) = (DeviceBuffer::alloc(bytes)?, DeviceBuffer::alloc(bytes)?);
         let (to_device, to_host) = (Stream::new()?, Stream::new()?);
         let host_out = host_out.mut_ptr();
         let time = |up: bool, down: bool| -> Result<f64, MirrorError> {
+            step();
             let t = Instant::now();
             if up {
                 // SAFETY: both buffers hold `bytes` bytes; the stream is synchronized below,
