@@ -1287,31 +1287,32 @@ impl CudaMirror {
     /// streams (their sum). What a batch that moves its queries in and its answers out can
     /// reach end to end, whatever its kernels do.
     pub fn bus_rates(&self, bytes: usize, rounds: usize) -> Result<BusRates, MirrorError> {
-        self.bus_rates_in_step(bytes, rounds, &|| ())
+        self.bus_rates_in_step(bytes, rounds, &|_| ())
     }
 
-    /// [`CudaMirror::bus_rates`] with `step` called before each timed copy: probes of several
-    /// GPUs at once pass a barrier's wait, so that each direction runs on all of them together.
-    pub fn bus_rates_in_step(&self, bytes: usize, rounds: usize, step: &(dyn Fn() + Sync)) -> Result<BusRates, MirrorError> {
+    /// [`CudaMirror::bus_rates`] with `step(k)` called before the k-th timed copy (k from 0):
+    /// probes of several GPUs at once pass a barrier's wait, so that each direction runs on all
+    /// of them together.
+    pub fn bus_rates_in_step(&self, bytes: usize, rounds: usize, step: &(dyn Fn(usize) + Sync)) -> Result<BusRates, MirrorError> {
         self.bind()?;
         let (host_in, mut host_out) = (PinnedBuffer::alloc(bytes)?, PinnedBuffer::alloc(bytes)?);
         let (dev_in, dev_out) = (DeviceBuffer::alloc(bytes)?, DeviceBuffer::alloc(bytes)?);
         let (to_device, to_host) = (Stream::new()?, Stream::new()?);
         let host_out = host_out.mut_ptr();
+        let steps = std::cell::Cell::new(0);
         let time = |up: bool, down: bool| -> Result<f64, MirrorError> {
-            step();
+            step(steps.replace(steps.get() + 1));
             let t = Instant::now();
-            if up {
-                // SAFETY: both buffers hold `bytes` bytes; the stream is synchronized below,
-                // before the buffers can be dropped.
-                unsafe { sys::cuMemcpyHtoDAsync_v2(dev_in.ptr(), host_in.ptr(), bytes, to_device.raw()) }.result().map_err(|e| driver("cuMemcpyHtoDAsync (bus probe)", e))?;
-            }
-            if down {
-                // SAFETY: as above.
-                unsafe { sys::cuMemcpyDtoHAsync_v2(host_out, dev_out.ptr(), bytes, to_host.raw()) }.result().map_err(|e| driver("cuMemcpyDtoHAsync (bus probe)", e))?;
-            }
-            to_device.sync()?;
-            to_host.sync()?;
+            // SAFETY: both buffers hold `bytes` bytes; both streams are synchronized below,
+            // whatever the launches returned, before the buffers can be dropped.
+            let up = if up { unsafe { sys::cuMemcpyHtoDAsync_v2(dev_in.ptr(), host_in.ptr(), bytes, to_device.raw()) }.result() } else { Ok(()) };
+            // SAFETY: as above.
+            let down = if down { unsafe { sys::cuMemcpyDtoHAsync_v2(host_out, dev_out.ptr(), bytes, to_host.raw()) }.result() } else { Ok(()) };
+            let synced = (to_device.sync(), to_host.sync());
+            up.map_err(|e| driver("cuMemcpyHtoDAsync (bus probe)", e))?;
+            down.map_err(|e| driver("cuMemcpyDtoHAsync (bus probe)", e))?;
+            synced.0?;
+            synced.1?;
             Ok(t.elapsed().as_secs_f64())
         };
         let rate = |up: bool, down: bool| -> Result<f64, MirrorError> {

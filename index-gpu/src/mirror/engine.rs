@@ -108,7 +108,7 @@ impl PageSink for Streaming<'_> {
         let (devices, uploaded, failed) = (&mut *self.devices, &mut self.uploaded, &mut self.failed);
         let copied = self
             .image
-            .copy_dirty_streamed::<_, std::convert::Infallible>(heap, pages, since, growth, portion, &packer, &mut |packed| {
+            .copy_dirty_streamed::<_, std::convert::Infallible>(heap, pages, since, growth, hint, portion, &packer, &mut |packed| {
                 Self::submit(devices, uploaded, failed, packed);
                 Ok(())
             })

@@ -65,7 +65,7 @@ impl ImageTarget {
         packer: &P,
         consume: &mut dyn FnMut(P::Portion) -> Result<(), E>,
     ) -> Result<(), E> {
-        self.copy_runs_with(heap, runs, Stepping { portion: portion.max(PAGE_SIZE), step: PACK_STEP, streaming: true }, packer, consume)
+        self.copy_runs_with(heap, runs, Stepping { portion: whole_pages(portion), step: PACK_STEP, streaming: true }, packer, consume)
     }
 
     fn copy_runs_with<P: PortionPacker, E>(
@@ -96,7 +96,8 @@ impl ImageTarget {
     }
 
     /// [`ImageTarget::copy_runs_streamed`] of the pages in `pages` (page numbers) stamped after
-    /// `since` and of every page of `growth` (bytes, page-aligned, after `pages`), the epochs
+    /// `since` and of every page of `growth` (bytes, page-aligned, after `pages`; `hint`
+    /// estimates the pages in all), the epochs
     /// scanned by the copier threads as they go: the page range is cut into parts of
     /// [`SCAN_PART_PAGES`], and each copier takes the next part, finds its dirty runs and
     /// copies them, so
@@ -108,6 +109,7 @@ impl ImageTarget {
         pages: Range<u64>,
         since: u64,
         growth: Range<u64>,
+        hint: u64,
         portion: u64,
         packer: &P,
         consume: &mut dyn FnMut(P::Portion) -> Result<(), E>,
@@ -115,9 +117,12 @@ impl ImageTarget {
         assert!(growth.is_empty() || growth.start >= pages.end * PAGE_SIZE, "growth after the scanned pages");
         let end = (pages.end * PAGE_SIZE).max(growth.end);
         self.len = self.len.max(end);
-        let stepping = Stepping { portion: portion.max(PAGE_SIZE), step: PACK_STEP, streaming: true };
+        let stepping = Stepping { portion: whole_pages(portion), step: PACK_STEP, streaming: true };
         let count = pages.end.saturating_sub(pages.start);
-        let threads = if count < tusk_storage::heap::PARALLEL_SCAN_PAGES { 1 } else { self.threads };
+        // One thread only where both the scan and the copy (as `hint` pages estimate it) are
+        // small.
+        let small = count < tusk_storage::heap::PARALLEL_SCAN_PAGES && hint * PAGE_SIZE < PARALLEL_COPY_BYTES;
+        let threads = if small { 1 } else { self.threads };
         // The parts, each with its stretch of the image: scans of `SCAN_PART_PAGES` pages, then
         // the growth in pieces of a portion. Small parts, since dirty pages gather where the
         // writes went (an index's pages): larger ones would leave most copiers idle.
@@ -138,7 +143,7 @@ impl ImageTarget {
         }
         let mut g = growth.start;
         while g < growth.end {
-            let h = (g + stepping.portion.next_multiple_of(PAGE_SIZE)).min(growth.end);
+            let h = (g + stepping.portion).min(growth.end);
             parts.push(cut(g, h, |at, image| Part::Whole { at, image }));
             g = h;
         }
@@ -176,6 +181,11 @@ impl ImageTarget {
         run_copiers(tasks.collect(), consume)?;
         Ok(copied.into_inner())
     }
+}
+
+/// `portion` rounded down to whole pages (one at least): a portion is packed page by page.
+fn whole_pages(portion: u64) -> u64 {
+    (portion / PAGE_SIZE).max(1) * PAGE_SIZE
 }
 
 /// A stretch of the image a fused scan and copy hands to a copier: heap bytes from `at`, to be
@@ -474,7 +484,7 @@ mod tests {
             let mut image = ImageTarget::new(heap.capacity(), threads).unwrap();
             let mut seen = Vec::new();
             let copied = image
-                .copy_dirty_streamed::<_, ()>(&heap, 0..pages - 200, 3, growth.clone(), 1 << 20, &Recording, &mut |portion| {
+                .copy_dirty_streamed::<_, ()>(&heap, 0..pages - 200, 3, growth.clone(), expected.len() as u64, 1 << 20, &Recording, &mut |portion| {
                     for (off, piece) in portion {
                         let mut want = vec![0u8; piece.len()];
                         heap.read_bytes(off, &mut want);

@@ -6,7 +6,7 @@
 //! copied, read again from the heap while its lines are in that core's cache, into the pinned
 //! stream buffer of the portion it fills ([`Packer`]: a table of (heap offset, length) pairs,
 //! then the pieces [`PIECE`] bytes apart), and sends each full buffer to the calling thread,
-//! which submits it at once ([`CudaMirror::submit_streamed`]): one copy to the buffer's device
+//! which submits it at once ([`Devices::submit_streamed`]): one copy to the buffer's device
 //! twin at the bus's rate and one scatter launch. So the bus carries one portion while the
 //! copiers copy and pack the next, and the packing is spread over all of them.
 //!
@@ -20,9 +20,11 @@
 //! twice (written during the copy's open pass, so copied again under the closed gate) is
 //! scattered twice in that order, and the consistent copy is the one left on the device.
 //!
-//! Buffers go round: idle ones wait in a channel the copiers take from; a submitted one
-//! comes back once its scatter has completed. At most all but one are in flight, so a
-//! copier waiting for a buffer always has one coming (see `Devices::submit_streamed`).
+//! Buffers go round: idle ones wait in a channel the copiers take from (each when its portion
+//! begins); a submitted one comes back once its scatter has completed. At most all but two
+//! are in flight after a submission (see `Devices::submit_streamed`), and a copier holds its
+//! buffer only while it fills it, waiting on nothing else, so a copier waiting for a buffer
+//! always gets one.
 //!
 //! A mirror on several GPUs streams to all of them at once: the pinned buffers (portable)
 //! belong to the first device, and every device copies each one into its own twin and
@@ -172,7 +174,7 @@ impl PortionPacker for Packer<'_> {
 
 impl CudaMirror {
     /// Starts a streamed sync of an image whose extent is about `extent_hint`: grows the device
-    /// heap; with `pool` (the first device), returns the pinned buffers' pool for [`pack`].
+    /// heap; with `pool` (the first device), returns the pinned buffers' pool for [`Packer`].
     pub(crate) fn begin_streamed(&mut self, extent_hint: u64, pool: bool) -> Result<Option<Receiver<(usize, PinnedBuffer)>>, MirrorError> {
         self.bind()?;
         if !self.indexes_only {
@@ -264,7 +266,7 @@ impl CudaMirror {
 
 impl Devices {
     /// Starts a streamed sync on every device; returns the pool of pinned buffers for
-    /// [`pack`].
+    /// [`Packer`].
     pub(crate) fn begin_streamed(&mut self, extent_hint: u64) -> Result<Receiver<(usize, PinnedBuffer)>, MirrorError> {
         let mut pool = None;
         for (i, d) in self.all_mut().iter_mut().enumerate() {
