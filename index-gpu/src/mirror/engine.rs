@@ -71,7 +71,8 @@ impl Streaming<'_> {
     /// About four portions per copier for `bytes` in all, so that the bus starts early, but
     /// none so small that a buffer's fixed costs dominate.
     fn portion(&self, bytes: u64) -> u64 {
-        (bytes / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64) / PAGE_SIZE * PAGE_SIZE
+        // (The copy rounds it to whole pages.)
+        (bytes / (4 * self.image.threads() as u64)).clamp(streamed::MIN_STREAM_PORTION as u64, streamed::STREAM_PORTION as u64)
     }
 
     /// Submits a packed buffer (or gives it back, empty or after an error).

@@ -45,14 +45,33 @@ pub trait PageSink {
     fn copy_dirty(&mut self, heap: &Heap, pages: Range<u64>, since: u64, growth: Range<u64>, hint: u64) -> Result<u64, TxnError> {
         let _ = hint;
         let mut runs = Vec::new();
-        let mut copied = heap.dirty_runs(pages, since, &mut runs);
-        if !growth.is_empty() {
-            copied += (growth.end - growth.start) / PAGE_SIZE;
-            push_run(&mut runs, growth);
-        }
+        let copied = dirty_and_growth(heap, pages, since, growth, &mut runs);
         self.copy_runs(heap, &runs)?;
         Ok(copied)
     }
+}
+
+/// Appends the runs of the pages in `pages` stamped after `since`, then `growth`, to `runs`;
+/// returns how many pages they hold.
+fn dirty_and_growth(heap: &Heap, pages: Range<u64>, since: u64, growth: Range<u64>, runs: &mut Vec<Range<u64>>) -> u64 {
+    let mut found = heap.dirty_runs(pages, since, runs);
+    if !growth.is_empty() {
+        found += (growth.end - growth.start) / PAGE_SIZE;
+        push_run(runs, growth);
+    }
+    found
+}
+
+/// What step 2 copies.
+enum OpenPass {
+    /// Nothing: the target lacks little, step 3 copies it.
+    None,
+    /// The whole used extent (a new target).
+    Whole,
+    /// The runs already found by a full scan (this many pages).
+    Found(u64),
+    /// The pages stamped since the target's state, which the sink finds as it copies.
+    Dirty(CopyState),
 }
 
 /// One page in this many is sampled to estimate what a target lacks (whether the copy makes
@@ -147,39 +166,33 @@ impl Engine {
             None => extent_open / PAGE_SIZE,
             Some(s) => self.dirty_pages_sampled(s.epoch, old, ESTIMATE_STRIDE) + (extent_open - old) / PAGE_SIZE,
         };
-        let open_pass = if sampled * PAGE_SIZE > DIRECT_COPY_BYTES {
-            Some(None)
-        } else if let Some(s) = state {
-            let dirty = heap.dirty_runs(0..old / PAGE_SIZE, s.epoch, &mut runs);
-            if !growth.is_empty() {
-                push_run(&mut runs, growth.clone());
-            }
-            let lacking = dirty + (extent_open - old) / PAGE_SIZE;
-            (lacking * PAGE_SIZE > DIRECT_COPY_BYTES).then_some(Some(lacking))
-        } else {
-            None
+        let open_pass = match state {
+            None if sampled * PAGE_SIZE > DIRECT_COPY_BYTES => OpenPass::Whole,
+            Some(s) if sampled * PAGE_SIZE > DIRECT_COPY_BYTES => OpenPass::Dirty(s),
+            Some(s) => match dirty_and_growth(heap, 0..old / PAGE_SIZE, s.epoch, growth.clone(), &mut runs) {
+                lacking if lacking * PAGE_SIZE > DIRECT_COPY_BYTES => OpenPass::Found(lacking),
+                _ => OpenPass::None,
+            },
+            None => OpenPass::None,
         };
         report.scan += scan.elapsed();
         // Step 2, only when the target lacks much; else step 3 copies it all.
-        let optimistic = open_pass.is_some();
-        let (since_closed, covered) = if let Some(scanned) = open_pass {
-            let copy = Instant::now();
-            report.pages_open = match (state, scanned) {
-                (None, _) => {
-                    sink.copy_runs(heap, std::slice::from_ref(&(0..extent_open)))?;
-                    extent_open / PAGE_SIZE
-                }
-                (Some(_), Some(lacking)) => {
-                    sink.copy_runs(heap, &runs)?;
-                    lacking
-                }
-                (Some(s), None) => sink.copy_dirty(heap, 0..old / PAGE_SIZE, s.epoch, growth, sampled)?,
-            };
-            report.copy += copy.elapsed();
-            (e_mid, extent_open)
-        } else {
-            (state.map_or(0, |s| s.epoch), state.map_or(0, |s| s.extent))
+        let optimistic = !matches!(open_pass, OpenPass::None);
+        let copy = Instant::now();
+        report.pages_open = match open_pass {
+            OpenPass::None => 0,
+            OpenPass::Whole => {
+                sink.copy_runs(heap, std::slice::from_ref(&(0..extent_open)))?;
+                extent_open / PAGE_SIZE
+            }
+            OpenPass::Found(lacking) => {
+                sink.copy_runs(heap, &runs)?;
+                lacking
+            }
+            OpenPass::Dirty(s) => sink.copy_dirty(heap, 0..old / PAGE_SIZE, s.epoch, growth, sampled)?,
         };
+        report.copy += copy.elapsed();
+        let (since_closed, covered) = if optimistic { (e_mid, extent_open) } else { (state.map_or(0, |s| s.epoch), state.map_or(0, |s| s.extent)) };
 
         let pause = Instant::now();
         let closed = self.gate.close();

@@ -97,11 +97,10 @@ impl ImageTarget {
 
     /// [`ImageTarget::copy_runs_streamed`] of the pages in `pages` (page numbers) stamped after
     /// `since` and of every page of `growth` (bytes, page-aligned, after `pages`; `hint`
-    /// estimates the pages in all), the epochs
-    /// scanned by the copier threads as they go: the page range is cut into parts of
-    /// [`SCAN_PART_PAGES`], and each copier takes the next part, finds its dirty runs and
-    /// copies them, so
-    /// the scan needs no pass of its own and spreads like the copy. Returns the pages copied.
+    /// estimates the pages in all), the epochs scanned by the copier threads as they go: the
+    /// page range is cut into parts of [`SCAN_PART_PAGES`], and each copier takes the next
+    /// part, finds its dirty runs and copies them, so the scan needs no pass of its own and
+    /// spreads like the copy. Returns the pages copied.
     #[allow(clippy::too_many_arguments)]
     pub fn copy_dirty_streamed<P: PortionPacker, E>(
         &mut self,
@@ -126,7 +125,6 @@ impl ImageTarget {
         // The parts, each with its stretch of the image: scans of `SCAN_PART_PAGES` pages, then
         // the growth in pieces of a portion. Small parts, since dirty pages gather where the
         // writes went (an index's pages): larger ones would leave most copiers idle.
-        let per = SCAN_PART_PAGES;
         let mut parts = Vec::new();
         let (mut rest, mut rest_at) = (self.region.bytes_mut(end), 0u64);
         let mut cut = |from: u64, to: u64, part: fn(u64, &mut [u8]) -> Part<'_>| {
@@ -137,7 +135,7 @@ impl ImageTarget {
         };
         let mut p = pages.start;
         while p < pages.end {
-            let q = (p + per).min(pages.end);
+            let q = (p + SCAN_PART_PAGES).min(pages.end);
             parts.push(cut(p * PAGE_SIZE, q * PAGE_SIZE, |at, image| Part::Scan { at, image }));
             p = q;
         }
