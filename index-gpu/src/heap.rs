@@ -30,6 +30,27 @@ pub trait HeapRead {
         let _ = (off, len);
     }
 
+    /// Whether reads join a transaction's read set (and, in place, take its locks), so that a
+    /// read the caller can validate otherwise is cheaper through [`HeapRead::peek_words`]. An
+    /// image's reads are plain loads either way: no.
+    fn tracks_reads(&self) -> bool {
+        false
+    }
+
+    /// Reads `out.len()` words at `off` as the transaction sees them (its own writes
+    /// included) without noting them: no read set, no lock, no validation at commit. What it
+    /// returns may be stale, or torn by a concurrent commit; only for reads whose use is
+    /// proven otherwise (a B-link descent's internal nodes: the leaf it lands on proves itself,
+    /// see `btree/search.rs`). Returns false, reading nothing, where the words leave the heap,
+    /// so a peeked offset is never followed into a panic. The default reads as `load_words`.
+    fn peek_words(&mut self, off: u64, out: &mut [u64]) -> Result<bool, TxnError> {
+        if !self.contains(off, 8 * out.len() as u64) {
+            return Ok(false);
+        }
+        self.load_words(off, out)?;
+        Ok(true)
+    }
+
     /// Whether `[off, off + len)` lies inside the heap. Validators ask before following an
     /// offset read from possibly damaged data, since a load outside the heap is a bug (it
     /// panics) rather than an error. An image that cannot tell says yes.
@@ -75,6 +96,15 @@ impl HeapRead for Transaction<'_> {
 
     fn contains(&self, off: u64, len: u64) -> bool {
         self.engine().heap().contains(off, len)
+    }
+
+    fn tracks_reads(&self) -> bool {
+        true
+    }
+
+    #[inline]
+    fn peek_words(&mut self, off: u64, out: &mut [u64]) -> Result<bool, TxnError> {
+        Ok(Transaction::peek_words(self, off, out))
     }
 }
 

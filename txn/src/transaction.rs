@@ -365,16 +365,50 @@ impl<'e> Transaction<'e> {
             if !(first..first + n).all(|w| e.is_full(w)) {
                 self.load_run_shared(at, run)?;
             }
-            let e = self.bufs.writes.line(line).expect("the entry found above");
-            for (j, out) in run.iter_mut().enumerate() {
-                let mask = e.mask(first + j);
-                if mask != 0 {
-                    let bits = tusk_storage::heap::mask_bits(mask);
-                    *out = (*out & !bits) | (e.words[first + j] & bits);
-                }
-            }
+            self.overlay_writes(at, run);
         }
         Ok(())
+    }
+
+    /// Overlays `run`, the words at `at` within one line, with this transaction's buffered
+    /// writes to them.
+    #[inline]
+    fn overlay_writes(&self, at: u64, run: &mut [u64]) {
+        let Some(e) = self.bufs.writes.line(at & !(LINE_BYTES - 1)) else { return };
+        let first = ((at % LINE_BYTES) / 8) as usize;
+        for (j, out) in run.iter_mut().enumerate() {
+            let mask = e.mask(first + j);
+            if mask != 0 {
+                let bits = tusk_storage::heap::mask_bits(mask);
+                *out = (*out & !bits) | (e.words[first + j] & bits);
+            }
+        }
+    }
+
+    /// Reads `out.len()` words from `off` as this transaction sees them, its own writes
+    /// included, but without noting them: no read set, no stripe lock in place, nothing for
+    /// commit to validate. Other transactions' commits may make what it returns stale, or tear
+    /// it; only for reads whose use is proven otherwise (an index descent's internal nodes,
+    /// where the leaf reached proves itself). Returns false, reading nothing, where the words
+    /// leave the heap.
+    #[inline]
+    pub fn peek_words(&self, off: u64, out: &mut [u64]) -> bool {
+        debug_assert!(off.is_multiple_of(8));
+        let heap = self.engine.heap();
+        if !heap.contains(off, 8 * out.len() as u64) {
+            return false;
+        }
+        heap.load_words(off, out);
+        if self.in_place.is_none() && !self.bufs.writes.is_empty() {
+            let mut i = 0;
+            while i < out.len() {
+                let at = off + 8 * i as u64;
+                let n = ((((at | (LINE_BYTES - 1)) + 1 - at) / 8) as usize).min(out.len() - i);
+                self.overlay_writes(at, &mut out[i..i + n]);
+                i += n;
+            }
+        }
+        true
     }
 
     /// Reads the words of `out` from `off`, all inside one stripe's line, validated together

@@ -217,7 +217,7 @@ impl BatchPass {
                 None => {
                     path.clear();
                     *path_root = root;
-                    search::descend(heap, root, order[pos].0, Some(path))?
+                    search::descend_tree(heap, meta, order[pos].0, Some(path))?
                 }
             };
             if h.right != 0 {

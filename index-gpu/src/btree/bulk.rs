@@ -14,7 +14,7 @@
 //! half-built one. (A transaction error, a conflict, leaves the transaction doomed as always:
 //! the caller retries or abandons it.)
 
-use super::layout::{self, CAPACITY, MIN_FILL};
+use super::layout::{self, Fences, CAPACITY, MIN_FILL};
 use super::meta::{self, KEY_DELTA, ROOT_OFF};
 use super::slab;
 use crate::heap::HeapWrite;
@@ -45,7 +45,7 @@ pub fn bulk_load<H: HeapWrite>(heap: &mut H, meta: u64, pairs: impl IntoIterator
     let per = entries_per_node(fill);
 
     // The leaf level, streamed; the existing empty root becomes the first leaf.
-    let mut leaves = LevelWriter::new(0, per, root);
+    let mut leaves = LevelWriter::new(0, per, root, meta);
     let mut loaded = 0u64;
     let mut last: Option<u64> = None;
     for (k, v) in pairs {
@@ -65,7 +65,7 @@ pub fn bulk_load<H: HeapWrite>(heap: &mut H, meta: u64, pairs: impl IntoIterator
         height += 1;
         level[0].0 = 0;
         let first = slab::alloc_node(heap, meta)?;
-        let mut writer = LevelWriter::new(height, per, first);
+        let mut writer = LevelWriter::new(height, per, first, meta);
         for &(k, child) in &level {
             writer.push(heap, meta, k, child)?;
         }
@@ -87,14 +87,17 @@ struct LevelWriter {
     per: usize,
     /// The node the next written entries go to (allocated, empty).
     cur: u64,
+    /// `cur`'s fences: its low key (the high key of the node written before it, 0 for the
+    /// level's first) and the tree's descriptor.
+    fences: Fences,
     pending: Vec<(u64, u64)>,
     /// (first key, node) of every node written so far.
     done: Vec<(u64, u64)>,
 }
 
 impl LevelWriter {
-    fn new(level: u32, per: usize, first: u64) -> LevelWriter {
-        LevelWriter { level, per, cur: first, pending: Vec::with_capacity(2 * per + 1), done: Vec::new() }
+    fn new(level: u32, per: usize, first: u64, meta: u64) -> LevelWriter {
+        LevelWriter { level, per, cur: first, fences: Fences { low_key: 0, owner: meta }, pending: Vec::with_capacity(2 * per + 1), done: Vec::new() }
     }
 
     fn push<H: HeapWrite>(&mut self, heap: &mut H, meta: u64, k: u64, v: u64) -> Result<(), TxnError> {
@@ -121,8 +124,11 @@ impl LevelWriter {
         heap.store_words(layout::key_off(node, 0), &keys[..n])?;
         heap.store_words(layout::value_off(node, 0), &values[..n])?;
         match next {
-            Some(right) => layout::write_header(heap, node, self.level, n, Some(self.pending[n].0), right)?,
-            None => layout::write_header(heap, node, self.level, n, None, 0)?,
+            Some(right) => layout::write_header(heap, node, self.level, n, Some(self.pending[n].0), right, self.fences)?,
+            None => layout::write_header(heap, node, self.level, n, None, 0, self.fences)?,
+        }
+        if next.is_some() {
+            self.fences.low_key = self.pending[n].0;
         }
         self.done.push((self.pending[0].0, node));
         self.pending.drain(..n);

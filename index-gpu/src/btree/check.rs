@@ -12,6 +12,9 @@
 //!   sibling's high key (0 for the leftmost) and the high key is the one its parent implies;
 //!   an internal node's keys\[0\] equals its `low`;
 //! - the rightmost node has no right link (and so no high key), every other one does;
+//! - in a fenced tree (`meta.rs`), every node's low key is that `low` and its owner the
+//!   descriptor, and every free node's owner is 0 (`layout.rs`: what a descent that peeked
+//!   relies on);
 //! - the nodes reached equal the descriptor's node count, the leaf entries its key count
 //!   (both the sums of the per-thread stripes, see `meta.rs`).
 //!
@@ -27,7 +30,7 @@ use std::collections::HashSet;
 
 use super::layout::{self, CAPACITY, MIN_FILL, NODE_SIZE};
 use super::slab;
-use super::meta::{self, FREE_HEAD, HANDED_OUT, KEY_DELTA, NODE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
+use super::meta::{self, FENCED, FENCED_OFF, FREE_HEAD, HANDED_OUT, KEY_DELTA, NODE_DELTA, ROOT_OFF, STRIPE_COUNT_OFF};
 use crate::stripe::STRIPES;
 use crate::heap::HeapRead;
 use crate::IndexError;
@@ -73,8 +76,12 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
             _ => Err(broken(node, "node in no chunk of its stripes' lists")),
         }
     };
+    let fenced = heap.load(meta + FENCED_OFF)? == FENCED;
     for &node in &free {
         in_chunks(node)?;
+        if fenced && layout::read_header(heap, node)?.owner != 0 {
+            return Err(broken(node, "free node still names its tree as owner"));
+        }
     }
     check_node_offset(heap, root)?;
     let root_level = layout::read_header(heap, root)?.level;
@@ -100,6 +107,9 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
             }
             if h.high_key != exp.high_key {
                 return Err(broken(node, format!("high key {:?}, parent implies {:?}", h.high_key, exp.high_key)));
+            }
+            if fenced && (h.low_key != low || h.owner != meta) {
+                return Err(broken(node, format!("fences (low key {}, owner {}), expected ({low}, {meta})", h.low_key, h.owner)));
             }
             let next = expected.get(n + 1).map_or(0, |e| e.node);
             if h.right != next {

@@ -3,8 +3,14 @@
 //! Lehman–Yao half-split), then the separator goes up to the parent, splitting it in turn if
 //! full; a split root grows the tree by one level. The whole insert runs in one transaction,
 //! so other transactions never see a half-split; the links are there for lock-free readers.
+//!
+//! The descent's internal nodes may have been peeked (`search.rs`), so before a separator
+//! goes into one, the node is read through the transaction and must prove it is the parent
+//! level's node for the separator (this tree's, of that level, low key at most the
+//! separator); one that does not is found again by a tracked descent. Likewise the node at
+//! the top of a peeked path grows the tree only if it is the root the transaction reads.
 
-use super::layout::{self, Header, CAPACITY};
+use super::layout::{self, Fences, Header, CAPACITY};
 use super::meta::ROOT_OFF;
 use super::{meta, search, slab};
 use crate::heap::HeapWrite;
@@ -18,9 +24,8 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Re
 /// Sets `key` to `value(old)`, `old` being its value or `None`, in one descent (a
 /// read-modify-write: `get` then `insert` descends twice); returns `old`.
 pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnce(Option<u64>) -> u64) -> Result<Option<u64>, TxnError> {
-    let root = heap.load(meta + ROOT_OFF)?;
     let mut path = Vec::new();
-    let (leaf, h) = search::descend(heap, root, key, Some(&mut path))?;
+    let (leaf, h) = search::descend_tree(heap, meta, key, Some(&mut path))?;
     let (i, hit) = layout::search(heap, leaf, h.count, key)?;
     if hit {
         let old = layout::value(heap, leaf, i)?;
@@ -44,29 +49,56 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
 #[allow(clippy::too_many_arguments)]
 pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &mut [u64]) -> Result<(), TxnError> {
     let mut level = path.len();
+    let peeked = search::peeks(heap, meta)?;
     loop {
         if h.count < CAPACITY {
             return shift_in(heap, node, h, i, k, v);
         }
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
-        match level.checked_sub(1) {
+        // The level of `path` the parent takes the place of (none above the path's top).
+        let mut path_level = None;
+        let on_path = match level.checked_sub(1) {
             Some(above) => {
-                level = above;
-                let mut parent = path[level];
-                let mut ph = layout::read_header(heap, parent)?;
-                // A reader-side rule applied to the writer too: the separator belongs to the
-                // parent level's node whose range covers it.
-                while ph.must_move_right(separator) {
-                    parent = ph.right;
-                    ph = layout::read_header(heap, parent)?;
-                }
-                path[level] = parent;
-                i = layout::lower_bound(heap, parent, ph.count, separator)?;
-                (node, h, k, v) = (parent, ph, separator, right);
+                (level, path_level) = (above, Some(above));
+                let ph = layout::read_header(heap, path[level])?;
+                (!peeked || proves_parent(&ph, meta, h.level, separator)).then_some((path[level], ph))
             }
-            None => return grow_root(heap, meta, node, h.level, separator, right),
+            None if !peeked => return grow_root(heap, meta, node, h.level, separator, right),
+            None => None,
+        };
+        let (mut parent, mut ph) = match on_path {
+            Some(found) => found,
+            None => {
+                // A peeked path's node was not the parent, or the path ended: the node may be
+                // the root (which the peeks may not have seen grow or shrink), else a tracked
+                // descent finds its parent.
+                let root = search::root(heap, meta)?;
+                if root == node {
+                    return grow_root(heap, meta, node, h.level, separator, right);
+                }
+                let (parent, ph) = search::descend_to(heap, root, separator, h.level + 1, None)?;
+                assert_eq!(ph.level, h.level + 1, "the tree at {meta} has no level above {} under root {root}", h.level);
+                (parent, ph)
+            }
+        };
+        // A reader-side rule applied to the writer too: the separator belongs to the
+        // parent level's node whose range covers it.
+        while ph.must_move_right(separator) {
+            parent = ph.right;
+            ph = layout::read_header(heap, parent)?;
         }
+        if let Some(l) = path_level {
+            path[l] = parent;
+        }
+        i = layout::lower_bound(heap, parent, ph.count, separator)?;
+        (node, h, k, v) = (parent, ph, separator, right);
     }
+}
+
+/// Whether `ph`, read through the transaction, is a node of the tree at `meta` one level
+/// above `level` whose range may hold `separator` (its right siblings' ranges follow).
+fn proves_parent(ph: &Header, meta: u64, level: u32, separator: u64) -> bool {
+    ph.owner == meta && ph.level == level + 1 && ph.low_key <= separator
 }
 
 /// Inserts (k, v) at slot `i` of `node`, which has room: the entries from `i` on are read
@@ -109,8 +141,7 @@ fn split<H: HeapWrite>(heap: &mut H, meta: u64, node: u64, h: Header, i: usize, 
         layout::move_entries(heap, node, i, right, before + 1, CAPACITY - i)?;
     }
     let separator = layout::key(heap, right, 0)?;
-    layout::write_level_count(heap, right, h.level, right_n)?;
-    layout::write_bound(heap, right, h.high_key, h.right)?;
+    layout::write_header(heap, right, h.level, right_n, h.high_key, h.right, Fences { low_key: separator, owner: meta })?;
     layout::write_level_count(heap, node, h.level, left_n)?;
     layout::write_bound(heap, node, Some(separator), right)?;
     Ok((right, separator))
@@ -122,7 +153,6 @@ fn grow_root<H: HeapWrite>(heap: &mut H, meta: u64, left: u64, level: u32, separ
     // keys[0] = 0: the root is the leftmost node of its level, its low bound the smallest key.
     layout::write_entry(heap, root, 0, 0, left)?;
     layout::write_entry(heap, root, 1, separator, right)?;
-    layout::write_level_count(heap, root, level + 1, 2)?;
-    layout::write_bound(heap, root, None, 0)?;
+    layout::write_header(heap, root, level + 1, 2, None, 0, Fences { low_key: 0, owner: meta })?;
     heap.store(meta + ROOT_OFF, root)
 }

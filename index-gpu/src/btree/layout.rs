@@ -7,7 +7,11 @@
 //! byte   0  word 0   level (low 32 bits; 0 = leaf) | count (high 32 bits)
 //! byte   8  word 1   high key: every key in this node's subtree is < high key
 //! byte  16  word 2   right link: heap offset of the right sibling, 0 for the rightmost node
-//! byte  24  words 3..7 reserved (zero)
+//! byte  24  word 3   low key: every key in this node's subtree is ≥ low key (0 for the
+//!                    leftmost node of a level); the left sibling's high key
+//! byte  32  word 4   owner: the heap offset of the tree's descriptor while the node is in
+//!                    the tree, 0 once freed (and in a node never handed out)
+//! byte  40  words 5..7 reserved (zero)
 //! byte  64  keys[CAPACITY]            ascending, `count` of them valid
 //! byte 288  values[CAPACITY]          leaf: the value of keys[i]; internal: the child of keys[i]
 //! ```
@@ -26,6 +30,10 @@
 //!   and internal nodes thus share one layout and one in-node search.
 //! - Lehman–Yao: the high key and right link let a reader that arrives at a node after it
 //!   split (a GPU mirror reader, a later latch-free CPU path) move right instead of restarting.
+//! - The low key and the owner make a leaf prove on its own that it is the one for a key: a
+//!   leaf of this tree (owner) whose `[low, high)` holds the key is that key's leaf, however
+//!   the descent found it. So a transaction's descent may read the internal nodes without
+//!   joining its read set (`search.rs`), and validates only the leaf it lands on.
 
 use crate::heap::{HeapRead, HeapWrite};
 use tusk_txn::TxnError;
@@ -45,6 +53,10 @@ pub const MIN_FILL: usize = CAPACITY / 2;
 pub const LEVEL_COUNT_OFF: u64 = 0;
 pub const HIGH_KEY_OFF: u64 = 8;
 pub const RIGHT_LINK_OFF: u64 = 16;
+pub const LOW_KEY_OFF: u64 = 24;
+pub const OWNER_OFF: u64 = 32;
+/// Words of the header a descent reads: level and count, high key, right link, low key, owner.
+pub const HEADER_WORDS: usize = 5;
 pub const KEYS_OFF: u64 = HEADER_SIZE;
 pub const VALUES_OFF: u64 = KEYS_OFF + CAPACITY as u64 * 8;
 
@@ -71,6 +83,10 @@ pub struct Header {
     pub high_key: Option<u64>,
     /// Heap offset of the right sibling, 0 for none.
     pub right: u64,
+    /// The smallest key this node's range may hold (0 for the leftmost node of its level).
+    pub low_key: u64,
+    /// The tree's descriptor while the node is in the tree, 0 once freed.
+    pub owner: u64,
 }
 
 impl Header {
@@ -82,26 +98,38 @@ impl Header {
     pub fn must_move_right(&self, key: u64) -> bool {
         matches!(self.high_key, Some(h) if key >= h)
     }
+
+    /// The header's words, as [`read_header`] reads them.
+    pub fn decode(words: [u64; HEADER_WORDS]) -> Header {
+        let [lc, high, right, low_key, owner] = words;
+        let high_key = if right == 0 { None } else { Some(high) };
+        Header { level: lc as u32, count: (lc >> 32) as usize, high_key, right, low_key, owner }
+    }
 }
 
 pub fn read_header<H: HeapRead>(heap: &mut H, node: u64) -> Result<Header, TxnError> {
-    const _: () = assert!(LEVEL_COUNT_OFF == 0 && HIGH_KEY_OFF == 8 && RIGHT_LINK_OFF == 16);
-    let mut words = [0u64; 3];
+    const _: () = assert!(LEVEL_COUNT_OFF == 0 && HIGH_KEY_OFF == 8 && RIGHT_LINK_OFF == 16 && LOW_KEY_OFF == 24 && OWNER_OFF == 32);
+    let mut words = [0u64; HEADER_WORDS];
     heap.load_words(node, &mut words)?;
-    let [lc, high, right] = words;
-    let high_key = if right == 0 { None } else { Some(high) };
-    Ok(Header { level: lc as u32, count: (lc >> 32) as usize, high_key, right })
+    Ok(Header::decode(words))
 }
 
 pub fn write_level_count<H: HeapWrite>(heap: &mut H, node: u64, level: u32, count: usize) -> Result<(), TxnError> {
     heap.store(node + LEVEL_COUNT_OFF, level as u64 | (count as u64) << 32)
 }
 
-/// Writes a node's whole header (level and count, high key, right link) as one run of words.
-pub fn write_header<H: HeapWrite>(heap: &mut H, node: u64, level: u32, count: usize, high_key: Option<u64>, right: u64) -> Result<(), TxnError> {
-    const _: () = assert!(LEVEL_COUNT_OFF == 0 && HIGH_KEY_OFF == 8 && RIGHT_LINK_OFF == 16);
+/// A node's range and tree, as the header's last two words hold them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fences {
+    pub low_key: u64,
+    pub owner: u64,
+}
+
+/// Writes a node's whole header (level and count, high key, right link, low key and owner)
+/// as one run of words.
+pub fn write_header<H: HeapWrite>(heap: &mut H, node: u64, level: u32, count: usize, high_key: Option<u64>, right: u64, fences: Fences) -> Result<(), TxnError> {
     debug_assert_eq!(high_key.is_some(), right != 0);
-    heap.store_words(node, &[level as u64 | (count as u64) << 32, high_key.unwrap_or(0), right])
+    heap.store_words(node, &[level as u64 | (count as u64) << 32, high_key.unwrap_or(0), right, fences.low_key, fences.owner])
 }
 
 /// Sets the high key and right link together: they only make sense as a pair.

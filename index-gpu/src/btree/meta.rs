@@ -9,7 +9,11 @@
 //!           word 0  magic            identifies a B-link tree descriptor (and its layout)
 //!           word 1  root             heap offset of the root node (the GPU kernels read it)
 //!           word 2  stripes          STRIPES, the number of stripe lines below
-//!           words 3..7 reserved (zero)
+//!           word 3  fenced           1: every node carries its low key and owner
+//!                                    (`layout.rs`), so descents in a transaction may peek
+//!                                    (`search.rs`); 0 in trees made before, whose descents
+//!                                    read every node through the transaction
+//!           words 4..7 reserved (zero)
 //! byte  64  stripe s (s in 0..STRIPES) at 64 + 128 s, two lines, the first written only by
 //!           the threads of stripe s (`crate::stripe`):
 //!           word 0  key delta        keys this stripe added minus removed (two's complement);
@@ -58,6 +62,9 @@ pub const META_ALIGN: u64 = stripe::DESCRIPTOR_ALIGN;
 pub const MAGIC_OFF: u64 = stripe::MAGIC_OFF;
 pub const ROOT_OFF: u64 = 8;
 pub const STRIPE_COUNT_OFF: u64 = stripe::STRIPE_COUNT_OFF;
+pub const FENCED_OFF: u64 = 24;
+/// The fenced word's value in a fenced tree.
+pub const FENCED: u64 = 1;
 
 /// First stripe line, and bytes per stripe.
 pub const STRIPES_OFF: u64 = 64;

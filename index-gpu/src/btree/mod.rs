@@ -48,9 +48,9 @@ impl BTree {
     pub fn create<H: HeapWrite>(heap: &mut H) -> Result<BTree, IndexError> {
         let meta = meta::create(heap)?;
         let root = slab::alloc_node(heap, meta)?;
-        layout::write_level_count(heap, root, 0, 0)?;
-        layout::write_bound(heap, root, None, 0)?;
+        layout::write_header(heap, root, 0, 0, None, 0, layout::Fences { low_key: 0, owner: meta })?;
         heap.store(meta + meta::ROOT_OFF, root)?;
+        heap.store(meta + meta::FENCED_OFF, meta::FENCED)?;
         Ok(BTree { meta })
     }
 
@@ -72,10 +72,6 @@ impl BTree {
         HeapPtr(self.meta)
     }
 
-    fn root<H: HeapRead>(&self, heap: &mut H) -> Result<u64, IndexError> {
-        Ok(heap.load(self.meta + meta::ROOT_OFF)?)
-    }
-
     /// Number of entries: exact, the sum of the descriptor's per-thread stripes (one line
     /// each, see `meta.rs`) read in this transaction.
     pub fn len<H: HeapRead>(&self, heap: &mut H) -> Result<u64, IndexError> {
@@ -87,17 +83,15 @@ impl BTree {
     }
 
     pub fn get<H: HeapRead>(&self, heap: &mut H, key: u64) -> Result<Option<u64>, IndexError> {
-        let root = self.root(heap)?;
-        Ok(search::get(heap, root, key)?)
+        Ok(search::get(heap, self.meta, key)?)
     }
 
     /// The values under `keys`, in order: what `get` gives for each, with the descents of
     /// [`search::LOOKUP_GROUP`] keys at a time run side by side so their memory misses
     /// overlap. The way to look up many keys in one transaction.
     pub fn get_many<H: HeapRead>(&self, heap: &mut H, keys: &[u64]) -> Result<Vec<Option<u64>>, IndexError> {
-        let root = self.root(heap)?;
         let mut out = vec![None; keys.len()];
-        search::get_many(heap, root, keys, &mut out)?;
+        search::get_many(heap, self.meta, keys, &mut out)?;
         Ok(out)
     }
 
@@ -142,15 +136,13 @@ impl BTree {
 
     /// The entries with keys in `range`, in key order.
     pub fn range<'h, H: HeapRead>(&self, heap: &'h mut H, range: impl RangeBounds<u64>) -> Result<Range<'h, H>, IndexError> {
-        let root = self.root(heap)?;
-        Ok(Range::new(heap, root, KeySpan::of(&range))?)
+        Ok(Range::new(heap, self.meta, KeySpan::of(&range))?)
     }
 
     /// Number of keys in `range`.
     pub fn count<H: HeapRead>(&self, heap: &mut H, range: impl RangeBounds<u64>) -> Result<u64, IndexError> {
-        let root = self.root(heap)?;
         let mut n = 0u64;
-        range::for_each_run(heap, root, KeySpan::of(&range), |_, _, from, to| {
+        range::for_each_run(heap, self.meta, KeySpan::of(&range), |_, _, from, to| {
             n += (to - from) as u64;
             Ok(())
         })?;
@@ -160,9 +152,8 @@ impl BTree {
     /// Sum of the values of the keys in `range` (u128: it cannot overflow for any tree that
     /// fits a heap).
     pub fn sum<H: HeapRead>(&self, heap: &mut H, range: impl RangeBounds<u64>) -> Result<u128, IndexError> {
-        let root = self.root(heap)?;
         let mut total = 0u128;
-        range::for_each_run(heap, root, KeySpan::of(&range), |heap, leaf, from, to| {
+        range::for_each_run(heap, self.meta, KeySpan::of(&range), |heap, leaf, from, to| {
             for i in from..to {
                 total += layout::value(heap, leaf, i)? as u128;
             }

@@ -38,19 +38,19 @@ impl KeySpan {
     }
 }
 
-/// Calls `run(heap, leaf, from, to)` for each leaf's slots `from..to` holding keys in `span`,
+/// Calls `run(heap, leaf, from, to)`, in the tree at `meta`, for each leaf's slots `from..to` holding keys in `span`,
 /// in key order. Leaves entirely inside the span are passed whole without reading their keys,
 /// which makes `count` cost one header read per leaf.
 pub fn for_each_run<H: HeapRead>(
     heap: &mut H,
-    root: u64,
+    meta: u64,
     span: KeySpan,
     mut run: impl FnMut(&mut H, u64, usize, usize) -> Result<(), TxnError>,
 ) -> Result<(), TxnError> {
     if span.is_empty() {
         return Ok(());
     }
-    let (mut leaf, mut h) = search::descend(heap, root, span.lo as u64, None)?;
+    let (mut leaf, mut h) = search::descend_tree(heap, meta, span.lo as u64, None)?;
     let mut from = layout::lower_bound(heap, leaf, h.count, span.lo as u64)?;
     loop {
         let inside = matches!(h.high_key, Some(hk) if hk as u128 <= span.end);
@@ -82,8 +82,8 @@ pub struct Range<'h, H: HeapRead> {
 }
 
 impl<'h, H: HeapRead> Range<'h, H> {
-    pub fn new(heap: &'h mut H, root: u64, span: KeySpan) -> Result<Range<'h, H>, TxnError> {
-        let (leaf, header) = search::descend(heap, root, span.lo.min(u64::MAX as u128) as u64, None)?;
+    pub fn new(heap: &'h mut H, meta: u64, span: KeySpan) -> Result<Range<'h, H>, TxnError> {
+        let (leaf, header) = search::descend_tree(heap, meta, span.lo.min(u64::MAX as u128) as u64, None)?;
         let pos = layout::lower_bound(heap, leaf, header.count, span.lo.min(u64::MAX as u128) as u64)?;
         Ok(Range { heap, leaf, header, pos, end: span.end, done: span.is_empty() })
     }

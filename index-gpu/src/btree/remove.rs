@@ -101,6 +101,7 @@ fn redistribute<H: HeapWrite>(heap: &mut H, parent: u64, right_slot: usize, left
     layout::write_level_count(heap, right, rh.level, right_n)?;
     let separator = layout::key(heap, right, 0)?;
     layout::write_bound(heap, left, Some(separator), right)?;
+    heap.store(right + layout::LOW_KEY_OFF, separator)?;
     heap.store(layout::key_off(parent, right_slot), separator)
 }
 

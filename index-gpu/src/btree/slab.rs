@@ -21,7 +21,7 @@
 //! index-only GPU mirror (`mirror/index_pages.rs`) walks these lists to find the pages that
 //! hold nodes; a chunk is a large allocation, so those pages hold nothing else.
 
-use super::layout::{NODE_ALIGN, NODE_SIZE};
+use super::layout::{NODE_ALIGN, NODE_SIZE, OWNER_OFF};
 use super::meta::{self, CHUNKS, FREE_HEAD, HANDED_OUT, LAST_CHUNK, NODE_DELTA, SLAB_CURSOR, SLAB_END};
 use crate::heap::{HeapRead, HeapWrite};
 use crate::stripe::{self, STRIPES};
@@ -151,6 +151,8 @@ pub fn free_node<H: HeapWrite>(heap: &mut H, meta: u64, node: u64) -> Result<(),
     let mine = meta::my_stripe(meta);
     let head = heap.load(mine + FREE_HEAD)?;
     heap.store(node, head)?;
+    // No longer the tree's: a descent that peeked its way here must not take it for a leaf.
+    heap.store(node + OWNER_OFF, 0)?;
     heap.store(mine + FREE_HEAD, node)?;
     stripe::add(heap, mine + NODE_DELTA, -1)
 }
