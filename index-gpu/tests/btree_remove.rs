@@ -110,3 +110,36 @@ fn remove_from_empty_and_absent_keys() {
         assert_eq!((stats.nodes, stats.keys, stats.free_nodes), (1, 0, 0));
     });
 }
+
+/// Nodes one thread freed serve another thread's inserts: once the second thread's first slab
+/// chunk is spent, it adopts the first thread's free list (read after a peek at each other
+/// stripe's list, `slab.rs`) instead of carving a second chunk.
+#[test]
+fn another_threads_freed_nodes_are_adopted() {
+    use tusk_index::btree::slab::NODES_PER_CHUNK;
+    let engine = common::engine(256 << 20);
+    let tree = common::transact(&engine, |tx| BTree::create(tx).unwrap());
+    let keys: Vec<u64> = (0..20_000).collect();
+    insert_all(&engine, tree, &keys);
+    common::transact(&engine, |tx| {
+        for &k in &keys {
+            assert_eq!(tree.remove(tx, k * 5).unwrap(), Some(k));
+        }
+    });
+    let freed = common::transact(&engine, |tx| tree.check(tx).unwrap()).free_nodes;
+    assert!(freed > 2 * NODES_PER_CHUNK, "{freed} nodes freed");
+    let before = handed_out(&engine, tree);
+    let here = tusk_index::stripe::current();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert_ne!(tusk_index::stripe::current(), here, "the inserting thread needs a stripe of its own");
+            insert_all(&engine, tree, &keys);
+        });
+    });
+    let stats = common::transact(&engine, |tx| tree.check(tx).unwrap());
+    assert_eq!(stats.keys, keys.len() as u64);
+    // One chunk for the new stripe, then the adopted list; without adoption the inserts
+    // would have carved as many nodes as the tree holds.
+    assert!(handed_out(&engine, tree) <= before + NODES_PER_CHUNK, "carved {} nodes", handed_out(&engine, tree) - before);
+    assert!(stats.free_nodes < freed, "{} of {freed} freed nodes left", stats.free_nodes);
+}

@@ -135,6 +135,13 @@ fn adopt<H: HeapWrite>(heap: &mut H, meta: u64, mine: u64) -> Result<bool, TxnEr
         if other == mine {
             continue;
         }
+        // Peeked first: most lists are empty, and reading each through the transaction
+        // would put every other stripe's free-list line in its read set (or, running in
+        // place, hold it, shutting out that stripe's own frees and reuses until commit).
+        let mut peeked = [0u64];
+        if heap.peek_words(other + FREE_HEAD, &mut peeked)? && peeked[0] == 0 {
+            continue;
+        }
         let head = heap.load(other + FREE_HEAD)?;
         if head != 0 {
             heap.store(other + FREE_HEAD, 0)?;
