@@ -9,6 +9,7 @@
 //!   64            brk: first never-allocated byte (page aligned)      (own 64-byte line)
 //!   128           head of the free list of large runs                 (own line)
 //!   512 + 64*c    free-list head and carve cursor of small class c    (one line per class)
+//!   1024 + 64*a   large-run arena a: next free byte, end               (one line per arena)
 //! offset 4096   root table: MAX_ROOTS entries of ROOT_ENTRY_SIZE bytes
 //!                 [name length u64][name, ROOT_NAME_MAX bytes][HeapPtr u64]
 //! offset 16384  DATA_START: allocations
@@ -42,11 +43,25 @@ pub const fn small_cursor_off(c: usize) -> u64 {
     512 + 64 * c as u64 + 8
 }
 
+/// Arenas of large runs, one line each: threads take pages for large allocations from their
+/// arena (`thread slot mod ARENAS`), which takes them from brk in steps, so that threads
+/// allocating at once do not all write brk. Zero words: an empty arena (a heap made before
+/// the arenas reads so).
+pub const ARENAS: u64 = 48;
+pub const ARENAS_OFF: u64 = 1024;
+
+/// The next free byte of arena `a` (0: empty), and its end.
+pub const fn arena_off(a: u64) -> u64 {
+    ARENAS_OFF + 64 * a
+}
+
 pub const ROOTS_OFF: u64 = 4096;
 pub const MAX_ROOTS: u64 = 128;
 /// Longest root name in bytes.
 pub const ROOT_NAME_MAX: usize = 64;
 pub const ROOT_ENTRY_SIZE: u64 = 8 + ROOT_NAME_MAX as u64 + 8;
+
+const _: () = assert!(arena_off(ARENAS) <= ROOTS_OFF && small_free_head_off(SMALL_CLASSES) <= ARENAS_OFF);
 
 /// First byte the allocator hands out.
 pub const DATA_START: u64 = 16384;

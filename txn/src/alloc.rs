@@ -8,6 +8,13 @@
 //! bytes]`. Freed blocks go to a free list per class; freed large runs to one first-fit list
 //! (the tail of a larger run is split off). Memory handed out is zeroed: reused blocks are
 //! cleared, never-used memory is zero already.
+//!
+//! Large runs that no free run serves come from the thread's arena (`layout.rs`), which takes
+//! pages from brk [`arena_step`] at a time. Threads that allocate at once (index slab chunks,
+//! in large transactions especially) thus write their own arena's line rather than brk, which
+//! a transaction running in place would hold until it ends. The free list is peeked before it
+//! is read: while it is empty, as it mostly is, its head joins no read set either. An arena's
+//! unused tail goes to the free list when the arena takes its next step.
 
 use tusk_storage::layout::*;
 use tusk_storage::{HeapPtr, PAGE_SIZE};
@@ -24,6 +31,13 @@ fn small_class(len: u64) -> Option<usize> {
 
 fn block_size(class: usize) -> u64 {
     SMALL_MIN_BLOCK << class
+}
+
+/// Bytes an arena takes from brk at a time, for a heap of `capacity` bytes: 1/256 of it, at
+/// most 64 MiB (whole pages; a step is never less than the request it serves). So a heap's
+/// extent below brk runs ahead of what is allocated by at most one step per arena in use.
+pub fn arena_step(capacity: u64) -> u64 {
+    (capacity / 256).min(64 << 20) / PAGE_SIZE * PAGE_SIZE
 }
 
 impl Transaction<'_> {
@@ -47,8 +61,7 @@ impl Transaction<'_> {
             Some(end) if end <= capacity => {
                 self.store(BRK_OFF, end)?;
                 debug_assert!(brk.is_multiple_of(PAGE_SIZE) && bytes.is_multiple_of(PAGE_SIZE), "brk moves by whole pages");
-                // Contiguous with earlier takes: brk was read through this transaction.
-                self.fresh = if self.fresh.0 == self.fresh.1 { (brk, end) } else { (self.fresh.0, end) };
+                self.note_fresh(brk, end);
                 self.engine().growth().taken(end);
                 Ok(brk)
             }
@@ -97,7 +110,7 @@ impl Transaction<'_> {
                 self.zero(run + 2 * HEADER_SIZE, run + pages * PAGE_SIZE)?;
                 run
             }
-            None => self.take_from_brk(pages * PAGE_SIZE, len)?,
+            None => self.take_from_arena(pages * PAGE_SIZE, len)?,
         };
         self.store(run, len)?;
         let header = BlockHeader { class: CLASS_LARGE, state: STATE_ALLOCATED, len: pages as u32 };
@@ -105,9 +118,59 @@ impl Transaction<'_> {
         Ok(HeapPtr(run + 2 * HEADER_SIZE))
     }
 
+    /// `bytes` (whole pages) from the calling thread's arena, which takes its next step from
+    /// brk when it has too few left, or, where brk cannot give a whole step, straight from
+    /// brk. A step is a whole number of such requests (a slab's chunks leave no tail), and an
+    /// arena that ends at brk grows in place; any other tail goes to the free list.
+    fn take_from_arena(&mut self, bytes: u64, requested: u64) -> Result<u64, TxnError> {
+        let arena = arena_off(self.engine().thread_slot() as u64 % ARENAS);
+        let (mut next, end) = (self.load(arena)?, self.load(arena + 8)?);
+        if next != 0 && bytes <= end - next {
+            self.store(arena, next + bytes)?;
+            self.note_fresh(next, next + bytes);
+            return Ok(next);
+        }
+        let step = (arena_step(self.engine().heap().capacity()) / bytes).max(1) * bytes;
+        let brk = self.load(BRK_OFF)?;
+        if brk.checked_add(step).is_none_or(|e| e > self.engine().heap().capacity()) {
+            return self.take_from_brk(bytes, requested);
+        }
+        let region = self.take_from_brk(step, requested)?;
+        if next == 0 || end != region {
+            if next != 0 && next < end {
+                self.free_pages(next, (end - next) / PAGE_SIZE)?;
+            }
+            next = region;
+        }
+        self.store(arena, next + bytes)?;
+        self.store(arena + 8, region + step)?;
+        self.note_fresh(next, next + bytes);
+        Ok(next)
+    }
+
+    /// Notes `[from, to)`, never handed out before, as taken by this transaction (zero, so a
+    /// run in place keeps no before-image of it): the ranges taken are contiguous within a
+    /// brk step, and a later range elsewhere replaces the one noted.
+    fn note_fresh(&mut self, from: u64, to: u64) {
+        self.fresh = if self.fresh.1 == from && self.fresh.0 != self.fresh.1 { (self.fresh.0, to) } else { (from, to) };
+    }
+
+    /// Puts the `pages` pages at `run` on the free list of large runs.
+    fn free_pages(&mut self, run: u64, pages: u64) -> Result<(), TxnError> {
+        let freed = BlockHeader { class: CLASS_LARGE, state: STATE_FREE, len: pages as u32 };
+        self.store(run + HEADER_SIZE, freed.encode())?;
+        let head = self.load(LARGE_FREE_HEAD_OFF)?;
+        self.store(run + 2 * HEADER_SIZE, head)?;
+        self.store(LARGE_FREE_HEAD_OFF, run)
+    }
+
     /// First fit over the free runs: an exact run is unlinked, a larger one gives its tail.
     fn take_free_run(&mut self, pages: u64) -> Result<Option<u64>, TxnError> {
         let mut link = LARGE_FREE_HEAD_OFF;
+        let mut peeked = [0u64];
+        if self.peek_words(link, &mut peeked) && peeked[0] == 0 {
+            return Ok(None);
+        }
         let mut run = self.load(link)?;
         while run != 0 {
             let header = BlockHeader::decode(self.load(run + HEADER_SIZE)?).ok_or(TxnError::InvalidPointer(run))?;
@@ -141,12 +204,7 @@ impl Transaction<'_> {
         }
         self.forget_bounds(p);
         if header.class == CLASS_LARGE {
-            let run = ptr - 2 * HEADER_SIZE;
-            let freed = BlockHeader { class: CLASS_LARGE, state: STATE_FREE, len: header.len };
-            self.store(run + HEADER_SIZE, freed.encode())?;
-            let head = self.load(LARGE_FREE_HEAD_OFF)?;
-            self.store(run + 2 * HEADER_SIZE, head)?;
-            self.store(LARGE_FREE_HEAD_OFF, run)?;
+            self.free_pages(ptr - 2 * HEADER_SIZE, header.len as u64)?;
         } else {
             let c = header.class as usize;
             let block = ptr - HEADER_SIZE;
@@ -171,6 +229,74 @@ impl Transaction<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::in_place::IN_PLACE_FROM;
+    use crate::{Commit, Engine, EngineConfig};
+    use tusk_storage::Heap;
+
+    fn engine(heap: u64) -> Engine {
+        let config = EngineConfig { stripes_log2: 20, log: None, existing_segments: Vec::new() };
+        let engine = Engine::start(config, Heap::new(heap).unwrap(), 0).unwrap();
+        {
+            let mut tx = engine.begin();
+            tx.format_heap().unwrap();
+            tx.commit(Commit::Async).unwrap();
+        }
+        engine
+    }
+
+    /// Allocates `len` bytes in a transaction of its own; returns the offset.
+    fn alloc_one(engine: &Engine, len: u64) -> u64 {
+        let mut tx = engine.begin();
+        let p = tx.alloc(len).unwrap().offset();
+        tx.commit(Commit::Async).unwrap();
+        p
+    }
+
+    /// A thread's large allocations come from its own arena: beside another thread's run in
+    /// place, which allocated and holds every line it touched until it ends, a transaction
+    /// allocating a large block commits at its first attempt (they share no allocator line),
+    /// and the blocks do not overlap.
+    #[test]
+    fn large_allocations_beside_a_run_in_place_do_not_conflict() {
+        const LARGE: u64 = 64 << 10;
+        let engine = engine(64 << 20);
+        let lines = IN_PLACE_FROM as u64 + 8;
+        let area = alloc_one(&engine, lines * 64);
+        alloc_one(&engine, LARGE);
+        let (opened, commit) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                // The other thread's arena gets its first step before the run starts.
+                let before = alloc_one(&engine, LARGE);
+                opened.wait();
+                let mut tx = engine.begin();
+                let attempt = tx.alloc(LARGE).and_then(|p| {
+                    tx.store(p.offset(), 7)?;
+                    tx.commit(Commit::Async)?;
+                    Ok(p.offset())
+                });
+                commit.wait();
+                (before, attempt)
+            });
+            let mut run = engine.begin();
+            for i in 0..lines {
+                run.store(area + 64 * i, i).unwrap();
+            }
+            assert!(run.is_in_place());
+            let mine = run.alloc(LARGE).unwrap().offset();
+            run.store(mine, 9).unwrap();
+            opened.wait();
+            commit.wait();
+            run.commit(Commit::Async).unwrap();
+            let (before, attempt) = other.join().unwrap();
+            let theirs = attempt.expect("the allocation beside the run commits at once");
+            for (a, b) in [(mine, theirs), (mine, before), (theirs, before)] {
+                assert!(a.abs_diff(b) >= LARGE, "blocks at {a} and {b} overlap");
+            }
+        });
+        let mut tx = engine.begin();
+        assert_eq!(tx.load(area + 64 * 5).unwrap(), 5);
+    }
 
     #[test]
     fn classes_fit_their_lengths() {

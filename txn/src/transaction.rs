@@ -87,8 +87,9 @@ pub struct Transaction<'e> {
     /// waits for it first (it is most likely an in-place run's, held to the run's end, and a
     /// retry that met it again at once would only spin and conflict again).
     locked_out: Option<u32>,
-    /// Heap this transaction took from brk, `[from, to)` (brk only grows, so one range holds
-    /// every take): never handed out before, hence zero (see [`crate::in_place`]'s fresh lines).
+    /// Heap this transaction took from brk or its arena, `[from, to)`, the latest contiguous
+    /// range of its takes (`alloc.rs`): never handed out before, hence zero (see
+    /// [`crate::in_place`]'s fresh lines).
     pub(crate) fresh: (u64, u64),
 }
 
