@@ -707,6 +707,68 @@ fn gap_from_a_failed_partition_flush() {
     commits_after_gap_survive(dir.path(), &opts, want, marker);
 }
 
+/// The arenas' form of the case below: a thread's arena took its step from brk in a durable
+/// commit; a lost commit of the same thread carves a block from it, and a Partition record
+/// beyond the gap writes into that block. The arena hands the block out again after recovery,
+/// and it must read as zeros there too.
+#[test]
+fn an_arenas_free_pages_are_zero_after_a_partition_record_beyond_a_gap() {
+    use tusk_storage::layout::ARENAS;
+    const LEN: u64 = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options { log_partitions: 2, ..small_opts() };
+    let store = Store::open(dir.path(), opts.clone()).unwrap();
+    let probe = probe_alloc(&store);
+    let alloc = |store: &Store, root: &str| {
+        store
+            .transact(Commit::Sync, |tx| {
+                let p = tx.alloc(LEN)?;
+                tx.set_root(root, p)?;
+                Ok(p)
+            })
+            .unwrap()
+    };
+    let (first, block, g) = std::thread::scope(|s| {
+        let [w0, w1] = workers_per_partition(s, &store, dir.path(), probe);
+        let store = &store;
+        // Partition 0's thread: its arena's step, durable; then the victim carves from it.
+        let (first, _) = w0.run(move || alloc(store, "first"));
+        let (block, g) = w0.run(move || alloc(store, "block"));
+        let g = g.unwrap();
+        w1.run(move || {
+            let (_, lsn) = store.transact(Commit::Partition, |tx| tx.write_at(block, 0, &[0x5A; LEN as usize])).unwrap();
+            assert!(lsn.unwrap() > g);
+        });
+        (first, block, g)
+    });
+    assert_eq!(block.offset(), first.offset() + 2 * 4096, "the victim's block came from the same arena step");
+    store.close().unwrap();
+    let store = reopen_with_partition_0_cut_at(dir.path(), opts, g);
+    let mut tx = store.begin();
+    assert!(tx.root("first").unwrap().is_some() && tx.root("block").unwrap().is_none(), "only the victim is lost");
+    tx.abort();
+    // A thread whose arena is the victim's (threads take arenas in turn) is handed the block
+    // again; its bytes must be zeros.
+    let bytes = (0..2 * ARENAS)
+        .find_map(|_| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut tx = store.begin();
+                    let p = tx.alloc(LEN).unwrap();
+                    let mut bytes = vec![0xFFu8; LEN as usize];
+                    tx.read(p, &mut bytes).unwrap();
+                    tx.abort();
+                    (p == block).then_some(bytes)
+                })
+                .join()
+                .unwrap()
+            })
+        })
+        .expect("a thread of the victim's arena");
+    assert!(bytes.iter().all(|&b| b == 0), "the arena's free pages hold the lost gap's bytes");
+    store.close().unwrap();
+}
+
 /// A commit that took a block from brk is lost in a gap, and a `Partition` commit that wrote
 /// into that block is replayed beyond it: its bytes land beyond brk as recovered. Memory
 /// beyond brk is handed out as zero, so recovery zeroes it again: the next allocation from

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
-use tusk_storage::layout::{BRK_OFF, DATA_START};
+use tusk_storage::layout::{arena_off, ARENAS, BRK_OFF, DATA_START};
 use tusk_storage::Heap;
 
 use crate::apply::{apply, region_bytes, Unappliable};
@@ -192,6 +192,7 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
     let written_to = apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
     zero_beyond_brk(heap, written_to);
+    zero_arena_tails(heap, written_to);
     if repair {
         for r in &scan.repairs {
             r.apply()?;
@@ -212,19 +213,38 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
 /// `tests/log_damage.rs::memory_beyond_brk_is_zero_after_a_partition_record_beyond_a_gap`).
 fn zero_beyond_brk(heap: &Heap, written_to: u64) {
     let brk = heap.load_word(BRK_OFF);
-    if brk < DATA_START || written_to <= brk {
+    if brk >= DATA_START {
+        zero_range(heap, brk, written_to);
+    }
+}
+
+/// The same for the large-run arenas (`txn/src/alloc.rs`): an arena hands out its pages from
+/// its next free byte to its end as zero, and a lost commit may have carved a block there that
+/// a `Partition` record beyond the gap then wrote into. Zeroed up to `written_to` as beyond brk.
+fn zero_arena_tails(heap: &Heap, written_to: u64) {
+    let brk = heap.load_word(BRK_OFF);
+    for a in 0..ARENAS {
+        let (next, end) = (heap.load_word(arena_off(a)), heap.load_word(arena_off(a) + 8));
+        if next >= DATA_START && next < end && end <= brk {
+            zero_range(heap, next, end.min(written_to));
+        }
+    }
+}
+
+/// Zeroes `[from, to)` (nothing when empty) and stamps it dirty, so that the next checkpoint
+/// keeps the zeros (a chunk in the range may have come from the checkpoint as it was).
+fn zero_range(heap: &Heap, from: u64, to: u64) {
+    if to <= from {
         return;
     }
     let zeros = vec![0u8; 64 << 10];
-    let mut at = brk;
-    while at < written_to {
-        let n = (written_to - at).min(zeros.len() as u64);
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64);
         heap.write_bytes(at, &zeros[..n as usize]);
         at += n;
     }
-    // Dirty, so that the next checkpoint keeps the zeros (a chunk between brk and the last
-    // one written may have come from the checkpoint as it was).
-    heap.stamp_dirty(brk, written_to - brk, 1);
+    heap.stamp_dirty(from, to - from, 1);
 }
 
 /// Applies `records` (in LSN order) on all cores (see [`crate::apply`]). Chunks written
