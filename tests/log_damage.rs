@@ -441,14 +441,18 @@ fn reopen_with_partition_0_cut_at(dir: &Path, opts: Options, g: u64) -> Store {
 }
 
 fn probe_alloc(store: &Store) -> HeapPtr {
+    alloc_under_root(store, "probe", 8).0
+}
+
+/// Allocates `len` bytes under the root `root` in a Sync commit: the block and the LSN.
+fn alloc_under_root(store: &Store, root: &str, len: u64) -> (HeapPtr, Option<u64>) {
     store
         .transact(Commit::Sync, |tx| {
-            let p = tx.alloc(8)?;
-            tx.set_root("probe", p)?;
+            let p = tx.alloc(len)?;
+            tx.set_root(root, p)?;
             Ok(p)
         })
         .unwrap()
-        .0
 }
 
 fn all_records(dir: &Path, partitions: u32) -> Vec<(PathBuf, Rec)> {
@@ -719,15 +723,7 @@ fn an_arenas_free_pages_are_zero_after_a_partition_record_beyond_a_gap() {
     let opts = Options { log_partitions: 2, ..small_opts() };
     let store = Store::open(dir.path(), opts.clone()).unwrap();
     let probe = probe_alloc(&store);
-    let alloc = |store: &Store, root: &str| {
-        store
-            .transact(Commit::Sync, |tx| {
-                let p = tx.alloc(LEN)?;
-                tx.set_root(root, p)?;
-                Ok(p)
-            })
-            .unwrap()
-    };
+    let alloc = |store: &Store, root: &'static str| alloc_under_root(store, root, LEN);
     let (first, block, g) = std::thread::scope(|s| {
         let [w0, w1] = workers_per_partition(s, &store, dir.path(), probe);
         let store = &store;
@@ -786,13 +782,7 @@ fn memory_beyond_brk_is_zero_after_a_partition_record_beyond_a_gap() {
         let store = &store;
         // The victim, on partition 0: takes a block from brk.
         let (block, g) = w0.run(move || {
-            let (block, lsn) = store
-                .transact(Commit::Sync, |tx| {
-                    let p = tx.alloc(LEN)?;
-                    tx.set_root("block", p)?;
-                    Ok(p)
-                })
-                .unwrap();
+            let (block, lsn) = alloc_under_root(store, "block", LEN);
             (block, lsn.unwrap())
         });
         // Beyond it, on partition 1: a Partition commit writes into that block.

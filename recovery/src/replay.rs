@@ -191,6 +191,7 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     let replay_started = Instant::now();
     let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
     let written_to = apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+    claim_arenas(heap);
     zero_beyond_brk(heap, written_to);
     zero_arena_tails(heap, written_to);
     if repair {
@@ -215,6 +216,37 @@ fn zero_beyond_brk(heap: &Heap, written_to: u64) {
     let brk = heap.load_word(BRK_OFF);
     if brk >= DATA_START {
         zero_range(heap, brk, written_to);
+    }
+}
+
+/// Makes the recovered arenas (`txn/src/alloc.rs`) agree with brk. Every take writes an
+/// arena's two words, but its step came from brk in whichever commit took it: a `Partition`
+/// record applied beyond a gap may bring back a take whose step's commit was lost (README,
+/// Guarantees: such commits should not allocate). brk is raised over such an arena, so that
+/// brk does not hand out its pages a second time and the zeroing beyond brk spares what the
+/// Partition commit wrote; an arena whose words make no sense is emptied.
+fn claim_arenas(heap: &Heap) {
+    let brk = heap.load_word(BRK_OFF);
+    if brk < DATA_START {
+        return;
+    }
+    let mut claimed = brk;
+    for a in 0..ARENAS {
+        let (next, end) = (heap.load_word(arena_off(a)), heap.load_word(arena_off(a) + 8));
+        if next == 0 && end == 0 {
+            continue;
+        }
+        if next < DATA_START || next > end || end > heap.capacity() {
+            heap.store_word(arena_off(a), 0);
+            heap.store_word(arena_off(a) + 8, 0);
+            heap.stamp_dirty(arena_off(a), 16, 1);
+        } else {
+            claimed = claimed.max(end);
+        }
+    }
+    if claimed > brk {
+        heap.store_word(BRK_OFF, claimed);
+        heap.stamp_dirty(BRK_OFF, 8, 1);
     }
 }
 
@@ -291,4 +323,33 @@ fn apply_parallel(
         written_to = start + len;
     }
     Ok(written_to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An arena brought back past brk (its step's commit lost, a Partition take of it
+    /// replayed) is claimed by raising brk to its end, so brk cannot hand its pages out again
+    /// and the zeroing beyond brk spares them; an arena whose words make no sense is emptied;
+    /// a sound one below brk is left as it is.
+    #[test]
+    fn arenas_past_brk_are_claimed_and_nonsense_emptied() {
+        let heap = Heap::new(1 << 24).unwrap();
+        let brk = DATA_START + (1 << 20);
+        heap.store_word(BRK_OFF, brk);
+        let words = |a: u64, next: u64, end: u64| {
+            heap.store_word(arena_off(a), next);
+            heap.store_word(arena_off(a) + 8, end);
+        };
+        words(0, DATA_START + 4096, DATA_START + 8192);
+        words(1, brk + 4096, brk + (1 << 19));
+        words(2, brk + 8192, brk + 4096);
+        claim_arenas(&heap);
+        let read = |a: u64| (heap.load_word(arena_off(a)), heap.load_word(arena_off(a) + 8));
+        assert_eq!(heap.load_word(BRK_OFF), brk + (1 << 19), "brk covers arena 1");
+        assert_eq!(read(0), (DATA_START + 4096, DATA_START + 8192));
+        assert_eq!(read(1), (brk + 4096, brk + (1 << 19)));
+        assert_eq!(read(2), (0, 0), "next past end: emptied");
+    }
 }

@@ -120,32 +120,68 @@ impl Transaction<'_> {
 
     /// `bytes` (whole pages) from the calling thread's arena, which takes its next step from
     /// brk when it has too few left, or, where brk cannot give a whole step, straight from
-    /// brk. A step is a whole number of such requests (a slab's chunks leave no tail), and an
-    /// arena that ends at brk grows in place; any other tail goes to the free list.
+    /// brk, and once brk has no room at all, from another arena's tail. A step is a whole
+    /// number of such requests (a slab's chunks leave no tail), and an arena that ends at brk
+    /// grows in place; any other tail goes to the free list.
     fn take_from_arena(&mut self, bytes: u64, requested: u64) -> Result<u64, TxnError> {
-        let arena = arena_off(self.engine().thread_slot() as u64 % ARENAS);
-        let (mut next, end) = (self.load(arena)?, self.load(arena + 8)?);
-        if next != 0 && bytes <= end - next {
-            self.store(arena, next + bytes)?;
-            self.note_fresh(next, next + bytes);
-            return Ok(next);
+        let a = self.engine().thread_slot() as u64 % ARENAS;
+        if let Some(p) = self.carve_arena(a, bytes)? {
+            return Ok(p);
         }
+        let (next, end) = self.arena_bounds(a)?;
         let step = (arena_step(self.engine().heap().capacity()) / bytes).max(1) * bytes;
         let brk = self.load(BRK_OFF)?;
         if brk.checked_add(step).is_none_or(|e| e > self.engine().heap().capacity()) {
-            return self.take_from_brk(bytes, requested);
+            return match self.take_from_brk(bytes, requested) {
+                Err(TxnError::HeapExhausted { .. }) => self.take_from_other_arenas(a, bytes, requested),
+                taken => taken,
+            };
         }
         let region = self.take_from_brk(step, requested)?;
-        if next == 0 || end != region {
-            if next != 0 && next < end {
+        let next = if next != 0 && end == region {
+            next
+        } else {
+            if next < end {
                 self.free_pages(next, (end - next) / PAGE_SIZE)?;
             }
-            next = region;
-        }
-        self.store(arena, next + bytes)?;
-        self.store(arena + 8, region + step)?;
+            region
+        };
+        self.store(arena_off(a), next + bytes)?;
+        self.store(arena_off(a) + 8, region + step)?;
         self.note_fresh(next, next + bytes);
         Ok(next)
+    }
+
+    /// Arena `a`'s free range `(next, end)`, `(0, 0)` when empty or when its words make no
+    /// sense (`next` past `end` or below the data: a `Partition` record applied beyond a gap
+    /// may carry a take whose step was lost; README, Guarantees).
+    fn arena_bounds(&mut self, a: u64) -> Result<(u64, u64), TxnError> {
+        let (next, end) = (self.load(arena_off(a))?, self.load(arena_off(a) + 8)?);
+        Ok(if next >= DATA_START && next <= end { (next, end) } else { (0, 0) })
+    }
+
+    /// `bytes` from arena `a`'s free range, if it holds them. Both words are written, so the
+    /// redo record of every take carries the arena's whole state.
+    fn carve_arena(&mut self, a: u64, bytes: u64) -> Result<Option<u64>, TxnError> {
+        let (next, end) = self.arena_bounds(a)?;
+        if next == 0 || bytes > end - next {
+            return Ok(None);
+        }
+        self.store(arena_off(a), next + bytes)?;
+        self.store(arena_off(a) + 8, end)?;
+        self.note_fresh(next, next + bytes);
+        Ok(Some(next))
+    }
+
+    /// With brk at the capacity: `bytes` from the first other arena whose tail holds them
+    /// (reading their lines, which only a heap this full makes worth it), else exhausted.
+    fn take_from_other_arenas(&mut self, mine: u64, bytes: u64, requested: u64) -> Result<u64, TxnError> {
+        for a in (0..ARENAS).filter(|&a| a != mine) {
+            if let Some(p) = self.carve_arena(a, bytes)? {
+                return Ok(p);
+            }
+        }
+        self.exhausted(requested)
     }
 
     /// Notes `[from, to)`, never handed out before, as taken by this transaction (zero, so a
@@ -250,6 +286,34 @@ mod tests {
         let p = tx.alloc(len).unwrap().offset();
         tx.commit(Commit::Async).unwrap();
         p
+    }
+
+    /// A heap whose brk reached the capacity still serves large allocations from other
+    /// threads' arena tails before it reports itself exhausted: the tails are not lost.
+    #[test]
+    fn a_full_heap_hands_out_the_other_arenas_tails() {
+        const LARGE: u64 = 64 << 10;
+        let engine = engine(64 << 20);
+        // Another thread takes one block; its arena keeps the rest of its step.
+        let theirs = std::thread::scope(|s| {
+            s.spawn(|| {
+                alloc_one(&engine, LARGE);
+                engine.thread_slot() as u64 % ARENAS
+            })
+            .join()
+            .unwrap()
+        });
+        let tail = |engine: &Engine| engine.heap().load_word(arena_off(theirs) + 8) - engine.heap().load_word(arena_off(theirs));
+        assert!(tail(&engine) >= 2 * LARGE, "a step of several blocks");
+        loop {
+            let mut tx = engine.begin();
+            match tx.alloc(LARGE) {
+                Ok(_) => tx.commit(Commit::Async).map(|_| ()).unwrap(),
+                Err(TxnError::HeapExhausted { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(tail(&engine) < LARGE + 2 * HEADER_SIZE, "{} bytes left in the other arena", tail(&engine));
     }
 
     /// A thread's large allocations come from its own arena: beside another thread's run in
