@@ -49,11 +49,16 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
 #[allow(clippy::too_many_arguments)]
 pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &mut [u64]) -> Result<(), TxnError> {
     let mut level = path.len();
-    let peeked = search::peeks(heap, meta)?;
+    // Asked at the first split only: most inserts end in `shift_in`.
+    let mut peeked = None;
     loop {
         if h.count < CAPACITY {
             return shift_in(heap, node, h, i, k, v);
         }
+        let peeked = match peeked {
+            Some(p) => p,
+            None => *peeked.insert(search::peeks(heap, meta)?),
+        };
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
         // The level of `path` the parent takes the place of (none above the path's top).
         let mut path_level = None;
