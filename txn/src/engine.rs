@@ -10,7 +10,7 @@ use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
-use crate::in_place::{InPlace, LockWait, Token};
+use crate::in_place::{LockWait, Runs};
 use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
 use crate::stripes::{is_locked, Stripes, STRIPE_BYTES};
@@ -47,9 +47,9 @@ pub struct Engine {
     closed: AtomicBool,
     /// Commit write-back passes it; snapshots close it (see [`crate::snapshot::gate`]).
     pub(crate) gate: CommitGate,
-    /// The in-place token (its buffers, and the retries waiting for it; see
+    /// The in-place states (their buffers, and the retries waiting for one; see
     /// [`crate::in_place`]).
-    pub(crate) in_place: Token,
+    pub(crate) in_place: Runs,
     /// How far brk went, for the thread that populates the heap ahead of it.
     growth: Growth,
 }
@@ -93,7 +93,7 @@ impl Engine {
             Some(log) => Some(LogManager::start(log, clock.clone(), config.existing_segments)?),
             None => None,
         };
-        let in_place = InPlace::new(1u64 << config.stripes_log2, heap.capacity());
+        let in_place = Runs::new(1u64 << config.stripes_log2, heap.capacity());
         Ok(Engine {
             heap,
             stripes: Stripes::new(config.stripes_log2)?,
@@ -102,7 +102,7 @@ impl Engine {
             dirty_epoch: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             gate: CommitGate::new(),
-            in_place: Token::new(in_place),
+            in_place,
             growth: Growth::default(),
         })
     }

@@ -3,7 +3,7 @@
 //! A transaction buffers its writes in its write set, and every read looks its line up there
 //! (read-your-writes). Past [`IN_PLACE_FROM`] lines that lookup outgrows the caches, and every
 //! access of the transaction pays for it. So a transaction whose write set grows that large
-//! changes mode, once: it takes the engine's one in-place token, and from then on it holds a
+//! changes mode, once: it takes one of the engine's in-place states, and from then on it holds a
 //! stripe lock on every line it reads or writes (strict two-phase locking on the same stripe
 //! words committers lock), writes straight into the heap after saving the line's before-image
 //! in an undo log, and reads the heap directly. Its per-access cost is then a bit test in a
@@ -19,10 +19,13 @@
 //!   committer's try-lock fails and it retries. They never see an in-place store (the seqlock
 //!   protocol of the stripe words).
 //! - **Waiting**: the in-place transaction waits for a locked stripe (a commit's write-back
-//!   is short), but only for [`LOCK_WAIT`]: a commit waiting at a closed gate holds its locks
-//!   while the snapshot closing the gate waits for this transaction's pass, so a long wait is
-//!   a cycle, broken by aborting (the undo log restores every line, every stripe gets its old
-//!   word back) and retrying.
+//!   is short, another run's hold lasts to its end), but while the commit gate is closed only
+//!   for [`LOCK_WAIT`]: a commit waiting at a closed gate holds its locks while the snapshot
+//!   closing the gate waits for this transaction's pass, so a long wait then is a cycle,
+//!   broken by aborting (the undo log restores every line, every stripe gets its old word
+//!   back) and retrying. With the gate open nothing a run waits for waits in turn, but for
+//!   another run: the older of two wounds the younger (see [`Runs`]); a wait is bounded by
+//!   [`RUN_WAIT`] all the same.
 //! - **Commit**: the written bytes of the written lines, as they are now, form the redo
 //!   record (whole words marked in a byte per line, partial words listed: a record holds what
 //!   its transaction wrote and nothing else, since a `Partition` record may be replayed beyond
@@ -32,21 +35,26 @@
 //!   read get their old word back). So LSNs keep their rules: drawn once the transaction can no
 //!   longer abort, while it holds its write locks.
 //!
-//! One transaction at a time runs in place (the [`Token`]); another large one keeps buffering
-//! until the token is free. A large transaction that lost to a conflict starts its next
-//! attempt in place: it waits for the token in arrival order (at most [`TOKEN_WAIT`]) before
-//! its first access, so it holds every line it touches from the start and cannot lose again
-//! to another large transaction (before, 4 threads committing 100 k-key transactions into one
-//! tree retried each one 132 times).
+//! Several transactions run in place at once, each with one of the engine's in-place states
+//! ([`Runs`], at most [`MAX_RUNS`]); a large transaction that finds none free keeps buffering.
+//! Runs lock every line they read as well as the lines they write, so two runs can wait for
+//! each other: runs are ordered by age, and a run that waits past [`WOUND_AFTER`] wounds the
+//! younger ones, which give up (wound-wait; see [`Runs`]). A large transaction that lost to a
+//! conflict starts its next attempt in place, with the age it had: it waits for a state in
+//! arrival order (at most [`RETRY_WAIT`]) before its first access, so it holds every line it
+//! touches from the start, and once it is the oldest run no other run can make it lose
+//! (before the waiting retries, 4 threads committing 100 k-key transactions into one tree
+//! retried each one 132 times).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tusk_storage::line_record::MAX_WHOLE_LINES;
 
 use crate::kept::clear_for_reuse;
 use crate::snapshot::gate::Pass;
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex};
 use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
 
 /// Write-set lines beyond which a transaction changes to in-place mode (one under loom, so
@@ -56,15 +64,19 @@ pub const IN_PLACE_FROM: usize = 4096;
 #[cfg(loom)]
 pub const IN_PLACE_FROM: usize = 1;
 
-/// Longest wait for one stripe lock before the in-place transaction aborts (see the module
-/// docs: a longer wait is a cycle through the commit gate).
+/// Longest wait for one stripe lock, while the commit gate is closed, before the in-place
+/// transaction aborts (see the module docs: a longer wait is a cycle through the gate).
 pub const LOCK_WAIT: Duration = Duration::from_millis(20);
 
-/// Longest wait for the token of a large transaction's retry. The waiter holds nothing, so a
-/// wait is never part of a cycle of locks; the bound is for a token held by a transaction
-/// that waits for the waiter some other way (the same thread's open transaction, a channel):
-/// past it, the retry runs buffered as a first attempt does.
-pub const TOKEN_WAIT: Duration = Duration::from_secs(2);
+/// Longest wait for one stripe lock with the gate open: no cycle forms then (see the module
+/// docs), so this is only a bound on a wait for another run's end.
+pub const RUN_WAIT: Duration = Duration::from_secs(2);
+
+/// Longest wait for an in-place state of a large transaction's retry. The waiter holds
+/// nothing, so a wait is never part of a cycle of locks; the bound is for states held by
+/// transactions that wait for the waiter some other way (a channel): past it, the retry runs
+/// buffered as a first attempt does.
+pub const RETRY_WAIT: Duration = Duration::from_secs(2);
 
 #[cfg(not(loom))]
 thread_local! {
@@ -107,83 +119,225 @@ pub fn running_here() -> bool {
     false
 }
 
-/// The engine's one in-place state, handed to one transaction at a time, and the queue of
-/// retries waiting for it, served in arrival order so that each eventually runs.
-pub struct Token {
-    slot: Mutex<TokenSlot>,
-    returned: Condvar,
+/// Most transactions that run in place at once: each holds one of the engine's in-place
+/// states, made when first needed (a state's bitmaps are as long as the stripes and the heap's
+/// lines, but zeroed lazily by the system: only what a run touches takes memory).
+#[cfg(not(loom))]
+pub const MAX_RUNS: usize = 16;
+#[cfg(loom)]
+pub const MAX_RUNS: usize = 2;
+
+/// How long a run waits for a stripe before it wounds the younger runs: a commit's write-back
+/// holds a stripe for microseconds, a run holds its stripes to its end.
+pub const WOUND_AFTER: Duration = Duration::from_micros(200);
+
+/// What the other runs see of a run: its age (0 while the seat is free) and whether an older
+/// run wounded it. On a line of its own: a run loads its flag at every stripe it newly locks.
+#[repr(align(64))]
+struct Seat {
+    age: AtomicU64,
+    wounded: AtomicBool,
+    /// The age of the oldest run that wounded it (`u64::MAX`: none).
+    wounded_by: AtomicU64,
 }
 
-struct TokenSlot {
-    /// `None` while a transaction runs in place.
-    state: Option<Box<InPlace>>,
+/// The engine's in-place states, handed to one transaction each, and the queue of retries
+/// waiting for one, served in arrival order so that each eventually runs.
+///
+/// Runs hold their stripes to their ends, so two of them can wait for each other. They are
+/// ordered by age, drawn when a transaction first runs in place and kept by its retries: a run
+/// that waits for a stripe past [`WOUND_AFTER`] wounds every younger run, and a wounded run
+/// gives up at its next stripe or its next spin of a wait (wound-wait), and its retry waits
+/// for the run that wounded it to end before it starts again (else it would meet the same
+/// lines still held, and lose again). So the oldest run never loses to another run, and a
+/// transaction that lost keeps its age until it is the oldest: none loses forever.
+pub struct Runs {
+    pool: Mutex<Pool>,
+    returned: Condvar,
+    seats: Box<[Seat]>,
+    stripes: u64,
+    heap_capacity: u64,
+}
+
+struct Pool {
+    /// States made and not running. Boxed: a state moves into a transaction and back, as one
+    /// pointer rather than its dozen lists.
+    #[allow(clippy::vec_box)]
+    free: Vec<Box<InPlace>>,
+    /// States made so far (at most [`MAX_RUNS`]); state `k` sits at seat `k`.
+    made: usize,
     /// Tickets of the waiters, first come first.
     queue: VecDeque<u64>,
     next_ticket: u64,
+    /// The last age drawn.
+    last_age: u64,
+    /// Retries running (one at most): while one runs or waits, no first attempt starts a
+    /// run.
+    retries: usize,
 }
 
-impl Token {
-    pub fn new(state: InPlace) -> Token {
-        Token {
-            slot: Mutex::new(TokenSlot { state: Some(Box::new(state)), queue: VecDeque::new(), next_ticket: 0 }),
-            returned: Condvar::new(),
-        }
+impl Pool {
+    fn has_free(&self) -> bool {
+        !self.free.is_empty() || self.made < MAX_RUNS
+    }
+}
+
+impl Runs {
+    /// For `stripes` stripe words and a heap of `heap_capacity` bytes.
+    pub fn new(stripes: u64, heap_capacity: u64) -> Runs {
+        let seats = (0..MAX_RUNS).map(|_| Seat { age: AtomicU64::new(0), wounded: AtomicBool::new(false), wounded_by: AtomicU64::new(u64::MAX) }).collect();
+        let pool = Pool { free: Vec::new(), made: 0, queue: VecDeque::new(), next_ticket: 0, last_age: 0, retries: 0 };
+        Runs { pool: Mutex::new(pool), returned: Condvar::new(), seats, stripes, heap_capacity }
     }
 
-    /// The token, if it is free and no retry waits for it.
-    pub fn try_take(&self) -> Option<Box<InPlace>> {
-        let mut slot = self.slot.lock();
-        if slot.queue.is_empty() {
-            slot.state.take()
+    /// A state for a first attempt's run of age `age` (a new age if `None`), if one is free
+    /// and no retry runs or waits for one. Runs lose to each other where they share lines;
+    /// once one lost, its retry runs while first attempts keep buffering, so that where
+    /// large transactions overlap they take turns instead of losing again and again, and
+    /// where they do not, they run side by side again once the retries are through.
+    pub fn try_take(&self, age: Option<u64>) -> Option<Box<InPlace>> {
+        let mut pool = self.pool.lock();
+        if pool.queue.is_empty() && pool.retries == 0 {
+            self.take_locked(&mut pool, age)
         } else {
             None
         }
     }
 
-    /// The token, after the waiters that came first; `None` once the wait has lasted `limit`.
-    pub fn take_waiting(&self, limit: Duration) -> Option<Box<InPlace>> {
-        let mut slot = self.slot.lock();
-        let ticket = slot.next_ticket;
-        slot.next_ticket += 1;
-        slot.queue.push_back(ticket);
+    fn take_locked(&self, pool: &mut Pool, age: Option<u64>) -> Option<Box<InPlace>> {
+        let mut state = match pool.free.pop() {
+            Some(state) => state,
+            None if pool.made < MAX_RUNS => {
+                let mut state = Box::new(InPlace::new(self.stripes, self.heap_capacity));
+                state.seat = pool.made;
+                pool.made += 1;
+                state
+            }
+            None => return None,
+        };
+        state.age = age.unwrap_or_else(|| {
+            pool.last_age += 1;
+            pool.last_age
+        });
+        let seat = &self.seats[state.seat];
+        seat.wounded.store(false, Ordering::Relaxed);
+        seat.wounded_by.store(u64::MAX, Ordering::Relaxed);
+        seat.age.store(state.age, Ordering::Relaxed);
+        Some(state)
+    }
+
+    /// A state for a retry's run of age `age`, after the waiters that came first and once no
+    /// other retry runs (retries take turns: they lost where runs overlap); `None` once the
+    /// wait has lasted `limit`.
+    pub fn take_waiting(&self, age: Option<u64>, limit: Duration) -> Option<Box<InPlace>> {
+        let mut pool = self.pool.lock();
+        let ticket = pool.next_ticket;
+        pool.next_ticket += 1;
+        pool.queue.push_back(ticket);
         let deadline = Instant::now() + limit;
         loop {
-            if slot.state.is_some() && slot.queue.front() == Some(&ticket) {
-                slot.queue.pop_front();
-                // The next waiter's turn comes when this state is given back.
-                return slot.state.take();
+            if pool.has_free() && pool.retries == 0 && pool.queue.front() == Some(&ticket) {
+                pool.queue.pop_front();
+                let state = self.take_locked(&mut pool, age).map(|mut state| {
+                    state.retry = true;
+                    pool.retries += 1;
+                    state
+                });
+                // The next waiter may find a state free too.
+                self.returned.notify_all();
+                return state;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            self.returned.wait_for(&mut slot, left);
+            self.returned.wait_for(&mut pool, left);
         }
-        slot.queue.retain(|&t| t != ticket);
+        pool.queue.retain(|&t| t != ticket);
         // The waiter behind this one may be first now.
         self.returned.notify_all();
         None
     }
 
-    /// Hands the state back (cleared by [`InPlace::reset`]) and wakes the waiters.
-    pub fn give_back(&self, state: Box<InPlace>) {
-        let mut slot = self.slot.lock();
-        assert!(slot.state.is_none(), "one in-place state");
-        slot.state = Some(state);
-        drop(slot);
+    /// Hands a state back (cleared by [`InPlace::reset`]) and wakes the waiters.
+    pub fn give_back(&self, mut state: Box<InPlace>) {
+        let seat = &self.seats[state.seat];
+        seat.age.store(0, Ordering::Relaxed);
+        seat.wounded.store(false, Ordering::Relaxed);
+        // Stored before the lock is taken: a retry waiting for this run's end (`wait_ended`)
+        // looks at the seats under the lock, so it sees the free seat or sleeps before this
+        // notification.
+        let mut pool = self.pool.lock();
+        debug_assert!(pool.free.len() < pool.made, "a state given back twice");
+        if std::mem::take(&mut state.retry) {
+            pool.retries -= 1;
+        }
+        pool.free.push(state);
+        drop(pool);
         self.returned.notify_all();
     }
 
-    /// Retries waiting for the token (tests).
-    #[cfg(test)]
-    pub(crate) fn waiting(&self) -> usize {
-        self.slot.lock().queue.len()
+    /// Whether an older run wounded the run of `state`.
+    #[inline]
+    pub fn wounded(&self, state: &InPlace) -> bool {
+        self.seats[state.seat].wounded.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on the state while nobody holds the token (tests).
+    /// The age of the oldest run that wounded the run of `state`, if one did.
+    pub fn wounder(&self, state: &InPlace) -> Option<u64> {
+        let seat = &self.seats[state.seat];
+        let by = seat.wounded_by.load(Ordering::Relaxed);
+        (seat.wounded.load(Ordering::Relaxed) && by != u64::MAX).then_some(by)
+    }
+
+    /// Wounds every run younger than the run of `state`. (It cannot tell which run holds the
+    /// stripe it waits for: the younger runs all give way. A seat handed on meanwhile may be
+    /// wounded for nothing; its run only starts again.)
+    pub fn wound_younger(&self, state: &InPlace) {
+        for seat in self.seats.iter() {
+            if seat.age.load(Ordering::Relaxed) > state.age {
+                seat.wounded_by.fetch_min(state.age, Ordering::Relaxed);
+                seat.wounded.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits until no run of age `age` runs, at most `limit`.
+    pub fn wait_ended(&self, age: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut pool = self.pool.lock();
+        while self.seats.iter().any(|seat| seat.age.load(Ordering::Relaxed) == age) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            self.returned.wait_for(&mut pool, left);
+        }
+    }
+
+    /// Retries waiting for a state (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.pool.lock().queue.len()
+    }
+
+    /// Takes every state, making them all, so that no transaction can run in place (tests).
+    #[cfg(test)]
+    #[allow(clippy::vec_box)]
+    pub(crate) fn take_all(&self) -> Vec<Box<InPlace>> {
+        std::iter::from_fn(|| self.try_take(None)).collect()
+    }
+
+    /// Runs `f` on a state while it runs nowhere, making one if none was made (tests).
     #[cfg(test)]
     pub(crate) fn with_free<T>(&self, f: impl FnOnce(&mut InPlace) -> T) -> Option<T> {
-        self.slot.lock().state.as_deref_mut().map(f)
+        let mut pool = self.pool.lock();
+        if pool.free.is_empty() {
+            let state = self.take_locked(&mut pool, None)?;
+            self.seats[state.seat].age.store(0, Ordering::Relaxed);
+            pool.free.push(state);
+        }
+        pool.free.last_mut().map(|state| f(state))
     }
 }
 
@@ -194,10 +348,15 @@ const BITMAP_SCAN_PER_LINE: usize = 4;
 /// Spins between looks at the clock while waiting for a lock.
 #[cfg(not(loom))]
 const SPINS_PER_CLOCK_LOOK: u32 = 1024;
+/// A wait for a lock longer than this naps [`NAP`] at each look at the clock.
+#[cfg(not(loom))]
+const NAP_AFTER: Duration = Duration::from_millis(1);
+#[cfg(not(loom))]
+const NAP: Duration = Duration::from_micros(50);
 
 /// What an in-place transaction keeps: held stripes, the undo log and their bitmaps. The
-/// engine owns one (the token); its buffers are kept between transactions, cleared by the
-/// bits that were set.
+/// engine keeps these states ([`Runs`]); their buffers are kept between transactions, cleared
+/// by the bits that were set.
 pub struct InPlace {
     /// Stripes held. The word each had before is its locked word less the lock bit (only the
     /// holder changes a locked word), so it is not kept: 4 bytes a stripe, not 16 (a 64 M-key
@@ -228,6 +387,12 @@ pub struct InPlace {
     /// The most lines a run may write: its record must fit one record even if every line
     /// were written whole.
     pub(crate) max_lines: usize,
+    /// Its seat among the engine's runs (see [`Runs`]).
+    seat: usize,
+    /// The age of the run that holds it.
+    pub(crate) age: u64,
+    /// Whether a retry holds it (see [`Runs::try_take`]).
+    retry: bool,
 }
 
 /// The byte mask of the words a whole-word bitmap names (bit `w` → byte `w` all ones).
@@ -279,6 +444,9 @@ impl InPlace {
             lines: Vec::new(),
             masks: Vec::new(),
             max_lines: MAX_WHOLE_LINES,
+            seat: 0,
+            age: 0,
+            retry: false,
         }
     }
 
@@ -430,7 +598,7 @@ impl InPlace {
     }
 }
 
-/// A list's allocation that the engine's one in-place state keeps from one run to the next,
+/// A list's allocation that an in-place state keeps from one run to the next,
 /// whatever the runs use. Runs of one size keep their lists, so they do not grow them again
 /// each time (a 1 M-upsert B-link batch's before-images take about 140 MB; trimming them after
 /// every batch cost repeated batches 14% of their rate).
@@ -474,6 +642,19 @@ impl LockWait {
         self.spins < 4
     }
 
+    /// Whether the wait has lasted past `d` (under loom: past two spins).
+    #[cfg(loom)]
+    pub fn lasted(&self, _d: Duration) -> bool {
+        self.spins >= 2
+    }
+
+    /// Whether the wait has lasted past `d` (looked at once the first spins are over).
+    #[cfg(not(loom))]
+    #[inline]
+    pub fn lasted(&self, d: Duration) -> bool {
+        self.since.is_some_and(|since| since.elapsed() > d)
+    }
+
     /// One more spin; false once the wait has lasted its limit.
     #[cfg(not(loom))]
     #[inline]
@@ -481,10 +662,16 @@ impl LockWait {
         self.spins += 1;
         if self.spins.is_multiple_of(SPINS_PER_CLOCK_LOOK) {
             let since = *self.since.get_or_insert_with(Instant::now);
-            if since.elapsed() > self.limit {
+            let waited = since.elapsed();
+            if waited > self.limit {
                 return false;
             }
-            std::thread::yield_now();
+            if waited > NAP_AFTER {
+                // Most likely another run's hold, to its end: give the core away.
+                std::thread::sleep(NAP);
+            } else {
+                std::thread::yield_now();
+            }
         } else {
             crate::sync::spin_loop();
         }
@@ -525,39 +712,65 @@ mod tests {
         }
     }
 
-    /// Retries get the token in the order they asked for it; a first try does not jump the
-    /// queue; a waiter that gives up leaves it.
+    /// Retries get a state in the order they asked for one, once every state runs; a first
+    /// try does not jump the queue; a waiter that gives up leaves it.
     #[test]
-    fn the_token_goes_to_waiting_retries_in_arrival_order() {
-        let token = Token::new(InPlace::new(64, 1 << 12));
-        let held = token.try_take().expect("free");
+    fn states_go_to_waiting_retries_in_arrival_order() {
+        let runs = Runs::new(64, 1 << 12);
+        let mut held = runs.take_all();
+        assert_eq!(held.len(), MAX_RUNS, "every state is made once all are wanted");
         let order = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for who in 0..3 {
-                let (token, order) = (&token, &order);
+                let (runs, order) = (&runs, &order);
                 s.spawn(move || {
-                    let state = token.take_waiting(Duration::from_secs(10)).expect("served before the limit");
+                    let state = runs.take_waiting(None, Duration::from_secs(10)).expect("served before the limit");
                     order.lock().unwrap().push(who);
-                    token.give_back(state);
+                    runs.give_back(state);
                 });
-                wait_until(|| token.waiting() == who + 1);
+                wait_until(|| runs.waiting() == who + 1);
             }
-            token.give_back(held);
+            runs.give_back(held.pop().unwrap());
             wait_until(|| order.lock().unwrap().len() == 3);
         });
         assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
-        let held = token.try_take().expect("free again, nobody waiting");
-        assert!(token.take_waiting(Duration::from_millis(5)).is_none(), "held: the wait times out");
-        assert_eq!(token.waiting(), 0, "a waiter that gave up left the queue");
-        token.give_back(held);
+        held.push(runs.try_take(None).expect("free again, nobody waiting"));
+        assert!(runs.take_waiting(None, Duration::from_millis(5)).is_none(), "all run: the wait times out");
+        assert_eq!(runs.waiting(), 0, "a waiter that gave up left the queue");
         std::thread::scope(|s| {
-            let held = token.try_take().expect("free");
-            s.spawn(|| token.give_back(token.take_waiting(Duration::from_secs(10)).expect("served")));
-            wait_until(|| token.waiting() == 1);
-            token.give_back(held);
-            // Given back while the waiter sleeps: until it wakes, the token is free but its.
-            assert!(token.try_take().is_none(), "a first try never jumps a waiting retry");
+            s.spawn(|| runs.give_back(runs.take_waiting(None, Duration::from_secs(10)).expect("served")));
+            wait_until(|| runs.waiting() == 1);
+            runs.give_back(held.pop().unwrap());
+            // Given back while the waiter sleeps: until it wakes, the state is free but its.
+            assert!(runs.try_take(None).is_none(), "a first try never jumps a waiting retry");
         });
+        held.into_iter().for_each(|state| runs.give_back(state));
+    }
+
+    /// Ages grow with each run that starts anew and stay with a retry that passes its own; a
+    /// run wounds exactly the younger runs, and a state handed on starts unwounded.
+    #[test]
+    fn a_run_wounds_the_younger_runs_only() {
+        let runs = Runs::new(64, 1 << 12);
+        let first = runs.try_take(None).unwrap();
+        let second = runs.try_take(None).unwrap();
+        let third = runs.try_take(None).unwrap();
+        assert!(first.age < second.age && second.age < third.age);
+        runs.wound_younger(&second);
+        assert!(!runs.wounded(&first) && !runs.wounded(&second) && runs.wounded(&third));
+        runs.wound_younger(&first);
+        assert!(!runs.wounded(&first) && runs.wounded(&second));
+        let (second_age, third_age) = (second.age, third.age);
+        runs.give_back(third);
+        runs.give_back(second);
+        let retry = runs.try_take(Some(second_age)).unwrap();
+        assert_eq!(retry.age, second_age, "a retry keeps its age");
+        assert!(!runs.wounded(&retry), "wounds go with the run, not the state");
+        let fresh = runs.try_take(None).unwrap();
+        assert!(fresh.age > third_age, "a new run is younger than every run before it");
+        runs.wound_younger(&retry);
+        assert!(runs.wounded(&fresh) && !runs.wounded(&first));
+        [first, retry, fresh].into_iter().for_each(|state| runs.give_back(state));
     }
 }
 
@@ -628,7 +841,7 @@ mod engine_tests {
         assert_eq!(check.load(line(3) + 16).unwrap(), 0xAB << 8);
         assert_eq!(check.load(line(n)).unwrap(), 9);
         assert!(engine.stripes.load(engine.stripes.index_of(line(0))) >> 1 == lsn, "written stripes carry the LSN");
-        assert!(engine.in_place.with_free(|_| ()).is_some(), "the token is back");
+        assert!(engine.in_place.with_free(|_| ()).is_some(), "the state is back");
     }
 
     /// A huge run's lists do not stay with the engine: the next, smaller run gives back what
@@ -736,16 +949,16 @@ mod engine_tests {
         assert_eq!(engine.heap().load_word(line(1)), 0, "nothing of it stayed");
     }
 
-    /// A transaction that keeps buffering because another holds the in-place token fails with
+    /// A transaction that keeps buffering because every in-place state runs fails with
     /// `TooLarge` at the write that takes it past what one record holds (`MAX_LINES`, the real
     /// limit: about 7.7 M lines, 0.7 GB of write set), not only at its commit; nothing of it is
-    /// written, and with the token back the same writes run in place.
+    /// written, and with the states back the same writes run in place.
     #[test]
     fn a_buffered_set_past_the_record_limit_is_refused_at_the_write() {
         use tusk_storage::line_record::MAX_LINES;
         let n = MAX_LINES as u64 + 1;
         let engine = engine(BASE + (n + 1) * LINE_BYTES);
-        let held = engine.in_place.try_take().expect("free");
+        let held = engine.in_place.take_all();
         let mut tx = engine.begin();
         let result = (0..n).try_for_each(|i| tx.store(line(i), i + 1).map_err(|e| (i, e)));
         assert!(
@@ -759,15 +972,15 @@ mod engine_tests {
         for i in [0, n / 2, n - 1] {
             assert_eq!(engine.heap().load_word(line(i)), 0, "line {i}");
         }
-        engine.in_place.give_back(held);
+        held.into_iter().for_each(|state| engine.in_place.give_back(state));
         let mut tx = engine.begin();
         (0..IN_PLACE_FROM as u64 + 10).try_for_each(|i| tx.store(line(i), 9)).unwrap();
-        assert!(tx.is_in_place(), "the token works as before");
+        assert!(tx.is_in_place(), "in-place mode works as before");
         tx.commit(Commit::Async).unwrap();
     }
 
     /// A run that would write more lines than one record holds fails with `TooLarge`, and
-    /// leaves nothing behind: every line and stripe word as before, the token free again.
+    /// leaves nothing behind: every line and stripe word as before, its state free again.
     /// (The real limit, `MAX_WHOLE_LINES`, is about 38 M lines; the test lowers it.)
     #[test]
     fn a_run_past_the_record_limit_fails_whole() {
@@ -786,7 +999,7 @@ mod engine_tests {
         }
         let mut tx = engine.begin();
         (0..IN_PLACE_FROM as u64 + 10).try_for_each(|i| tx.store(line(i), 9)).unwrap();
-        assert!(tx.is_in_place(), "the token is free again");
+        assert!(tx.is_in_place(), "its state is free again");
         tx.commit(Commit::Async).unwrap();
     }
 
@@ -929,10 +1142,10 @@ mod engine_tests {
 }
 
 
-/// The token's hand-over under every interleaving loom explores: two retries wait while a
-/// run holds the token; when it is given back each is served in turn, none sleeps through
-/// its turn (loom never times out a wait, so a lost wake-up is a deadlock it reports), and
-/// the token ends free.
+/// The states' hand-over under every interleaving loom explores: two retries wait while
+/// every state runs; when one is given back each is served in turn, none sleeps through its
+/// turn (loom never times out a wait, so a lost wake-up is a deadlock it reports), and every
+/// state ends free.
 #[cfg(all(test, loom))]
 mod loom_tests {
     use std::sync::Arc;
@@ -940,27 +1153,29 @@ mod loom_tests {
     use super::*;
 
     #[test]
-    fn loom_the_in_place_token_reaches_every_waiting_retry() {
+    fn loom_in_place_states_reach_every_waiting_retry() {
         loom::model(|| {
-            let token = Arc::new(Token::new(InPlace::new(64, 1 << 12)));
-            let held = token.try_take().expect("free");
+            let runs = Arc::new(Runs::new(64, 1 << 12));
+            let mut held = runs.take_all();
+            assert_eq!(held.len(), MAX_RUNS);
             let served = Arc::new(crate::sync::AtomicU64::new(0));
             let waiters: Vec<_> = (0..2)
                 .map(|_| {
-                    let (token, served) = (token.clone(), served.clone());
+                    let (runs, served) = (runs.clone(), served.clone());
                     loom::thread::spawn(move || {
-                        let state = token.take_waiting(Duration::from_secs(1)).expect("served");
-                        served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        token.give_back(state);
+                        let state = runs.take_waiting(None, Duration::from_secs(1)).expect("served");
+                        served.fetch_add(1, Ordering::Relaxed);
+                        runs.give_back(state);
                     })
                 })
                 .collect();
-            token.give_back(held);
+            runs.give_back(held.pop().unwrap());
             for w in waiters {
                 w.join().unwrap();
             }
-            assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
-            assert!(token.try_take().is_some(), "free at the end");
+            assert_eq!(served.load(Ordering::Relaxed), 2);
+            held.into_iter().for_each(|state| runs.give_back(state));
+            assert_eq!(runs.take_all().len(), MAX_RUNS, "free at the end");
         });
     }
 }

@@ -260,3 +260,30 @@ fn loom_in_place_runs_lose_no_update() {
         assert_eq!(engine.heap().load_word(64), 2, "an update was lost");
     });
 }
+
+/// Two large transactions (under loom, in place from their second line) increment the same
+/// two words in opposite orders, so each run can hold what the other waits for: the older
+/// wounds the younger or a wait times out, and no update is lost or applied twice.
+#[test]
+fn loom_two_in_place_runs_lose_no_update() {
+    fn increment_both(t: &mut Transaction<'_>, first: u64, second: u64) -> Result<bool, TxnError> {
+        for line in [first, second] {
+            let old = t.load(line)?;
+            t.store(line, old + 1)?;
+        }
+        Ok(t.is_in_place())
+    }
+    model_where_some_execution("ran both transactions in place", |counted| {
+        let engine = engine();
+        let other = {
+            let engine = engine.clone();
+            thread::spawn(move || transact(&engine, |t| increment_both(t, 128, 64)).0)
+        };
+        let here = transact(&engine, |t| increment_both(t, 64, 128)).0;
+        let there = other.join().unwrap();
+        if here && there {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+        assert_eq!((engine.heap().load_word(64), engine.heap().load_word(128)), (2, 2), "an update was lost");
+    });
+}

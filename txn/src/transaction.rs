@@ -29,7 +29,7 @@ use tusk_storage::{Heap, HeapPtr};
 
 use crate::engine::Engine;
 use crate::log::progress::Streamed;
-use crate::in_place::{before_image, InPlace, LockWait, RunPass, IN_PLACE_FROM, TOKEN_WAIT};
+use crate::in_place::{before_image, running_here, InPlace, LockWait, RunPass, IN_PLACE_FROM, RETRY_WAIT, RUN_WAIT, WOUND_AFTER};
 use crate::stripes::{is_locked, version, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
@@ -76,13 +76,18 @@ pub struct Transaction<'e> {
     bounds_next: usize,
     /// Set once a conflict was seen: every later operation fails (opacity).
     doomed: bool,
-    /// In-place mode (see [`crate::in_place`]): the token's buffers and the gate pass.
+    /// In-place mode (see [`crate::in_place`]): its state and the gate pass.
     in_place: Option<InPlaceRun<'e>>,
-    /// Write-set lines at which the next try for the in-place token is made.
+    /// Write-set lines at which the next try for an in-place state is made.
     in_place_from: usize,
     /// Whether this attempt grew past [`IN_PLACE_FROM`] lines: a retry after a conflict then
-    /// waits for the in-place token and runs in place from its start (see [`crate::in_place`]).
+    /// waits for an in-place state and runs in place from its start (see [`crate::in_place`]).
     went_large: bool,
+    /// The age of this transaction's runs in place, drawn at its first and kept by its
+    /// retries (see [`crate::in_place::Runs`]).
+    age: Option<u64>,
+    /// The age of the older run that wounded this attempt's run: the retry waits for its end.
+    lost_to: Option<u64>,
     /// A stripe this attempt gave up on, locked by another transaction past a spin: a retry
     /// waits for it first (it is most likely an in-place run's, held to the run's end, and a
     /// retry that met it again at once would only spin and conflict again).
@@ -93,8 +98,8 @@ pub struct Transaction<'e> {
     pub(crate) fresh: (u64, u64),
 }
 
-/// A transaction running in place: the engine's in-place buffers (its token) and the commit
-/// gate pass it holds until it ends.
+/// A transaction running in place: one of the engine's in-place states and the commit gate
+/// pass it holds until it ends.
 struct InPlaceRun<'e> {
     state: Box<InPlace>,
     pass: RunPass<'e>,
@@ -159,20 +164,24 @@ impl<'e> Transaction<'e> {
             in_place: None,
             in_place_from: IN_PLACE_FROM,
             went_large: false,
+            age: None,
+            lost_to: None,
             locked_out: None,
             fresh: (0, 0),
         }
     }
 
     /// Starts over (after a conflict), keeping allocated buffers. An attempt that grew large
-    /// is retried in place from its start, once the in-place token is its (waiting for the
-    /// retries before it, at most [`TOKEN_WAIT`]): a large transaction loses at most once to
-    /// another large one.
+    /// is retried in place from its start, with the age it had, once an in-place state is its
+    /// (waiting for the retries before it, at most [`RETRY_WAIT`]): it loses to another run
+    /// only while an older one runs.
     pub fn restart(&mut self) {
         // Only an attempt that lost (doomed) waits: `commit` restarts a committed one too.
         let lost = self.doomed;
         let went_large = std::mem::take(&mut self.went_large) && lost;
+        self.age = self.age.filter(|_| lost);
         let locked_out = self.locked_out.take().filter(|_| lost);
+        let lost_to = self.lost_to.take().filter(|_| lost);
         self.abandon_in_place();
         self.in_place_from = IN_PLACE_FROM;
         self.fresh = (0, 0);
@@ -180,17 +189,22 @@ impl<'e> Transaction<'e> {
         self.bufs.writes.clear();
         self.bounds = [(0, 0); BOUNDS_CACHE];
         self.doomed = false;
-        let mut token = if went_large { self.engine.in_place.take_waiting(TOKEN_WAIT) } else { None };
-        if token.is_some() && self.engine.check_open().is_err() {
+        if let Some(s) = locked_out {
+            self.engine.wait_unlocked(s, Some(RETRY_WAIT));
+        }
+        if let Some(older) = lost_to {
+            self.engine.in_place.wait_ended(older, RETRY_WAIT);
+        }
+        // Not beside a run of this thread's (another open transaction): its pass would stay
+        // entered while this one's is.
+        let mut state = if went_large && !running_here() { self.engine.in_place.take_waiting(self.age, RETRY_WAIT) } else { None };
+        if state.is_some() && self.engine.check_open().is_err() {
             // Closed (perhaps during the wait): no in-place mode; commit reports the closure,
             // as for a first attempt.
-            self.engine.in_place.give_back(token.take().expect("checked"));
-        }
-        if let (Some(s), None) = (locked_out, &token) {
-            self.engine.wait_unlocked(s, Some(TOKEN_WAIT));
+            self.engine.in_place.give_back(state.take().expect("checked"));
         }
         (self.rv, self.clock_mode) = self.engine.read_version();
-        if let Some(state) = token {
+        if let Some(state) = state {
             self.went_large = true;
             self.enter_in_place(state).expect("no read to validate, no write to apply");
         }
@@ -818,16 +832,21 @@ impl<'e> Transaction<'e> {
     fn try_in_place(&mut self) -> Result<(), TxnError> {
         let engine = self.engine;
         // A closed store draws no LSN (the change draws one); commit reports the closure.
-        let token = if engine.check_open().is_ok() {
+        let state = if engine.check_open().is_ok() {
             self.went_large = true;
-            engine.in_place.try_take()
+            // One run per thread (see `restart`).
+            if running_here() {
+                None
+            } else {
+                engine.in_place.try_take(self.age)
+            }
         } else {
             None
         };
-        if let Some(state) = token {
+        if let Some(state) = state {
             return self.enter_in_place(state);
         }
-        // Another transaction runs in place: keep buffering, try again at twice the size; but
+        // Every state runs: keep buffering, try again at twice the size; but
         // a set past what one record holds is refused now, before it grows further (commit
         // would refuse it anyway).
         let lines = self.bufs.writes.len();
@@ -839,10 +858,11 @@ impl<'e> Transaction<'e> {
         Ok(())
     }
 
-    /// Changes to in-place mode with the token's `state`: validates and holds the read set,
-    /// applies the write set in place.
+    /// Changes to in-place mode with `state`: validates and holds the read set, applies the
+    /// write set in place.
     fn enter_in_place(&mut self, state: Box<InPlace>) -> Result<(), TxnError> {
         let engine = self.engine;
+        self.age = Some(state.age);
         let pass = RunPass::new(engine.gate.enter(engine.thread_slot()));
         // The clock moves: a clock-mode reader that could see an in-place store finds it moved
         // and turns to the stripes, which this transaction holds (pairs with the acquire fence
@@ -878,7 +898,8 @@ impl<'e> Transaction<'e> {
     }
 
     /// Locks stripe `s` for the in-place run unless it holds it: `Some(Some(word seen))` when
-    /// newly locked, `Some(None)` when held already, `None` when the wait timed out.
+    /// newly locked, `Some(None)` when held already, `None` when the wait timed out or an
+    /// older run wounded this one (see [`crate::in_place::Runs`]).
     #[inline(always)]
     fn hold(&mut self, s: u32) -> Option<Option<u64>> {
         if self.in_place.as_ref().expect("in place").state.is_held(s) {
@@ -891,15 +912,27 @@ impl<'e> Transaction<'e> {
     #[inline(never)]
     fn hold_new(&mut self, s: u32) -> Option<Option<u64>> {
         let run = self.in_place.as_mut().expect("in place");
-        let stripes = &self.engine.stripes;
-        let mut wait = LockWait::new();
+        let (stripes, runs, gate) = (&self.engine.stripes, &self.engine.in_place, &self.engine.gate);
+        let (mut wait, mut gate_closed_wait) = (LockWait::with_limit(RUN_WAIT), LockWait::new());
+        let mut wounded_younger = false;
         loop {
+            if runs.wounded(&run.state) {
+                self.lost_to = runs.wounder(&run.state);
+                return None;
+            }
             let seen = stripes.load(s);
             if !is_locked(seen) && stripes.try_lock(s, seen) {
                 run.state.note_held(s);
                 return Some(Some(seen));
             }
-            if !wait.again() {
+            if !wounded_younger && wait.lasted(WOUND_AFTER) {
+                runs.wound_younger(&run.state);
+                wounded_younger = true;
+            }
+            // Spins with the gate closed count towards `LOCK_WAIT` (see `crate::in_place`).
+            if !wait.again() || gate.is_closed() && !gate_closed_wait.again() {
+                // The retry waits for it first, holding nothing (see `locked_out`).
+                self.locked_out = Some(s);
                 return None;
             }
         }

@@ -55,8 +55,19 @@ impl BTree {
     }
 
     /// The tree whose descriptor is at `ptr`; fails if there is none.
+    ///
+    /// In a transaction the magic is peeked (`HeapRead::peek_words`), not read: a descriptor's
+    /// magic never changes while it lives, and what the transaction then does with the tree
+    /// proves itself (a leaf names its owner, see `search.rs`). A read would put the
+    /// descriptor's first line in the read set, and a transaction that runs in place locks
+    /// every line of its read set to its end, so two large ones into one tree would wait for
+    /// each other. Only a magic the peek does not find is read, so that the error is one the
+    /// transaction's snapshot shows.
     pub fn open<H: HeapRead>(heap: &mut H, ptr: HeapPtr) -> Result<BTree, IndexError> {
-        if ptr.is_null() || heap.load(ptr.offset() + meta::MAGIC_OFF)? != meta::MAGIC {
+        let at = ptr.offset() + meta::MAGIC_OFF;
+        let mut magic = [0u64];
+        let peeked = heap.tracks_reads() && heap.peek_words(at, &mut magic)? && magic[0] == meta::MAGIC;
+        if ptr.is_null() || !peeked && heap.load(at)? != meta::MAGIC {
             return Err(IndexError::NotABTree(ptr.offset()));
         }
         Ok(BTree { meta: ptr.offset() })

@@ -97,6 +97,12 @@ impl CommitGate {
         self.slots[..used.min(SLOTS)].iter().all(|slot| slot.0.load(Acquire) == 0)
     }
 
+    /// Whether the gate is closed or being closed (a hint: it may open or close right after).
+    #[inline]
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Relaxed)
+    }
+
     /// Closes the gate and waits until no committer is inside.
     pub fn close(&self) -> Closed<'_> {
         let closer = self.closer.lock();
