@@ -220,11 +220,11 @@ fn zero_beyond_brk(heap: &Heap, written_to: u64) {
 }
 
 /// Makes the recovered arenas (`txn/src/alloc.rs`) agree with brk. Every take writes an
-/// arena's two words, but its step came from brk in whichever commit took it: a `Partition`
+/// arena's whole line, but its step came from brk in whichever commit took it: a `Partition`
 /// record applied beyond a gap may bring back a take whose step's commit was lost (README,
-/// Guarantees: such commits should not allocate). brk is raised over such an arena, so that
-/// brk does not hand out its pages a second time and the zeroing beyond brk spares what the
-/// Partition commit wrote; an arena whose words make no sense is emptied.
+/// Guarantees: such commits should not allocate). brk is raised over such an arena's range and
+/// reserve, so that brk does not hand out their pages a second time and the zeroing beyond brk
+/// spares what the Partition commit wrote; a range whose words make no sense is emptied.
 fn claim_arenas(heap: &Heap) {
     let brk = heap.load_word(BRK_OFF);
     if brk < DATA_START {
@@ -232,16 +232,18 @@ fn claim_arenas(heap: &Heap) {
     }
     let mut claimed = brk;
     for a in 0..ARENAS {
-        let (next, end) = (heap.load_word(arena_off(a)), heap.load_word(arena_off(a) + 8));
-        if next == 0 && end == 0 {
-            continue;
-        }
-        if next < DATA_START || next > end || end > heap.capacity() {
-            heap.store_word(arena_off(a), 0);
-            heap.store_word(arena_off(a) + 8, 0);
-            heap.stamp_dirty(arena_off(a), 16, 1);
-        } else {
-            claimed = claimed.max(end);
+        for range in [arena_off(a), arena_off(a) + 16] {
+            let (from, end) = (heap.load_word(range), heap.load_word(range + 8));
+            if from == 0 && end == 0 {
+                continue;
+            }
+            if from < DATA_START || from > end || end > heap.capacity() {
+                heap.store_word(range, 0);
+                heap.store_word(range + 8, 0);
+                heap.stamp_dirty(range, 16, 1);
+            } else {
+                claimed = claimed.max(end);
+            }
         }
     }
     if claimed > brk {
@@ -251,14 +253,17 @@ fn claim_arenas(heap: &Heap) {
 }
 
 /// The same for the large-run arenas (`txn/src/alloc.rs`): an arena hands out its pages from
-/// its next free byte to its end as zero, and a lost commit may have carved a block there that
-/// a `Partition` record beyond the gap then wrote into. Zeroed up to `written_to` as beyond brk.
+/// its next free byte to its end, and its reserve's, as zero, and a lost commit may have carved
+/// a block there that a `Partition` record beyond the gap then wrote into. Zeroed up to
+/// `written_to` as beyond brk.
 fn zero_arena_tails(heap: &Heap, written_to: u64) {
     let brk = heap.load_word(BRK_OFF);
     for a in 0..ARENAS {
-        let (next, end) = (heap.load_word(arena_off(a)), heap.load_word(arena_off(a) + 8));
-        if next >= DATA_START && next < end && end <= brk {
-            zero_range(heap, next, end.min(written_to));
+        for range in [arena_off(a), arena_off(a) + 16] {
+            let (from, end) = (heap.load_word(range), heap.load_word(range + 8));
+            if from >= DATA_START && from < end && end <= brk {
+                zero_range(heap, from, end.min(written_to));
+            }
         }
     }
 }
@@ -329,10 +334,10 @@ fn apply_parallel(
 mod tests {
     use super::*;
 
-    /// An arena brought back past brk (its step's commit lost, a Partition take of it
-    /// replayed) is claimed by raising brk to its end, so brk cannot hand its pages out again
-    /// and the zeroing beyond brk spares them; an arena whose words make no sense is emptied;
-    /// a sound one below brk is left as it is.
+    /// An arena or a reserve brought back past brk (its step's commit lost, a Partition take
+    /// of it replayed) is claimed by raising brk to its end, so brk cannot hand its pages out
+    /// again and the zeroing beyond brk spares them; a range whose words make no sense is
+    /// emptied; a sound one below brk is left as it is.
     #[test]
     fn arenas_past_brk_are_claimed_and_nonsense_emptied() {
         let heap = Heap::new(1 << 24).unwrap();
@@ -342,14 +347,23 @@ mod tests {
             heap.store_word(arena_off(a), next);
             heap.store_word(arena_off(a) + 8, end);
         };
+        let reserve = |a: u64, from: u64, end: u64| {
+            heap.store_word(arena_off(a) + 16, from);
+            heap.store_word(arena_off(a) + 24, end);
+        };
         words(0, DATA_START + 4096, DATA_START + 8192);
         words(1, brk + 4096, brk + (1 << 19));
         words(2, brk + 8192, brk + 4096);
+        words(3, DATA_START + 8192, DATA_START + 12288);
+        reserve(3, brk + (1 << 19), brk + (1 << 20));
+        reserve(4, DATA_START - 4096, DATA_START + 4096);
         claim_arenas(&heap);
-        let read = |a: u64| (heap.load_word(arena_off(a)), heap.load_word(arena_off(a) + 8));
-        assert_eq!(heap.load_word(BRK_OFF), brk + (1 << 19), "brk covers arena 1");
-        assert_eq!(read(0), (DATA_START + 4096, DATA_START + 8192));
-        assert_eq!(read(1), (brk + 4096, brk + (1 << 19)));
-        assert_eq!(read(2), (0, 0), "next past end: emptied");
+        let read = |a: u64, at: u64| (heap.load_word(arena_off(a) + at), heap.load_word(arena_off(a) + at + 8));
+        assert_eq!(heap.load_word(BRK_OFF), brk + (1 << 20), "brk covers arena 1 and arena 3's reserve");
+        assert_eq!(read(0, 0), (DATA_START + 4096, DATA_START + 8192));
+        assert_eq!(read(1, 0), (brk + 4096, brk + (1 << 19)));
+        assert_eq!(read(2, 0), (0, 0), "next past end: emptied");
+        assert_eq!((read(3, 0), read(3, 16)), ((DATA_START + 8192, DATA_START + 12288), (brk + (1 << 19), brk + (1 << 20))));
+        assert_eq!(read(4, 16), (0, 0), "a reserve below the data: emptied");
     }
 }

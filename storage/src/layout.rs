@@ -9,7 +9,7 @@
 //!   64            brk: first never-allocated byte (page aligned)      (own 64-byte line)
 //!   128           head of the free list of large runs                 (own line)
 //!   512 + 64*c    free-list head and carve cursor of small class c    (one line per class)
-//!   1024 + 64*a   large-run arena a: next free byte, end               (one line per arena)
+//!   1024 + 64*a   large-run arena a: next free byte, end, reserve, its end (one line each)
 //! offset 4096   root table: MAX_ROOTS entries of ROOT_ENTRY_SIZE bytes
 //!                 [name length u64][name, ROOT_NAME_MAX bytes][HeapPtr u64]
 //! offset 16384  DATA_START: allocations
@@ -50,7 +50,12 @@ pub const fn small_cursor_off(c: usize) -> u64 {
 pub const ARENAS: u64 = 48;
 pub const ARENAS_OFF: u64 = 1024;
 
-/// The next free byte of arena `a` (0: empty), and its end.
+/// Words of an arena's line: the next free byte of its range (0: empty), the range's end, and
+/// its reserve, the next step taken ahead (start, 0: empty; end). Zero reserve words: no
+/// reserve (a heap made before the reserves reads so).
+pub const ARENA_WORDS: usize = 4;
+
+/// Arena `a`'s line.
 pub const fn arena_off(a: u64) -> u64 {
     ARENAS_OFF + 64 * a
 }

@@ -15,6 +15,13 @@
 //! a transaction running in place would hold until it ends. The free list is peeked before it
 //! is read: while it is empty, as it mostly is, its head joins no read set either. An arena's
 //! unused tail goes to the free list when the arena takes its next step.
+//!
+//! An arena also keeps a reserve: the next step, taken from brk ahead of need by a transaction
+//! running in place that took from the arena, as its last writes at its commit
+//! ([`Transaction::fill_reserve_at_commit`]), where it holds brk only for the commit's
+//! encoding. A transaction that uses up its arena moves on to the reserve, in its own line, so
+//! a large one seldom reads brk while it runs (it did in a third of the conflicts between runs
+//! in place side by side, each holding brk to its end).
 
 use tusk_storage::layout::*;
 use tusk_storage::{HeapPtr, PAGE_SIZE};
@@ -35,9 +42,39 @@ fn block_size(class: usize) -> u64 {
 
 /// Bytes an arena takes from brk at a time, for a heap of `capacity` bytes: 1/256 of it, at
 /// most 64 MiB (whole pages; a step is never less than the request it serves). So a heap's
-/// extent below brk runs ahead of what is allocated by at most one step per arena in use.
+/// extent below brk runs ahead of what is allocated by at most two steps per arena in use (the
+/// arena's rest and its reserve).
 pub fn arena_step(capacity: u64) -> u64 {
     (capacity / 256).min(64 << 20) / PAGE_SIZE * PAGE_SIZE
+}
+
+/// A step for requests of `bytes`: a whole number of them (a slab's chunks leave no tail).
+fn step_for(capacity: u64, bytes: u64) -> u64 {
+    (arena_step(capacity) / bytes).max(1) * bytes
+}
+
+/// An arena's line: its free range `next..end` and its reserve `reserve..reserve_end`
+/// (see `layout.rs`), as read by [`Transaction::arena`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Arena {
+    next: u64,
+    end: u64,
+    reserve: u64,
+    reserve_end: u64,
+}
+
+impl Arena {
+    fn words(self) -> [u64; ARENA_WORDS] {
+        [self.next, self.end, self.reserve, self.reserve_end]
+    }
+
+    fn rest(self) -> u64 {
+        self.end - self.next
+    }
+
+    fn reserve_len(self) -> u64 {
+        self.reserve_end - self.reserve
+    }
 }
 
 impl Transaction<'_> {
@@ -118,18 +155,19 @@ impl Transaction<'_> {
         Ok(HeapPtr(run + 2 * HEADER_SIZE))
     }
 
-    /// `bytes` (whole pages) from the calling thread's arena, which takes its next step from
-    /// brk when it has too few left, or, where brk cannot give a whole step, straight from
-    /// brk, and once brk has no room at all, from another arena's tail. A step is a whole
-    /// number of such requests (a slab's chunks leave no tail), and an arena that ends at brk
-    /// grows in place; any other tail goes to the free list.
+    /// `bytes` (whole pages) from the calling thread's arena (or its reserve), which takes its
+    /// next step from brk when both have too few left, or, where brk cannot give a whole step,
+    /// straight from brk, and once brk has no room at all, from another arena. A step is a
+    /// whole number of such requests (a slab's chunks leave no tail), and an arena that ends at
+    /// brk grows in place; any other tail goes to the free list.
     fn take_from_arena(&mut self, bytes: u64, requested: u64) -> Result<u64, TxnError> {
         let a = self.engine().thread_slot() as u64 % ARENAS;
+        self.arena_request = bytes;
         if let Some(p) = self.carve_arena(a, bytes)? {
             return Ok(p);
         }
-        let (next, end) = self.arena_bounds(a)?;
-        let step = (arena_step(self.engine().heap().capacity()) / bytes).max(1) * bytes;
+        let arena = self.arena(a)?;
+        let step = step_for(self.engine().heap().capacity(), bytes);
         let brk = self.load(BRK_OFF)?;
         if brk.checked_add(step).is_none_or(|e| e > self.engine().heap().capacity()) {
             return match self.take_from_brk(bytes, requested) {
@@ -138,43 +176,101 @@ impl Transaction<'_> {
             };
         }
         let region = self.take_from_brk(step, requested)?;
-        let next = if next != 0 && end == region {
-            next
+        let next = if arena.next != 0 && arena.end == region {
+            arena.next
         } else {
-            if next < end {
-                self.free_pages(next, (end - next) / PAGE_SIZE)?;
+            if arena.next < arena.end {
+                self.free_pages(arena.next, arena.rest() / PAGE_SIZE)?;
             }
             region
         };
-        self.store(arena_off(a), next + bytes)?;
-        self.store(arena_off(a) + 8, region + step)?;
+        self.set_arena(a, Arena { next: next + bytes, end: region + step, ..arena })?;
         self.note_fresh(next, next + bytes);
         Ok(next)
     }
 
-    /// Arena `a`'s free range `(next, end)`, `(0, 0)` when empty or when its words make no
-    /// sense (`next` past `end` or below the data: a `Partition` record applied beyond a gap
-    /// may carry a take whose step was lost; README, Guarantees).
-    fn arena_bounds(&mut self, a: u64) -> Result<(u64, u64), TxnError> {
-        let (next, end) = (self.load(arena_off(a))?, self.load(arena_off(a) + 8)?);
-        Ok(if next >= DATA_START && next <= end { (next, end) } else { (0, 0) })
+    /// Arena `a`'s line: each of its ranges empty (zeros) where its words make no sense
+    /// (`next` past `end` or below the data: a `Partition` record applied beyond a gap may carry
+    /// a take whose step was lost; README, Guarantees).
+    pub(crate) fn arena(&mut self, a: u64) -> Result<Arena, TxnError> {
+        let mut words = [0u64; ARENA_WORDS];
+        self.load_words(arena_off(a), &mut words)?;
+        let range = |from: u64, to: u64| if from >= DATA_START && from <= to { (from, to) } else { (0, 0) };
+        let ((next, end), (reserve, reserve_end)) = (range(words[0], words[1]), range(words[2], words[3]));
+        Ok(Arena { next, end, reserve, reserve_end })
     }
 
-    /// `bytes` from arena `a`'s free range, if it holds them. Both words are written, so the
-    /// redo record of every take carries the arena's whole state.
+    /// Writes arena `a`'s whole line, so that the redo record of every change carries the
+    /// arena's whole state.
+    fn set_arena(&mut self, a: u64, arena: Arena) -> Result<(), TxnError> {
+        self.store_words(arena_off(a), &arena.words())
+    }
+
+    /// `bytes` from arena `a`'s free range, or else from its reserve (the free range's tail
+    /// going to the free list), if either holds them.
     fn carve_arena(&mut self, a: u64, bytes: u64) -> Result<Option<u64>, TxnError> {
-        let (next, end) = self.arena_bounds(a)?;
-        if next == 0 || bytes > end - next {
+        let arena = self.arena(a)?;
+        let from = if arena.next != 0 && bytes <= arena.rest() {
+            self.set_arena(a, Arena { next: arena.next + bytes, ..arena })?;
+            arena.next
+        } else if arena.reserve != 0 && bytes <= arena.reserve_len() {
+            if arena.next < arena.end {
+                self.free_pages(arena.next, arena.rest() / PAGE_SIZE)?;
+            }
+            self.set_arena(a, Arena { next: arena.reserve + bytes, end: arena.reserve_end, reserve: 0, reserve_end: 0 })?;
+            arena.reserve
+        } else {
             return Ok(None);
-        }
-        self.store(arena_off(a), next + bytes)?;
-        self.store(arena_off(a) + 8, end)?;
-        self.note_fresh(next, next + bytes);
-        Ok(Some(next))
+        };
+        self.note_fresh(from, from + bytes);
+        Ok(Some(from))
     }
 
-    /// With brk at the capacity: `bytes` from the first other arena whose tail holds them
-    /// (reading their lines, which only a heap this full makes worth it), else exhausted.
+    /// At the commit of a run in place that took requests of `bytes` from its thread's arena:
+    /// fills the arena's reserve (see the module docs), if brk's line can be had at once (the
+    /// fill is worth no wait and no conflict) and the run's record has room for two more lines.
+    pub(crate) fn fill_reserve_at_commit(&mut self) -> Result<(), TxnError> {
+        let bytes = self.arena_request;
+        if bytes == 0 || !self.in_place_room_for(2) || !self.hold_at_once(BRK_OFF) {
+            return Ok(());
+        }
+        let a = self.engine().thread_slot() as u64 % ARENAS;
+        self.fill_reserve(a, bytes).map(|_| ())
+    }
+
+    /// Fills arena `a`'s reserve with a step for requests of `bytes` taken from brk (or grows
+    /// the arena by it where the arena ends at brk), if the reserve is empty, the arena's range
+    /// holds less than a step, brk has room, and a step holds at least two such requests.
+    /// Returns whether it did.
+    fn fill_reserve(&mut self, a: u64, bytes: u64) -> Result<bool, TxnError> {
+        let capacity = self.engine().heap().capacity();
+        // A request of half a step or more is rare enough (a step holds one at most) that
+        // taking another ahead would only leave a heap's extent that much further ahead.
+        if bytes > arena_step(capacity) / 2 {
+            return Ok(false);
+        }
+        let arena = self.arena(a)?;
+        let step = step_for(capacity, bytes);
+        let brk = self.load(BRK_OFF)?;
+        // With a step's worth left, the range serves the next large transaction by itself (and
+        // an arena that grows in place has no reserve: without this, each commit would grow it
+        // again).
+        if arena.reserve != 0 || arena.rest() >= step || brk.checked_add(step).is_none_or(|e| e > capacity) {
+            return Ok(false);
+        }
+        let region = self.take_from_brk(step, step)?;
+        let arena = if arena.next != 0 && arena.end == region {
+            Arena { end: region + step, ..arena }
+        } else {
+            Arena { reserve: region, reserve_end: region + step, ..arena }
+        };
+        self.set_arena(a, arena)?;
+        Ok(true)
+    }
+
+    /// With brk at the capacity: `bytes` from the first other arena whose range or reserve
+    /// holds them (reading their lines, which only a heap this full makes worth it), else
+    /// exhausted.
     fn take_from_other_arenas(&mut self, mine: u64, bytes: u64, requested: u64) -> Result<u64, TxnError> {
         for a in (0..ARENAS).filter(|&a| a != mine) {
             if let Some(p) = self.carve_arena(a, bytes)? {
@@ -360,6 +456,56 @@ mod tests {
         });
         let mut tx = engine.begin();
         assert_eq!(tx.load(area + 64 * 5).unwrap(), 5);
+    }
+
+    /// A run in place that took from its arena fills the arena's reserve at its commit. The
+    /// next run that uses up its arena's range moves on to the reserve and never reads brk,
+    /// which it would hold to its end, stopping every other thread's step.
+    #[test]
+    fn a_run_in_place_moves_to_its_arenas_reserve_without_reading_brk() {
+        const LARGE: u64 = 64 << 10;
+        let engine = engine(64 << 20);
+        let lines = IN_PLACE_FROM as u64 + 8;
+        let area = alloc_one(&engine, lines * 64);
+        let a = engine.thread_slot() as u64 % ARENAS;
+        let word = |i: u64| engine.heap().load_word(arena_off(a) + 8 * i);
+        alloc_one(&engine, LARGE);
+        assert_eq!(word(2), 0, "a commit that does not run in place leaves the reserve alone");
+        // Another thread's step: this arena no longer ends at brk, so the fill below is a
+        // reserve rather than the arena growing in place.
+        std::thread::scope(|s| s.spawn(|| alloc_one(&engine, LARGE)).join().unwrap());
+        let in_place_allocating = |until: &dyn Fn(u64) -> bool| {
+            let mut run = engine.begin();
+            for i in 0..lines {
+                run.store(area + 64 * i, i).unwrap();
+            }
+            assert!(run.is_in_place());
+            let mut took = Vec::new();
+            while took.last().is_none_or(|&p| !until(p)) {
+                assert!(took.len() < 64, "the run never got where it should");
+                let p = run.alloc(LARGE).unwrap().offset();
+                run.store(p, 1).unwrap();
+                took.push(p);
+            }
+            (run, took)
+        };
+        let (mut run, _) = in_place_allocating(&|_| true);
+        run.commit(Commit::Async).unwrap();
+        let (reserve, reserve_end) = (word(2), word(3));
+        assert!(reserve != 0 && reserve_end - reserve >= LARGE, "the run's commit filled the reserve");
+        let brk = engine.heap().load_word(BRK_OFF);
+        let (mut run, took) = in_place_allocating(&|p| (reserve..reserve_end).contains(&p));
+        let brk_stripe = engine.stripes.index_of(BRK_OFF);
+        assert!(!crate::stripes::is_locked(engine.stripes.load(brk_stripe)), "the run holds brk");
+        assert_eq!(engine.heap().load_word(BRK_OFF), brk, "the run took no step from brk");
+        assert_eq!(word(2), 0, "the reserve is the run's range now");
+        run.commit(Commit::Async).unwrap();
+        // The arena now ends at brk: the fill grew it in place rather than filling the reserve.
+        assert!(word(2) != 0 || word(1) > reserve_end, "the run's commit took the next step ahead");
+        let mut tx = engine.begin();
+        for p in took {
+            assert_eq!(tx.load(p).unwrap(), 1);
+        }
     }
 
     #[test]

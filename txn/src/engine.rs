@@ -309,11 +309,11 @@ impl Engine {
         lsn
     }
 
-    /// Waits, holding nothing, until stripe `s` is unlocked (or `limit` has passed): for a
+    /// Waits, holding nothing, until stripe `s` is unlocked (false once `limit` has passed): for a
     /// stripe that stayed locked past a short spin, most likely held by an in-place run to its
     /// end (seconds). Yielding in a loop kept a core busy that the run and the log writer share
     /// on small machines; naps growing to `STRIPE_NAP_MAX` leave it to them.
-    pub(crate) fn wait_unlocked(&self, s: u32, limit: Option<std::time::Duration>) {
+    pub(crate) fn wait_unlocked(&self, s: u32, limit: Option<std::time::Duration>) -> bool {
         #[cfg(not(loom))]
         let (mut naps, since) = (0u32, std::time::Instant::now());
         #[cfg(loom)]
@@ -323,12 +323,13 @@ impl Engine {
             #[cfg(not(loom))]
             {
                 if limit.is_some_and(|limit| since.elapsed() > limit) {
-                    return;
+                    return false;
                 }
                 naps += 1;
                 std::thread::sleep(STRIPE_NAP_FIRST.saturating_mul(naps).min(STRIPE_NAP_MAX));
             }
         }
+        true
     }
 
     /// Takes the next LSN for a record without writes (logged when durability is on).

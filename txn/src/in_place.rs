@@ -1003,6 +1003,40 @@ mod engine_tests {
         tx.commit(Commit::Async).unwrap();
     }
 
+    /// A transaction that reads a line an in-place run holds waits for the run's end, holding
+    /// nothing, and then reads on, extending its read version over the run's commit, which
+    /// wrote nothing it had read: it commits at its first attempt, with the run's value
+    /// (before, it conflicted and started over, losing what a large first attempt had
+    /// buffered).
+    #[test]
+    fn a_reader_of_a_held_line_waits_for_the_run_and_reads_on() {
+        let engine = engine(8 << 20);
+        let mut run = engine.begin();
+        for i in 0..IN_PLACE_FROM as u64 + 1 {
+            run.store(line(100 + i), 1).unwrap();
+        }
+        assert!(run.is_in_place());
+        run.store(line(3), 33).unwrap();
+        let attempts = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                transact(&engine, |tx| {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    let before = tx.load(line(1))?;
+                    let held = tx.load(line(3))?;
+                    tx.store(line(2), before + held)
+                });
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert_eq!(attempts.load(Ordering::Relaxed), 1, "the reader waits in its first attempt");
+            run.commit(Commit::Async).unwrap();
+            reader.join().unwrap();
+        });
+        assert_eq!(attempts.load(Ordering::Relaxed), 1, "committed at its first attempt");
+        let mut tx = engine.begin();
+        assert_eq!(tx.load(line(2)).unwrap(), 33, "it read the run's write");
+    }
+
     /// A checkpoint's chunk copy that finds a stripe held by an in-place run does not hold
     /// the others it took while it waits: the run then locks one of those (after the copy
     /// took it) and goes on instead of giving up after `LOCK_WAIT` and starting over; the

@@ -92,6 +92,9 @@ pub struct Transaction<'e> {
     /// waits for it first (it is most likely an in-place run's, held to the run's end, and a
     /// retry that met it again at once would only spin and conflict again).
     locked_out: Option<u32>,
+    /// The size of this transaction's last take from its arena (0: none): its commit in place
+    /// then fills the arena's reserve with steps for such requests (`alloc.rs`).
+    pub(crate) arena_request: u64,
     /// Heap this transaction took from brk or its arena, `[from, to)`, the latest contiguous
     /// range of its takes (`alloc.rs`): never handed out before, hence zero (see
     /// [`crate::in_place`]'s fresh lines).
@@ -167,6 +170,7 @@ impl<'e> Transaction<'e> {
             age: None,
             lost_to: None,
             locked_out: None,
+            arena_request: 0,
             fresh: (0, 0),
         }
     }
@@ -185,6 +189,7 @@ impl<'e> Transaction<'e> {
         self.abandon_in_place();
         self.in_place_from = IN_PLACE_FROM;
         self.fresh = (0, 0);
+        self.arena_request = 0;
         self.bufs.reads.clear();
         self.bufs.writes.clear();
         self.bounds = [(0, 0); BOUNDS_CACHE];
@@ -471,8 +476,18 @@ impl<'e> Transaction<'e> {
             if is_locked(before) {
                 spins += 1;
                 if spins > LOCKED_SPINS {
-                    self.locked_out = Some(s);
-                    return self.conflict();
+                    // Held past a commit's write-back: most likely by a run in place, to its
+                    // end. This transaction holds no lock, so it may wait for the stripe, and
+                    // then reads on, extending its read version if its reads are untouched,
+                    // rather than losing what it did (a large transaction's first attempt
+                    // buffers thousands of lines). Not beside a run of this thread's, which
+                    // may be what holds the stripe.
+                    if running_here() || !self.engine.wait_unlocked(s, Some(RETRY_WAIT)) {
+                        self.locked_out = Some(s);
+                        return self.conflict();
+                    }
+                    spins = 0;
+                    continue;
                 }
                 crate::sync::spin_loop();
                 continue;
@@ -938,6 +953,30 @@ impl<'e> Transaction<'e> {
         }
     }
 
+    /// Holds the stripe of `line` for the run in place if it is held already or can be locked
+    /// at once, without waiting (false otherwise, and when the transaction does not run in
+    /// place): for work a run may leave undone.
+    pub(crate) fn hold_at_once(&mut self, line: u64) -> bool {
+        let s = self.engine.stripes.index_of(line);
+        let stripes = &self.engine.stripes;
+        let Some(run) = self.in_place.as_mut() else { return false };
+        if run.state.is_held(s) {
+            return true;
+        }
+        let seen = stripes.load(s);
+        if !is_locked(seen) && stripes.try_lock(s, seen) {
+            run.state.note_held(s);
+            return true;
+        }
+        false
+    }
+
+    /// Whether the run in place may still write `lines` more lines (false when it does not run
+    /// in place).
+    pub(crate) fn in_place_room_for(&self, lines: usize) -> bool {
+        self.in_place.as_ref().is_some_and(|run| run.state.written_lines() + lines < run.state.max_lines)
+    }
+
     /// Makes the line at `line` writable in place: its stripe held (else a conflict), its
     /// before-image saved (unless the run already writes the most lines a record holds).
     #[inline(always)]
@@ -1128,6 +1167,9 @@ impl<'e> Transaction<'e> {
             self.abandon_in_place();
             return Err(e);
         }
+        // Its last writes; a failure there has ended the run (none is expected: every line
+        // it writes is held, and there is room for them).
+        self.fill_reserve_at_commit()?;
         let InPlaceRun { mut state, pass } = self.in_place.take().expect("in place");
         let heap = engine.heap();
         // The record holds the bytes this transaction wrote, read from the heap (where they
