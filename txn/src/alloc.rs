@@ -18,7 +18,7 @@
 //!
 //! An arena also keeps a reserve: the next step, taken from brk ahead of need by a transaction
 //! running in place that took from the arena, as its last writes at its commit
-//! ([`Transaction::fill_reserve_at_commit`]), where it holds brk only for the commit's
+//! (`Transaction::fill_reserve_at_commit`), where it holds brk only for the commit's
 //! encoding. A transaction that uses up its arena moves on to the reserve, in its own line, so
 //! a large one seldom reads brk while it runs (it did in a third of the conflicts between runs
 //! in place side by side, each holding brk to its end).
