@@ -128,8 +128,9 @@ pub const MAX_RUNS: usize = 16;
 pub const MAX_RUNS: usize = 2;
 
 /// How long a run waits for a stripe before it wounds the younger runs: a commit's write-back
-/// holds a stripe for microseconds, a run holds its stripes to its end.
-pub const WOUND_AFTER: Duration = Duration::from_micros(200);
+/// holds a stripe for microseconds and a chunk copy for at most 1 ms (`COPY_HOLD_AND_WAIT`), a
+/// run holds its stripes to its end.
+pub const WOUND_AFTER: Duration = Duration::from_millis(2);
 
 /// What the other runs see of a run: its age (0 while the seat is free) and whether an older
 /// run wounded it. On a line of its own: a run loads its flag at every stripe it newly locks.
@@ -640,6 +641,15 @@ impl LockWait {
         self.spins += 1;
         crate::sync::spin_loop();
         self.spins < 4
+    }
+
+    /// Whether this spin is one that looks at the clock (under loom: every one).
+    #[inline]
+    pub fn at_clock_look(&self) -> bool {
+        #[cfg(not(loom))]
+        return self.spins.is_multiple_of(SPINS_PER_CLOCK_LOOK);
+        #[cfg(loom)]
+        true
     }
 
     /// Whether the wait has lasted past `d` (under loom: past two spins).

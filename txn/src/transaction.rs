@@ -194,11 +194,15 @@ impl<'e> Transaction<'e> {
         self.bufs.writes.clear();
         self.bounds = [(0, 0); BOUNDS_CACHE];
         self.doomed = false;
-        if let Some(s) = locked_out {
-            self.engine.wait_unlocked(s, Some(RETRY_WAIT));
-        }
-        if let Some(older) = lost_to {
-            self.engine.in_place.wait_ended(older, RETRY_WAIT);
+        // Beside a run of this thread's (another open transaction) no wait: the stripe may be
+        // that run's, which would hold it (and its gate pass) all the while.
+        if !running_here() {
+            if let Some(s) = locked_out {
+                self.engine.wait_unlocked(s, Some(RETRY_WAIT));
+            }
+            if let Some(older) = lost_to {
+                self.engine.in_place.wait_ended(older, RETRY_WAIT);
+            }
         }
         // Not beside a run of this thread's (another open transaction): its pass would stay
         // entered while this one's is.
@@ -929,7 +933,6 @@ impl<'e> Transaction<'e> {
         let run = self.in_place.as_mut().expect("in place");
         let (stripes, runs, gate) = (&self.engine.stripes, &self.engine.in_place, &self.engine.gate);
         let (mut wait, mut gate_closed_wait) = (LockWait::with_limit(RUN_WAIT), LockWait::new());
-        let mut wounded_younger = false;
         loop {
             if runs.wounded(&run.state) {
                 self.lost_to = runs.wounder(&run.state);
@@ -940,11 +943,16 @@ impl<'e> Transaction<'e> {
                 run.state.note_held(s);
                 return Some(Some(seen));
             }
-            if !wounded_younger && wait.lasted(WOUND_AFTER) {
+            // Again at every look at the clock, not once: a younger run may have entered since
+            // and taken the stripe.
+            if wait.at_clock_look() && wait.lasted(WOUND_AFTER) {
                 runs.wound_younger(&run.state);
-                wounded_younger = true;
             }
-            // Spins with the gate closed count towards `LOCK_WAIT` (see `crate::in_place`).
+            // Only a wait with the gate closed all along counts towards `LOCK_WAIT` (see
+            // `crate::in_place`): a gate that opened starts that count again.
+            if !gate.is_closed() {
+                gate_closed_wait = LockWait::new();
+            }
             if !wait.again() || gate.is_closed() && !gate_closed_wait.again() {
                 // The retry waits for it first, holding nothing (see `locked_out`).
                 self.locked_out = Some(s);
