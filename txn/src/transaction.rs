@@ -30,7 +30,7 @@ use tusk_storage::{Heap, HeapPtr};
 use crate::engine::Engine;
 use crate::log::progress::Streamed;
 use crate::in_place::{before_image, running_here, InPlace, LockWait, RunPass, IN_PLACE_FROM, RETRY_WAIT, RUN_WAIT, WOUND_AFTER};
-use crate::stripes::{is_locked, version, STRIPE_BYTES};
+use crate::stripes::{is_locked, version, Stripes, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
 
@@ -938,9 +938,7 @@ impl<'e> Transaction<'e> {
                 self.lost_to = runs.wounder(&run.state);
                 return None;
             }
-            let seen = stripes.load(s);
-            if !is_locked(seen) && stripes.try_lock(s, seen) {
-                run.state.note_held(s);
+            if let Some(seen) = lock_for_run(stripes, &mut run.state, s) {
                 return Some(Some(seen));
             }
             // Again at every look at the clock, not once: a younger run may have entered since
@@ -968,15 +966,7 @@ impl<'e> Transaction<'e> {
         let s = self.engine.stripes.index_of(line);
         let stripes = &self.engine.stripes;
         let Some(run) = self.in_place.as_mut() else { return false };
-        if run.state.is_held(s) {
-            return true;
-        }
-        let seen = stripes.load(s);
-        if !is_locked(seen) && stripes.try_lock(s, seen) {
-            run.state.note_held(s);
-            return true;
-        }
-        false
+        run.state.is_held(s) || lock_for_run(stripes, &mut run.state, s).is_some()
     }
 
     /// Whether the run in place may still write `lines` more lines (false when it does not run
@@ -1236,6 +1226,16 @@ impl<'e> Transaction<'e> {
         streamed?;
         self.wait_for(mode, partition, lsn, over_bound)
     }
+}
+
+/// Locks stripe `s` for the run of `state` if it is unlocked now; returns the word it had.
+#[inline]
+fn lock_for_run(stripes: &Stripes, state: &mut InPlace, s: u32) -> Option<u64> {
+    let seen = stripes.load(s);
+    (!is_locked(seen) && stripes.try_lock(s, seen)).then(|| {
+        state.note_held(s);
+        seen
+    })
 }
 
 impl Engine {
