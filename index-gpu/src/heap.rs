@@ -8,6 +8,8 @@
 use tusk_storage::HeapPtr;
 use tusk_txn::{Transaction, TxnError};
 
+use crate::btree::posts::PendingPosts;
+
 /// Reads of 8-aligned u64 words at heap offsets.
 pub trait HeapRead {
     fn load(&mut self, off: u64) -> Result<u64, TxnError>;
@@ -58,6 +60,13 @@ pub trait HeapRead {
         let _ = (off, len);
         true
     }
+
+    /// The separators of the B-link tree at `meta` that this transaction left to its commit
+    /// (`btree/posts.rs`); none elsewhere.
+    fn pending_posts(&self, meta: u64) -> Option<&PendingPosts> {
+        let _ = meta;
+        None
+    }
 }
 
 /// Writes and allocation, on top of reads.
@@ -76,6 +85,20 @@ pub trait HeapWrite: HeapRead {
 
     /// Allocates `len` zeroed bytes; returns the heap offset of the first.
     fn alloc(&mut self, len: u64) -> Result<u64, TxnError>;
+
+    /// Leaves the separator of `node`, split off a node of `level` of the B-link tree at
+    /// `meta`, to the commit (`btree/posts.rs`); false where the heap cannot, and the caller
+    /// posts it at once.
+    fn defer_post(&mut self, meta: u64, level: u32, separator: u64, node: u64) -> bool {
+        let _ = (meta, level, separator, node);
+        false
+    }
+
+    /// Posts the separators of the tree at `meta` left to the commit now.
+    fn finish_posts(&mut self, meta: u64) -> Result<(), TxnError> {
+        let _ = meta;
+        Ok(())
+    }
 }
 
 impl HeapRead for Transaction<'_> {
@@ -106,6 +129,10 @@ impl HeapRead for Transaction<'_> {
     fn peek_words(&mut self, off: u64, out: &mut [u64]) -> Result<bool, TxnError> {
         Ok(Transaction::peek_words(self, off, out))
     }
+
+    fn pending_posts(&self, meta: u64) -> Option<&PendingPosts> {
+        self.deferred(meta)
+    }
 }
 
 impl HeapWrite for Transaction<'_> {
@@ -121,5 +148,19 @@ impl HeapWrite for Transaction<'_> {
 
     fn alloc(&mut self, len: u64) -> Result<u64, TxnError> {
         Transaction::alloc(self, len).map(HeapPtr::offset)
+    }
+
+    fn defer_post(&mut self, meta: u64, level: u32, separator: u64, node: u64) -> bool {
+        match self.defer(meta, || PendingPosts::new(meta)) {
+            Some(posts) => {
+                posts.add(level, separator, node);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn finish_posts(&mut self, meta: u64) -> Result<(), TxnError> {
+        self.finish_deferred(meta)
     }
 }

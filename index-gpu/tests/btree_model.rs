@@ -17,6 +17,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use tusk_index::btree::posts::PendingPosts;
 use tusk_index::heap::{HeapRead, HeapWrite};
 use tusk_index::{BTree, BatchOutcome, Op as BatchOp};
 use tusk_txn::{Engine, Transaction, TxnError};
@@ -129,6 +130,10 @@ impl HeapRead for StalePeeks<'_, '_> {
         }
         Ok(true)
     }
+
+    fn pending_posts(&self, meta: u64) -> Option<&PendingPosts> {
+        HeapRead::pending_posts(&*self.tx, meta)
+    }
 }
 
 impl HeapWrite for StalePeeks<'_, '_> {
@@ -138,6 +143,14 @@ impl HeapWrite for StalePeeks<'_, '_> {
 
     fn alloc(&mut self, len: u64) -> Result<u64, TxnError> {
         HeapWrite::alloc(self.tx, len)
+    }
+
+    fn defer_post(&mut self, meta: u64, level: u32, separator: u64, node: u64) -> bool {
+        HeapWrite::defer_post(self.tx, meta, level, separator, node)
+    }
+
+    fn finish_posts(&mut self, meta: u64) -> Result<(), TxnError> {
+        HeapWrite::finish_posts(self.tx, meta)
     }
 }
 
@@ -267,11 +280,17 @@ fn run(start: Option<(Vec<u64>, f64)>, batches: Vec<Vec<Op>>) -> Result<(), Test
             2 => Some(scrambled(std::mem::replace(&mut before, now), b as u64)),
             _ => Some(misdirected(std::mem::replace(&mut before, now), tree.ptr().offset(), b as u64)),
         };
+        // Separators of internal splits wait for the commit (`btree/posts.rs`): the tree is
+        // checked before it too, with the transaction's pending nodes on their levels.
         common::transact(&engine, |tx| match &old {
-            None => batch.iter().for_each(|op| apply(tree, tx, &mut model, op)),
+            None => {
+                batch.iter().for_each(|op| apply(tree, tx, &mut model, op));
+                assert_eq!(tree.check(tx).unwrap().keys, model.len() as u64);
+            }
             Some(old) => {
                 let mut stale = StalePeeks { tx, old };
                 batch.iter().for_each(|op| apply(tree, &mut stale, &mut model, op));
+                assert_eq!(tree.check(&mut stale).unwrap().keys, model.len() as u64);
             }
         });
         // A fresh transaction sees the committed tree: reopen by name, then validate.

@@ -54,6 +54,10 @@ use tusk_storage::line_record::MAX_WHOLE_LINES;
 
 use crate::kept::clear_for_reuse;
 use crate::snapshot::gate::Pass;
+use std::sync::{Arc, OnceLock};
+
+use tusk_storage::region::AtomicWords;
+
 use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex};
 use crate::write_set::{LineWrite, LINE_BYTES, LINE_WORDS};
 
@@ -132,14 +136,61 @@ pub const MAX_RUNS: usize = 2;
 /// run holds its stripes to its end.
 pub const WOUND_AFTER: Duration = Duration::from_millis(2);
 
-/// What the other runs see of a run: its age (0 while the seat is free) and whether an older
-/// run wounded it. On a line of its own: a run loads its flag at every stripe it newly locks.
+/// What the other runs see of a run: its age (0 while the seat is free), whether an older
+/// run wounded it, and the stripes it holds. On a line of its own: a run loads its flag at
+/// every stripe it newly locks.
 #[repr(align(64))]
 struct Seat {
     age: AtomicU64,
     wounded: AtomicBool,
     /// The age of the oldest run that wounded it (`u64::MAX`: none).
     wounded_by: AtomicU64,
+    /// The held bits of the state made for this seat (set once, when it is made).
+    held: OnceLock<Arc<HeldBits>>,
+}
+
+/// One bit per stripe: held by a run. Only the run's thread writes its bits (plain loads and
+/// stores of atomic words, no read-modify-write: as cheap as a plain bitmap); an older run
+/// that waits for a stripe reads them to find the run it waits for (see [`Runs::wound_holder`]).
+/// Zeroed lazily, like the stripe words.
+pub(crate) struct HeldBits(AtomicWords);
+
+impl HeldBits {
+    fn new(stripes: u64) -> HeldBits {
+        HeldBits(AtomicWords::new(stripes.div_ceil(64)).expect("the held stripes' bitmap is mapped"))
+    }
+
+    #[inline]
+    fn word(&self, s: u32) -> (&AtomicU64, u64) {
+        (self.0.get(u64::from(s / 64)), 1u64 << (s % 64))
+    }
+
+    #[inline]
+    fn get(&self, s: u32) -> bool {
+        let (word, bit) = self.word(s);
+        word.load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Sets bit `s` (by the owning run only); returns whether it was set.
+    #[inline]
+    fn set(&self, s: u32) -> bool {
+        let (word, bit) = self.word(s);
+        let was = word.load(Ordering::Relaxed);
+        word.store(was | bit, Ordering::Relaxed);
+        was & bit != 0
+    }
+
+    /// Clears bit `s` (by the owning run only).
+    #[inline]
+    fn clear(&self, s: u32) {
+        let (word, bit) = self.word(s);
+        word.store(word.load(Ordering::Relaxed) & !bit, Ordering::Relaxed);
+    }
+
+    #[cfg(test)]
+    fn all_clear(&self) -> bool {
+        (0..self.0.len()).all(|i| self.0.get(i).load(Ordering::Relaxed) == 0)
+    }
 }
 
 /// The engine's in-place states, handed to one transaction each, and the queue of retries
@@ -186,7 +237,7 @@ impl Pool {
 impl Runs {
     /// For `stripes` stripe words and a heap of `heap_capacity` bytes.
     pub fn new(stripes: u64, heap_capacity: u64) -> Runs {
-        let seats = (0..MAX_RUNS).map(|_| Seat { age: AtomicU64::new(0), wounded: AtomicBool::new(false), wounded_by: AtomicU64::new(u64::MAX) }).collect();
+        let seats = (0..MAX_RUNS).map(|_| Seat { age: AtomicU64::new(0), wounded: AtomicBool::new(false), wounded_by: AtomicU64::new(u64::MAX), held: OnceLock::new() }).collect();
         let pool = Pool { free: Vec::new(), made: 0, queue: VecDeque::new(), next_ticket: 0, last_age: 0, retries: 0 };
         Runs { pool: Mutex::new(pool), returned: Condvar::new(), seats, stripes, heap_capacity }
     }
@@ -198,7 +249,7 @@ impl Runs {
     /// where they do not, they run side by side again once the retries are through.
     pub fn try_take(&self, age: Option<u64>) -> Option<Box<InPlace>> {
         let mut pool = self.pool.lock();
-        if pool.queue.is_empty() && pool.retries == 0 {
+        if pool.queue.is_empty() {
             self.take_locked(&mut pool, age)
         } else {
             None
@@ -211,6 +262,8 @@ impl Runs {
             None if pool.made < MAX_RUNS => {
                 let mut state = Box::new(InPlace::new(self.stripes, self.heap_capacity));
                 state.seat = pool.made;
+                let first = self.seats[state.seat].held.set(state.held_bits.clone()).is_ok();
+                debug_assert!(first, "seat {} made twice", state.seat);
                 pool.made += 1;
                 state
             }
@@ -291,12 +344,16 @@ impl Runs {
         (seat.wounded.load(Ordering::Relaxed) && by != u64::MAX).then_some(by)
     }
 
-    /// Wounds every run younger than the run of `state`. (It cannot tell which run holds the
-    /// stripe it waits for: the younger runs all give way. A seat handed on meanwhile may be
-    /// wounded for nothing; its run only starts again.)
-    pub fn wound_younger(&self, state: &InPlace) {
+    /// Wounds the run younger than the run of `state` that holds stripe `s`, if one does: a
+    /// waiter wounds only the run it waits for. (The holder's bit may not be visible yet, just
+    /// after its lock: the waiter looks again at its next look at the clock. A bit of a run
+    /// that just ended may still be set: that seat's next run is wounded for nothing and only
+    /// starts again.) Wounding every younger run instead sent runs that shared nothing with
+    /// the waiter back to the start: on disjoint key ranges, most of the retries.
+    pub fn wound_holder(&self, state: &InPlace, s: u32) {
         for seat in self.seats.iter() {
-            if seat.age.load(Ordering::Relaxed) > state.age {
+            let holds = || seat.held.get().is_some_and(|held| held.get(s));
+            if seat.age.load(Ordering::Relaxed) > state.age && holds() {
                 seat.wounded_by.fetch_min(state.age, Ordering::Relaxed);
                 seat.wounded.store(true, Ordering::Relaxed);
             }
@@ -363,8 +420,8 @@ pub struct InPlace {
     /// holder changes a locked word), so it is not kept: 4 bytes a stripe, not 16 (a 64 M-key
     /// batch holds all 2^24 stripes: 64 MiB instead of 256).
     pub(crate) held: Vec<u32>,
-    /// One bit per stripe: held.
-    held_bits: Vec<u64>,
+    /// One bit per stripe: held (read by the other runs, see [`HeldBits`]).
+    held_bits: Arc<HeldBits>,
     /// One bit per stripe: a line under it was written.
     written_bits: Vec<u64>,
     /// One bit per heap line: its before-image is in `undo`.
@@ -434,7 +491,7 @@ impl InPlace {
         let lines = heap_capacity.div_ceil(LINE_BYTES);
         InPlace {
             held: Vec::new(),
-            held_bits: vec![0; stripes.div_ceil(64) as usize],
+            held_bits: Arc::new(HeldBits::new(stripes)),
             written_bits: vec![0; stripes.div_ceil(64) as usize],
             saved_bits: vec![0; lines.div_ceil(64) as usize],
             whole_words: vec![0; lines as usize],
@@ -453,13 +510,13 @@ impl InPlace {
 
     #[inline]
     pub fn is_held(&self, s: u32) -> bool {
-        self.held_bits[(s / 64) as usize] & (1u64 << (s % 64)) != 0
+        self.held_bits.get(s)
     }
 
     /// Records that stripe `s` is held (locked by this run).
     #[inline]
     pub fn note_held(&mut self, s: u32) {
-        let was = test_and_set(&mut self.held_bits, u64::from(s));
+        let was = self.held_bits.set(s);
         debug_assert!(!was, "stripe {s} held twice");
         self.held.push(s);
     }
@@ -571,7 +628,7 @@ impl InPlace {
     /// unless an earlier, larger run grew them (see `crate::kept`).
     pub fn reset(&mut self) {
         for &s in &self.held {
-            clear(&mut self.held_bits, u64::from(s));
+            self.held_bits.clear(s);
             clear(&mut self.written_bits, u64::from(s));
         }
         for line in self.undo.iter().map(|e| e.line).chain(self.fresh.iter().copied()) {
@@ -711,7 +768,7 @@ mod tests {
         ip.reset();
         assert!(!ip.is_held(5) && !ip.was_written(5));
         assert!(ip.first_write(4096), "saved bit cleared");
-        assert!(ip.held_bits.iter().chain(&ip.written_bits).all(|&w| w == 0));
+        assert!(ip.held_bits.all_clear() && ip.written_bits.iter().all(|&w| w == 0));
     }
 
     fn wait_until(mut done: impl FnMut() -> bool) {
@@ -758,28 +815,42 @@ mod tests {
     }
 
     /// Ages grow with each run that starts anew and stay with a retry that passes its own; a
-    /// run wounds exactly the younger runs, and a state handed on starts unwounded.
+    /// waiting run wounds the run that holds its stripe if that one is younger, and no other;
+    /// a state handed on starts unwounded.
     #[test]
-    fn a_run_wounds_the_younger_runs_only() {
+    fn a_run_wounds_only_the_younger_run_that_holds_its_stripe() {
         let runs = Runs::new(64, 1 << 12);
         let first = runs.try_take(None).unwrap();
-        let second = runs.try_take(None).unwrap();
-        let third = runs.try_take(None).unwrap();
+        let mut second = runs.try_take(None).unwrap();
+        let mut third = runs.try_take(None).unwrap();
         assert!(first.age < second.age && second.age < third.age);
-        runs.wound_younger(&second);
+        second.note_held(7);
+        third.note_held(9);
+        runs.wound_holder(&first, 8);
+        assert!(![&first, &second, &third].iter().any(|run| runs.wounded(run)), "nobody holds stripe 8");
+        runs.wound_holder(&second, 9);
         assert!(!runs.wounded(&first) && !runs.wounded(&second) && runs.wounded(&third));
-        runs.wound_younger(&first);
-        assert!(!runs.wounded(&first) && runs.wounded(&second));
+        runs.wound_holder(&third, 7);
+        assert!(!runs.wounded(&second), "an older holder is waited for, not wounded");
+        runs.wound_holder(&first, 7);
+        assert!(runs.wounded(&second));
+        assert_eq!(runs.wounder(&second), Some(first.age));
         let (second_age, third_age) = (second.age, third.age);
+        second.reset();
+        third.reset();
         runs.give_back(third);
         runs.give_back(second);
-        let retry = runs.try_take(Some(second_age)).unwrap();
+        let mut retry = runs.try_take(Some(second_age)).unwrap();
         assert_eq!(retry.age, second_age, "a retry keeps its age");
         assert!(!runs.wounded(&retry), "wounds go with the run, not the state");
+        runs.wound_holder(&first, 7);
+        assert!(!runs.wounded(&retry), "a run's held bits go with it");
         let fresh = runs.try_take(None).unwrap();
         assert!(fresh.age > third_age, "a new run is younger than every run before it");
-        runs.wound_younger(&retry);
-        assert!(runs.wounded(&fresh) && !runs.wounded(&first));
+        retry.note_held(3);
+        runs.wound_holder(&fresh, 3);
+        assert!(!runs.wounded(&retry), "the younger waits for the older");
+        retry.reset();
         [first, retry, fresh].into_iter().for_each(|state| runs.give_back(state));
     }
 }

@@ -6,6 +6,7 @@
 //! - [`transaction`]: reads with opacity (TL2-style read version with extension), commit.
 //! - [`alloc`], [`roots`]: the allocator and the named roots, both transactional.
 //! - [`in_place`], [`kept`]: large transactions written in place, and the buffers they keep.
+//! - [`deferred`]: work a transaction leaves to the moment before its commit.
 //! - [`log`]: per-partition log buffers and flush slots (committers lead their own flushes; a
 //!   background flusher serves `Async`), the durable watermark.
 //! - [`engine`]: what a store shares between its threads.
@@ -13,6 +14,7 @@
 
 pub mod alloc;
 pub mod checkpoint;
+pub mod deferred;
 pub mod engine;
 pub mod error;
 pub mod growth;
@@ -29,6 +31,7 @@ pub mod transaction;
 pub mod write_set;
 
 pub use checkpoint::{CheckpointConfig, CheckpointReport, Checkpointer};
+pub use deferred::Deferred;
 pub use engine::{Engine, EngineConfig};
 pub use log::LogConfig;
 pub use error::TxnError;

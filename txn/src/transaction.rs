@@ -27,6 +27,7 @@ use tusk_storage::line_record::{encode_lines, measure_lines, LineWrites, Measure
 use tusk_storage::log_format::{RecordEncoder, RecordHeader, FLAG_PARTITION};
 use tusk_storage::{Heap, HeapPtr};
 
+use crate::deferred::{Deferred, DeferredWork};
 use crate::engine::Engine;
 use crate::log::progress::Streamed;
 use crate::in_place::{before_image, running_here, InPlace, LockWait, RunPass, IN_PLACE_FROM, RETRY_WAIT, RUN_WAIT, WOUND_AFTER};
@@ -92,6 +93,8 @@ pub struct Transaction<'e> {
     /// waits for it first (it is most likely an in-place run's, held to the run's end, and a
     /// retry that met it again at once would only spin and conflict again).
     locked_out: Option<u32>,
+    /// Work left to the commit (see [`crate::deferred`]).
+    deferred: DeferredWork,
     /// The size of this transaction's last take from its arena (0: none): its commit in place
     /// then fills the arena's reserve with steps for such requests (`alloc.rs`).
     pub(crate) arena_request: u64,
@@ -170,6 +173,7 @@ impl<'e> Transaction<'e> {
             age: None,
             lost_to: None,
             locked_out: None,
+            deferred: DeferredWork::default(),
             arena_request: 0,
             fresh: (0, 0),
         }
@@ -187,6 +191,7 @@ impl<'e> Transaction<'e> {
         let locked_out = self.locked_out.take().filter(|_| lost);
         let lost_to = self.lost_to.take().filter(|_| lost);
         self.abandon_in_place();
+        self.deferred.clear();
         self.in_place_from = IN_PLACE_FROM;
         self.fresh = (0, 0);
         self.arena_request = 0;
@@ -701,6 +706,13 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        while let Some(work) = self.deferred.take_next() {
+            if let Err(e) = work.finish(self) {
+                self.deferred.clear();
+                self.doomed = true;
+                return Err(e);
+            }
+        }
         if self.in_place.is_some() {
             return self.commit_in_place(mode);
         }
@@ -784,6 +796,27 @@ impl<'e> Transaction<'e> {
 
     /// Abandons the transaction (nothing it wrote becomes visible).
     pub fn abort(self) {}
+
+    /// The work of type `T` this transaction left to its commit under `key`, if any (see
+    /// [`crate::deferred`]).
+    pub fn deferred<T: Deferred>(&self, key: u64) -> Option<&T> {
+        self.deferred.get(key)
+    }
+
+    /// The work of type `T` left to the commit under `key`, made by `make` if there is none;
+    /// `None` if `key` holds work of another type.
+    pub fn defer<T: Deferred>(&mut self, key: u64, make: impl FnOnce() -> T) -> Option<&mut T> {
+        self.deferred.get_or_insert(key, make)
+    }
+
+    /// Does the work left to the commit under `key` now (for an operation that needs it done
+    /// first).
+    pub fn finish_deferred(&mut self, key: u64) -> Result<(), TxnError> {
+        match self.deferred.take(key) {
+            Some(work) => work.finish(self),
+            None => Ok(()),
+        }
+    }
 
     fn lock_write_set(&mut self) -> Result<(), TxnError> {
         let engine = self.engine;
@@ -944,7 +977,7 @@ impl<'e> Transaction<'e> {
             // Again at every look at the clock, not once: a younger run may have entered since
             // and taken the stripe.
             if wait.at_clock_look() && wait.lasted(WOUND_AFTER) {
-                runs.wound_younger(&run.state);
+                runs.wound_holder(&run.state, s);
             }
             // Only a wait with the gate closed all along counts towards `LOCK_WAIT` (see
             // `crate::in_place`): a gate that opened starts that count again.

@@ -263,7 +263,7 @@ impl BatchPass {
                     // descent `insert` would make, then go on in whichever half holds the next key.
                     let i = e.keys[..e.count].partition_point(|&k| k < key);
                     let full = layout::Header { count: e.count, ..h };
-                    insert::insert_entry(heap, meta, leaf, full, i, key, value, path)?;
+                    insert::insert_entry(heap, meta, leaf, full, i, key, value, path, insert::Posting::Deferrable)?;
                     *key_delta += 1;
                     out.inserted += 1;
                     if pos < order.len() {

@@ -15,6 +15,10 @@
 //! - in a fenced tree (`meta.rs`), every node's low key is that `low` and its owner the
 //!   descriptor, and every free node's owner is 0 (`layout.rs`: what a descent that peeked
 //!   relies on);
+//! - a node the transaction split off and whose separator waits for its commit
+//!   (`posts.rs`) is on its level's chain right after the node whose range its separator
+//!   splits, and nowhere else (the chain is the children of the level above with the
+//!   transaction's pending nodes of the level in between);
 //! - the nodes reached equal the descriptor's node count, the leaf entries its key count
 //!   (both the sums of the per-thread stripes, see `meta.rs`).
 //!
@@ -47,10 +51,28 @@ pub struct TreeStats {
     pub free_nodes: u64,
 }
 
-/// A node expected on the level being walked, with the high key its parent implies.
+/// A node expected on the level being walked, with the low and high keys its parent
+/// implies.
 struct Expected {
     node: u64,
+    low_key: u64,
     high_key: Option<u64>,
+}
+
+/// Puts the transaction's pending nodes of `level` (`posts.rs`) into the level's chain, each
+/// right after the node whose range holds its separator, which ends there.
+fn with_pending<H: HeapRead>(heap: &H, meta: u64, level: u32, mut expected: Vec<Expected>) -> Vec<Expected> {
+    let Some(posts) = heap.pending_posts(meta) else { return expected };
+    for (separator, node) in posts.on_level(level) {
+        let at = expected.partition_point(|e| e.low_key <= separator);
+        if at == 0 {
+            continue; // Left of the leftmost node: reported as missing from the chain.
+        }
+        let high_key = expected[at - 1].high_key;
+        expected[at - 1].high_key = Some(separator);
+        expected.insert(at, Expected { node, low_key: separator, high_key });
+    }
+    expected
 }
 
 fn broken(node: u64, what: impl Into<String>) -> IndexError {
@@ -86,8 +108,9 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
     check_node_offset(heap, root)?;
     let root_level = layout::read_header(heap, root)?.level;
     let mut stats = TreeStats { levels: root_level + 1, ..TreeStats::default() };
-    let mut expected = vec![Expected { node: root, high_key: None }];
+    let mut next_expected = vec![Expected { node: root, low_key: 0, high_key: None }];
     for level in (0..=root_level).rev() {
+        let expected = with_pending(heap, meta, level, std::mem::take(&mut next_expected));
         let mut children = Vec::new();
         let mut low = 0u64;
         for (n, exp) in expected.iter().enumerate() {
@@ -140,7 +163,7 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
                         return Err(broken(node, format!("first key {k} is not the low bound {low}")));
                     }
                     let child = layout::value(heap, node, i)?;
-                    children.push(Expected { node: child, high_key: None });
+                    children.push(Expected { node: child, low_key: k, high_key: None });
                     if i > 0 {
                         let at = children.len() - 2;
                         children[at].high_key = Some(k);
@@ -158,7 +181,7 @@ pub fn check<H: HeapRead>(heap: &mut H, meta: u64) -> Result<TreeStats, IndexErr
             }
             low = h.high_key.unwrap_or(u64::MAX);
         }
-        expected = children;
+        next_expected = children;
     }
     if stats.nodes != node_count {
         return Err(broken(root, format!("{} nodes reachable, {node_count} allocated", stats.nodes)));

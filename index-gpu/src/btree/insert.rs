@@ -32,11 +32,21 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
         heap.store(layout::value_off(leaf, i), value(Some(old)))?;
         return Ok(Some(old));
     }
-    insert_entry(heap, meta, leaf, h, i, key, value(None), &mut path)?;
+    insert_entry(heap, meta, leaf, h, i, key, value(None), &mut path, Posting::Deferrable)?;
     // Counted last: the leaf's entries above are read while the write set is still empty,
     // the transaction's fast path (whole lines validated at once, no write-set lookups).
     meta::add_keys(heap, meta, 1)?;
     Ok(None)
+}
+
+/// Where a split of an internal node sends its separator (see `posts.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Posting {
+    /// To the commit, where the heap keeps [`super::posts::PendingPosts`] (a transaction, a
+    /// fenced tree).
+    Deferrable,
+    /// Into the parent now (the commit's own posts).
+    Now,
 }
 
 /// Inserts (k, v) at slot `i` of `node`, splitting upwards along `path` as needed. `path`
@@ -47,7 +57,7 @@ pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnc
 /// without a new descent) starts there next time instead of walking the level again from the
 /// descent's node (a 64 M-key batch into an empty tree walked ever longer and never ended).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &mut [u64]) -> Result<(), TxnError> {
+pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, mut i: usize, mut k: u64, mut v: u64, path: &mut [u64], posting: Posting) -> Result<(), TxnError> {
     let mut level = path.len();
     // Asked at the first split only: most inserts end in `shift_in`.
     let mut peeked = None;
@@ -60,6 +70,9 @@ pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64,
             None => *peeked.insert(search::peeks(heap, meta)?),
         };
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
+        if peeked && posting == Posting::Deferrable && !h.is_leaf() && heap.defer_post(meta, h.level, separator, right) {
+            return Ok(());
+        }
         // The level of `path` the parent takes the place of (none above the path's top).
         let mut path_level = None;
         let on_path = match level.checked_sub(1) {
@@ -153,7 +166,7 @@ fn split<H: HeapWrite>(heap: &mut H, meta: u64, node: u64, h: Header, i: usize, 
 }
 
 /// The root split: a new root one level up holds the two halves.
-fn grow_root<H: HeapWrite>(heap: &mut H, meta: u64, left: u64, level: u32, separator: u64, right: u64) -> Result<(), TxnError> {
+pub(super) fn grow_root<H: HeapWrite>(heap: &mut H, meta: u64, left: u64, level: u32, separator: u64, right: u64) -> Result<(), TxnError> {
     let root = slab::alloc_node(heap, meta)?;
     // keys[0] = 0: the root is the leftmost node of its level, its low bound the smallest key.
     layout::write_entry(heap, root, 0, 0, left)?;

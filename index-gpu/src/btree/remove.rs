@@ -25,6 +25,8 @@ use tusk_txn::TxnError;
 
 /// Removes `key` from the tree described at `meta`; returns the value it had.
 pub fn remove<H: HeapWrite>(heap: &mut H, meta: u64, key: u64) -> Result<Option<u64>, TxnError> {
+    // A repair finds a node's entry in its parent: every separator must be there (`posts.rs`).
+    heap.finish_posts(meta)?;
     let root = heap.load(meta + ROOT_OFF)?;
     let mut path = Vec::new();
     let (leaf, h) = search::descend(heap, root, key, Some(&mut path))?;

@@ -176,7 +176,11 @@ fn peeked_step<H: HeapRead>(heap: &mut H, meta: u64, mut node: u64, key: u64, mu
             return Ok(Peeked::Leaf(node));
         }
         if h.must_move_right(key) {
-            (node, level) = (h.right, Some(h.level));
+            // A node this transaction split off beyond this one and has not posted yet is
+            // nearer than the walk (`posts.rs`).
+            let pending = heap.pending_posts(meta).and_then(|p| p.nearest(h.level, key));
+            let beyond = pending.filter(|&(separator, _)| h.high_key.is_some_and(|high| separator >= high));
+            (node, level) = (beyond.map_or(h.right, |(_, n)| n), Some(h.level));
             continue;
         }
         let mut keys = [0u64; layout::CAPACITY];
