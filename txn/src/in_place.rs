@@ -131,10 +131,18 @@ pub const MAX_RUNS: usize = 16;
 #[cfg(loom)]
 pub const MAX_RUNS: usize = 2;
 
-/// How long a run waits for a stripe before it wounds the younger runs: a commit's write-back
-/// holds a stripe for microseconds and a chunk copy for at most 1 ms (`COPY_HOLD_AND_WAIT`), a
-/// run holds its stripes to its end.
+/// How long a run waits for a stripe before it wounds the younger run that holds it: a
+/// commit's write-back holds a stripe for microseconds and a chunk copy for at most 1 ms
+/// (`COPY_HOLD_AND_WAIT`), a run holds its stripes to its end.
 pub const WOUND_AFTER: Duration = Duration::from_millis(2);
+
+/// [`WOUND_AFTER`] for a run doing the work it left to its commit (`crate::deferred`: a
+/// B-link tree's separators, into the few nodes near the root). What it waits for is then
+/// another run's commit, which holds those nodes while it writes its record (milliseconds for
+/// a large run), or another run's such work waiting for one: no run in its own part of the
+/// tree holds them. Wounding after 2 ms there sent whole runs back to their start for a wait
+/// about to end.
+pub const COMMIT_WOUND_AFTER: Duration = Duration::from_millis(100);
 
 /// What the other runs see of a run: its age (0 while the seat is free), whether an older
 /// run wounded it, and the stripes it holds. On a line of its own: a run loads its flag at
@@ -198,7 +206,7 @@ impl HeldBits {
 ///
 /// Runs hold their stripes to their ends, so two of them can wait for each other. They are
 /// ordered by age, drawn when a transaction first runs in place and kept by its retries: a run
-/// that waits for a stripe past [`WOUND_AFTER`] wounds every younger run, and a wounded run
+/// that waits for a stripe past [`WOUND_AFTER`] wounds the younger run holding it, and a wounded run
 /// gives up at its next stripe or its next spin of a wait (wound-wait), and its retry waits
 /// for the run that wounded it to end before it starts again (else it would meet the same
 /// lines still held, and lose again). So the oldest run never loses to another run, and a
@@ -249,7 +257,7 @@ impl Runs {
     /// where they do not, they run side by side again once the retries are through.
     pub fn try_take(&self, age: Option<u64>) -> Option<Box<InPlace>> {
         let mut pool = self.pool.lock();
-        if pool.queue.is_empty() {
+        if pool.queue.is_empty() && pool.retries == 0 {
             self.take_locked(&mut pool, age)
         } else {
             None

@@ -30,7 +30,7 @@ use tusk_storage::{Heap, HeapPtr};
 use crate::deferred::{Deferred, DeferredWork};
 use crate::engine::Engine;
 use crate::log::progress::Streamed;
-use crate::in_place::{before_image, running_here, InPlace, LockWait, RunPass, IN_PLACE_FROM, RETRY_WAIT, RUN_WAIT, WOUND_AFTER};
+use crate::in_place::{before_image, running_here, InPlace, LockWait, RunPass, IN_PLACE_FROM, COMMIT_WOUND_AFTER, RETRY_WAIT, RUN_WAIT, WOUND_AFTER};
 use crate::stripes::{is_locked, version, Stripes, STRIPE_BYTES};
 use crate::write_set::{LineWrite, WriteSet, LINE_BYTES, LINE_WORDS};
 use crate::TxnError;
@@ -95,6 +95,8 @@ pub struct Transaction<'e> {
     locked_out: Option<u32>,
     /// Work left to the commit (see [`crate::deferred`]).
     deferred: DeferredWork,
+    /// Whether the commit is doing that work now.
+    finishing: bool,
     /// The size of this transaction's last take from its arena (0: none): its commit in place
     /// then fills the arena's reserve with steps for such requests (`alloc.rs`).
     pub(crate) arena_request: u64,
@@ -174,6 +176,7 @@ impl<'e> Transaction<'e> {
             lost_to: None,
             locked_out: None,
             deferred: DeferredWork::default(),
+            finishing: false,
             arena_request: 0,
             fresh: (0, 0),
         }
@@ -706,13 +709,16 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        self.finishing = true;
         while let Some(work) = self.deferred.take_next() {
             if let Err(e) = work.finish(self) {
+                self.finishing = false;
                 self.deferred.clear();
                 self.doomed = true;
                 return Err(e);
             }
         }
+        self.finishing = false;
         if self.in_place.is_some() {
             return self.commit_in_place(mode);
         }
@@ -976,7 +982,7 @@ impl<'e> Transaction<'e> {
             }
             // Again at every look at the clock, not once: a younger run may have entered since
             // and taken the stripe.
-            if wait.at_clock_look() && wait.lasted(WOUND_AFTER) {
+            if wait.at_clock_look() && wait.lasted(if self.finishing { COMMIT_WOUND_AFTER } else { WOUND_AFTER }) {
                 runs.wound_holder(&run.state, s);
             }
             // Only a wait with the gate closed all along counts towards `LOCK_WAIT` (see

@@ -115,7 +115,7 @@ pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64,
 
 /// Whether `ph`, read through the transaction, is a node of the tree at `meta` one level
 /// above `level` whose range may hold `separator` (its right siblings' ranges follow).
-fn proves_parent(ph: &Header, meta: u64, level: u32, separator: u64) -> bool {
+pub(super) fn proves_parent(ph: &Header, meta: u64, level: u32, separator: u64) -> bool {
     ph.owner == meta && ph.level == level + 1 && ph.low_key <= separator
 }
 

@@ -201,6 +201,27 @@ fn peeked_step<H: HeapRead>(heap: &mut H, meta: u64, mut node: u64, key: u64, mu
     Ok(Peeked::Lost)
 }
 
+/// The node of `level` whose range holds `key` (up to moves right), found by peeks from the
+/// peeked root, `path` receiving the node of each level above it, root first: for a caller
+/// that proves the node through the transaction before it writes to it, as a split proves a
+/// peeked parent (`insert.rs`). `None` where the tree's descents do not peek, the peeks make
+/// no sense, or the tree has no such level.
+pub fn peeked_node_on_level<H: HeapRead>(heap: &mut H, meta: u64, key: u64, level: u32, path: &mut Vec<u64>) -> Result<Option<u64>, TxnError> {
+    let Some(root) = peeked_start(heap, meta)? else { return Ok(None) };
+    let (mut node, mut at) = (root, None);
+    for _ in 0..MAX_PEEKED_STEPS {
+        let Some(h) = peek_header(heap, node)? else { return Ok(None) };
+        if h.level == level && at.is_none_or(|l| l == level) {
+            return Ok(Some(node));
+        }
+        match peeked_step(heap, meta, node, key, at, Some(path))? {
+            Peeked::Child(child, l) if l >= level => (node, at) = (child, Some(l)),
+            _ => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
 /// One optimistic descent: the internal levels peeked, the leaf read and proven through the
 /// transaction, then the leaf level walked right through it. `None`: start again, tracked.
 fn peeked_leaf<H: HeapRead>(heap: &mut H, meta: u64, root: u64, key: u64, mut path: Option<&mut Vec<u64>>) -> Result<Option<(u64, Header)>, TxnError> {
