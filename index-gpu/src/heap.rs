@@ -151,13 +151,7 @@ impl HeapWrite for Transaction<'_> {
     }
 
     fn defer_post(&mut self, meta: u64, level: u32, separator: u64, node: u64) -> bool {
-        match self.defer(meta, || PendingPosts::new(meta)) {
-            Some(posts) => {
-                posts.add(level, separator, node);
-                true
-            }
-            None => false,
-        }
+        self.defer(meta, || PendingPosts::new(meta)).is_some_and(|posts| posts.add(level, separator, node))
     }
 
     fn finish_posts(&mut self, meta: u64) -> Result<(), TxnError> {

@@ -65,3 +65,61 @@ impl DeferredWork {
         self.entries.clear();
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::any::Any;
+
+    use tusk_storage::Heap;
+
+    use super::Deferred;
+    use crate::in_place::IN_PLACE_FROM;
+    use crate::write_set::LINE_BYTES;
+    use crate::{Commit, Engine, EngineConfig, Transaction, TxnError};
+
+    const BASE: u64 = 1 << 16;
+
+    /// Work that writes one word, then fails as a full heap does.
+    struct WritesThenFails;
+
+    impl Deferred for WritesThenFails {
+        fn finish(self: Box<Self>, txn: &mut Transaction<'_>) -> Result<(), TxnError> {
+            txn.store(BASE, 999)?;
+            Err(TxnError::HeapExhausted { requested: 1, capacity: 0 })
+        }
+
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    /// Deferred work that fails fails the commit, and whatever the error, the attempt ends
+    /// whole: a run in place gives its lines back (a full heap did not end it before), and
+    /// the transaction is doomed until it starts again.
+    #[test]
+    fn failed_deferred_work_ends_the_attempt_and_its_run() {
+        let config = EngineConfig { stripes_log2: 14, log: None, existing_segments: Vec::new() };
+        let engine = Engine::start(config, Heap::new(8 << 20).unwrap(), 0).unwrap();
+        let lines = IN_PLACE_FROM as u64 * 2;
+        let mut tx = engine.begin();
+        for i in 0..lines {
+            tx.store(BASE + i * LINE_BYTES + 8, i + 1).unwrap();
+        }
+        assert!(tx.is_in_place());
+        assert!(tx.defer(7, || WritesThenFails).is_some());
+        assert!(tx.defer::<WritesThenFails>(7, || unreachable!("kept under its key")).is_some());
+        assert!(matches!(tx.commit(Commit::Async), Err(TxnError::HeapExhausted { .. })));
+        assert!(!tx.is_in_place(), "the run ended with the failed work");
+        assert!(matches!(tx.load(BASE), Err(TxnError::Conflict)), "doomed until it restarts");
+        tx.restart();
+        assert!(tx.deferred::<WritesThenFails>(7).is_none(), "the work went with the attempt");
+        assert_eq!(tx.load(BASE).unwrap(), 0, "the deferred store was undone");
+        assert_eq!(tx.load(BASE + 8).unwrap(), 0, "and so was the run's");
+        drop(tx);
+        assert!(engine.in_place.with_free(|_| ()).is_some(), "the run's state is back");
+    }
+}

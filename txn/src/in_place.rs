@@ -138,10 +138,11 @@ pub const WOUND_AFTER: Duration = Duration::from_millis(2);
 
 /// [`WOUND_AFTER`] for a run doing the work it left to its commit (`crate::deferred`: a
 /// B-link tree's separators, into the few nodes near the root). What it waits for is then
-/// another run's commit, which holds those nodes while it writes its record (milliseconds for
-/// a large run), or another run's such work waiting for one: no run in its own part of the
-/// tree holds them. Wounding after 2 ms there sent whole runs back to their start for a wait
-/// about to end.
+/// mostly another run's commit, which holds those nodes while it writes its record
+/// (milliseconds for a large run), or another run's such work waiting for one: a run in its
+/// own part of the tree holds them only where its leaf splits post into them or a removal
+/// posted its separators early. Wounding after 2 ms there sent whole runs back to their start
+/// for a wait about to end; [`RUN_WAIT`] still bounds the wait.
 pub const COMMIT_WOUND_AFTER: Duration = Duration::from_millis(100);
 
 /// What the other runs see of a run: its age (0 while the seat is free), whether an older

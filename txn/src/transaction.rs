@@ -713,9 +713,7 @@ impl<'e> Transaction<'e> {
         while let Some(work) = self.deferred.take_next() {
             if let Err(e) = work.finish(self) {
                 self.finishing = false;
-                self.deferred.clear();
-                self.doomed = true;
-                return Err(e);
+                return self.deferred_failed(e);
             }
         }
         self.finishing = false;
@@ -819,9 +817,20 @@ impl<'e> Transaction<'e> {
     /// first).
     pub fn finish_deferred(&mut self, key: u64) -> Result<(), TxnError> {
         match self.deferred.take(key) {
-            Some(work) => work.finish(self),
+            Some(work) => work.finish(self).or_else(|e| self.deferred_failed(e)),
             None => Ok(()),
         }
+    }
+
+    /// Ends an attempt whose deferred work failed part way (a conflict, a full heap): what it
+    /// left undone is lost with it, so it may not commit. A run in place ends first (a
+    /// conflict ended it already; a full heap did not).
+    #[cold]
+    fn deferred_failed<T>(&mut self, error: TxnError) -> Result<T, TxnError> {
+        self.deferred.clear();
+        self.abandon_in_place();
+        self.doomed = true;
+        Err(error)
     }
 
     fn lock_write_set(&mut self) -> Result<(), TxnError> {

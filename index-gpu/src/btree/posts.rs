@@ -11,8 +11,14 @@
 //! its new right sibling, the high key and right link between them: a Lehman–Yao tree needs
 //! nothing more to be searched, see `search.rs`), and the separator waits in the
 //! transaction's [`PendingPosts`] (`tusk_txn::deferred`). The commit posts them first, top
-//! level first, each by a descent from the root through the transaction, just before it
-//! locks and validates: the upper nodes are held for the commit only. Leaf splits still post
+//! level first, each into the parent that peeks find and the transaction's read proves (else
+//! one a descent from the root finds), just before it locks and validates: the upper nodes
+//! are held for the commit only.
+//!
+//! Other transactions meet a level's pending nodes as a chain of right siblings and walk it
+//! (a run in place's are visible to their peeks): past [`MAX_PENDING_PER_LEVEL`] on a level,
+//! a split posts its separator at once instead, so that walk stays well inside a peeked
+//! descent's bound (`search.rs`) and never falls back to reads of nodes a run holds. Leaf splits still post
 //! at once: their parents lie in the transaction's own part of the tree, and a separator left
 //! out of a level-1 node would send every later descent along the leaf chain.
 //!
@@ -31,6 +37,10 @@ use super::insert::{self, Posting};
 use super::{layout, search};
 use tusk_txn::{Deferred, Transaction, TxnError};
 
+/// Most separators a transaction leaves to its commit on one level of a tree (see the
+/// module docs): half a peeked descent's walk.
+pub const MAX_PENDING_PER_LEVEL: usize = search::MAX_PEEKED_STEPS / 2;
+
 /// The separators a transaction has not yet posted into one tree.
 #[derive(Debug)]
 pub struct PendingPosts {
@@ -41,23 +51,33 @@ pub struct PendingPosts {
     /// all land beyond it, so they find it without a search of `posts` (which cost 4.6% of
     /// such a load on 2 threads).
     tops: Vec<Option<(u64, u64)>>,
+    /// Per level, the pending nodes.
+    counts: Vec<usize>,
 }
 
 impl PendingPosts {
     pub fn new(meta: u64) -> PendingPosts {
-        PendingPosts { meta, posts: BTreeMap::new(), tops: Vec::new() }
+        PendingPosts { meta, posts: BTreeMap::new(), tops: Vec::new(), counts: Vec::new() }
     }
 
-    pub fn add(&mut self, level: u32, separator: u64, node: u64) {
-        let before = self.posts.insert((level, separator), node);
-        debug_assert!(before.is_none(), "separator {separator} pending twice on level {level}");
+    /// Leaves the separator of `node`, split off a node of `level`, to the commit; false (and
+    /// nothing kept) where `level` has [`MAX_PENDING_PER_LEVEL`] already.
+    pub fn add(&mut self, level: u32, separator: u64, node: u64) -> bool {
         let at = level as usize;
         if self.tops.len() <= at {
             self.tops.resize(at + 1, None);
+            self.counts.resize(at + 1, 0);
         }
+        if self.counts[at] >= MAX_PENDING_PER_LEVEL {
+            return false;
+        }
+        self.counts[at] += 1;
+        let before = self.posts.insert((level, separator), node);
+        debug_assert!(before.is_none(), "separator {separator} pending twice on level {level}");
         if self.tops[at].is_none_or(|(top, _)| top < separator) {
             self.tops[at] = Some((separator, node));
         }
+        true
     }
 
     /// The pending node of `level` with the greatest separator ≤ `key`, and that separator.
@@ -145,7 +165,7 @@ mod tests {
     fn nearest_is_the_greatest_separator_at_or_below_the_key_on_its_level() {
         let mut posts = PendingPosts::new(64);
         for (level, sep, node) in [(1, 500, 5), (1, 100, 1), (1, 300, 3), (2, 200, 22), (1, 900, 9)] {
-            posts.add(level, sep, node);
+            assert!(posts.add(level, sep, node));
         }
         assert_eq!(posts.nearest(1, 99), None);
         assert_eq!(posts.nearest(1, 100), Some((100, 1)));
@@ -157,5 +177,18 @@ mod tests {
         assert_eq!(posts.nearest(3, 1000), None);
         assert_eq!(posts.on_level(1).map(|(sep, _)| sep).collect::<Vec<_>>(), [100, 300, 500, 900]);
         assert_eq!(posts.len(), 5);
+    }
+
+    /// A level takes at most MAX_PENDING_PER_LEVEL; the others are not limited by it.
+    #[test]
+    fn a_level_keeps_at_most_its_share_of_pending_separators() {
+        let mut posts = PendingPosts::new(64);
+        for k in 0..super::MAX_PENDING_PER_LEVEL as u64 {
+            assert!(posts.add(1, 100 + k, 1000 + k));
+        }
+        assert!(!posts.add(1, 5, 5), "level 1 is full: the split posts at once");
+        assert_eq!(posts.nearest(1, 5), None, "a refused separator is not kept");
+        assert!(posts.add(2, 5, 5));
+        assert_eq!(posts.len(), super::MAX_PENDING_PER_LEVEL + 1);
     }
 }

@@ -19,9 +19,11 @@ use crate::heap::HeapRead;
 use tusk_txn::TxnError;
 
 /// Longest walk of an optimistic descent, moves right included, before it gives up on its
-/// peeks: far beyond any real descent (levels times the siblings a concurrent split adds), so
-/// only a cycle of torn offsets reaches it.
-pub const MAX_PEEKED_STEPS: usize = 256;
+/// peeks: beyond any real descent (levels times the siblings concurrent splits add, and a
+/// level's nodes a transaction in place has split off with their separators waiting for its
+/// commit, at most [`super::posts::MAX_PENDING_PER_LEVEL`]), so only a cycle of torn offsets
+/// reaches it.
+pub const MAX_PEEKED_STEPS: usize = 1024;
 
 /// Keys whose descents [`get_many`] runs side by side. Each descent in flight keeps one node
 /// (8 cache lines) on its way from memory; 16 of them stay within what a core can have
