@@ -37,7 +37,9 @@ fn split_node<H: HeapWrite>(heap: &mut H, meta: u64, prefix: &[u8], a: (Option<u
 }
 
 pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64) -> Result<Option<u64>, IndexError> {
-    insert_from(heap, meta, key, value, &mut Vec::new())
+    // No path kept: an allocation per insert cost what the allocator's shared counters and
+    // locks cost when many threads insert (see the B-link tree's `path.rs`).
+    insert_at(heap, meta, key, value, (meta + ROOT_OFF, 0), |_, _| {})
 }
 
 /// [`insert`], starting at the last slot of `path` (the root when empty) and adding the child
@@ -47,14 +49,21 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64) -> 
 /// path from one insert to the next, cut to the slots within the keys' common prefix.
 /// Terminal slots are not added (a key ending there has no longer neighbours below it).
 pub fn insert_from<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64, path: &mut Vec<(u64, usize)>) -> Result<Option<u64>, IndexError> {
-    if key.len() > MAX_KEY_LEN {
-        return Err(IndexError::KeyTooLong { len: key.len(), max: MAX_KEY_LEN });
-    }
     if path.is_empty() {
         path.push((meta + ROOT_OFF, 0));
     }
-    let (mut slot, mut depth) = *path.last().expect("a start");
+    let start = *path.last().expect("a start");
     debug_assert!(path.iter().all(|&(_, d)| d <= key.len()), "a path within the key");
+    insert_at(heap, meta, key, value, start, |slot, depth| path.push((slot, depth)))
+}
+
+/// [`insert`] from `(slot, depth)`, telling `passed` each child slot it moves to with the
+/// key depth at it.
+fn insert_at<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64, start: (u64, usize), mut passed: impl FnMut(u64, usize)) -> Result<Option<u64>, IndexError> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(IndexError::KeyTooLong { len: key.len(), max: MAX_KEY_LEN });
+    }
+    let (mut slot, mut depth) = start;
     loop {
         let link = heap.load(slot)?;
         if link == 0 {
@@ -117,7 +126,7 @@ pub fn insert_from<H: HeapWrite>(heap: &mut H, meta: u64, key: &[u8], value: u64
             Some(at) if heap.load(at)? != 0 => {
                 slot = at;
                 depth += 1;
-                path.push((slot, depth));
+                passed(slot, depth);
             }
             _ => {
                 let new = leaf::create(heap, meta, key, value)?;

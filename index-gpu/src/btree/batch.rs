@@ -18,6 +18,7 @@
 
 use super::layout::{self, CAPACITY, MIN_FILL};
 use super::meta::ROOT_OFF;
+use super::path::Path;
 use super::{insert, meta, remove, search};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
@@ -158,7 +159,7 @@ fn buckets(ops: &[Op], ops_per_bucket: usize) -> Vec<Vec<(u64, u64)>> {
 /// Applies `ops` to the tree described at `meta` (see the module doc), sorted and applied
 /// in buckets of about `ops_per_bucket` operations ([`OPS_PER_BUCKET`] but in tests).
 pub fn apply_batch<H: HeapWrite>(heap: &mut H, meta: u64, ops: &[Op], ops_per_bucket: usize) -> Result<BatchOutcome, TxnError> {
-    let mut pass = BatchPass { out: BatchOutcome::default(), key_delta: 0, entries: LeafEntries::new(), path: Vec::new(), path_root: 0 };
+    let mut pass = BatchPass { out: BatchOutcome::default(), key_delta: 0, entries: LeafEntries::new(), path: Path::new(), path_root: 0 };
     for bucket in buckets(ops, ops_per_bucket) {
         pass.apply_sorted(heap, meta, ops, bucket)?;
     }
@@ -177,7 +178,7 @@ struct BatchPass {
     /// The internal nodes of the last descent, root first, and the root it started from: a
     /// split of a leaf to the right of that descent's leaf inserts its separator along it
     /// (moving right on each level as readers do), unless the root has changed since.
-    path: Vec<u64>,
+    path: Path,
     path_root: u64,
 }
 

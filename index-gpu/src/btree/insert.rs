@@ -12,6 +12,7 @@
 
 use super::layout::{self, Fences, Header, CAPACITY};
 use super::meta::ROOT_OFF;
+use super::path::Path;
 use super::{meta, search, slab};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
@@ -24,7 +25,7 @@ pub fn insert<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: u64) -> Re
 /// Sets `key` to `value(old)`, `old` being its value or `None`, in one descent (a
 /// read-modify-write: `get` then `insert` descends twice); returns `old`.
 pub fn update<H: HeapWrite>(heap: &mut H, meta: u64, key: u64, value: impl FnOnce(Option<u64>) -> u64) -> Result<Option<u64>, TxnError> {
-    let mut path = Vec::new();
+    let mut path = Path::new();
     let (leaf, h) = search::descend_tree(heap, meta, key, Some(&mut path))?;
     let (i, hit) = layout::search(heap, leaf, h.count, key)?;
     if hit {

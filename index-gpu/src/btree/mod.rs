@@ -20,6 +20,7 @@ pub mod check;
 pub mod insert;
 pub mod layout;
 pub mod meta;
+pub mod path;
 pub mod posts;
 pub mod range;
 pub mod remove;

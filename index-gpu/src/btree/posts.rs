@@ -34,6 +34,7 @@ use std::any::Any;
 use std::collections::BTreeMap;
 
 use super::insert::{self, Posting};
+use super::path::Path;
 use super::{layout, search};
 use tusk_txn::{Deferred, Transaction, TxnError};
 
@@ -129,7 +130,7 @@ impl Deferred for PendingPosts {
 /// itself or the tree grows. Read by every commit that posts, it was held, in place, to each
 /// one's end: a run that finished while another committed waited for it and wounded.
 fn post(txn: &mut Transaction<'_>, meta: u64, level: u32, separator: u64, node: u64) -> Result<(), TxnError> {
-    let mut path = Vec::new();
+    let mut path = Path::new();
     if let Some(peeked) = search::peeked_node_on_level(txn, meta, separator, level + 1, &mut path)? {
         let mut parent = peeked;
         let mut ph = layout::read_header(txn, parent)?;

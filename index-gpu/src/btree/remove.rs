@@ -19,6 +19,7 @@
 
 use super::layout::{self, Header, MIN_FILL};
 use super::meta::ROOT_OFF;
+use super::path::Path;
 use super::{meta, search, slab};
 use crate::heap::HeapWrite;
 use tusk_txn::TxnError;
@@ -28,7 +29,7 @@ pub fn remove<H: HeapWrite>(heap: &mut H, meta: u64, key: u64) -> Result<Option<
     // A repair finds a node's entry in its parent: every separator must be there (`posts.rs`).
     heap.finish_posts(meta)?;
     let root = heap.load(meta + ROOT_OFF)?;
-    let mut path = Vec::new();
+    let mut path = Path::new();
     let (leaf, h) = search::descend(heap, root, key, Some(&mut path))?;
     let i = layout::lower_bound(heap, leaf, h.count, key)?;
     if i == h.count || layout::key(heap, leaf, i)? != key {
@@ -53,7 +54,7 @@ pub(crate) fn remove_slot<H: HeapWrite>(heap: &mut H, node: u64, mut h: Header, 
 /// Restores the fill invariant upwards from `node` (header `h`), which just lost an entry.
 /// `key` lies in `node`'s range (so in every ancestor's) and locates it in its parent; `path`
 /// holds the ancestors, root first.
-fn repair<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, key: u64, mut path: Vec<u64>) -> Result<(), TxnError> {
+fn repair<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64, mut h: Header, key: u64, mut path: Path) -> Result<(), TxnError> {
     loop {
         let Some(parent) = path.pop() else {
             return shrink_root(heap, meta, node, h);

@@ -15,6 +15,7 @@
 
 use super::layout::{self, Header, HEADER_WORDS};
 use super::meta::{self, FENCED_OFF, ROOT_OFF};
+use super::path::{Path, MAX_LEVELS};
 use crate::heap::HeapRead;
 use tusk_txn::TxnError;
 
@@ -41,7 +42,7 @@ enum Step {
 /// One level of a descent: moves right from `node` as far as `key` requires, then either
 /// stops at the leaf or picks the child covering `key` and starts fetching it.
 #[inline]
-fn step<H: HeapRead>(heap: &mut H, mut node: u64, key: u64, path: Option<&mut Vec<u64>>) -> Result<Step, TxnError> {
+fn step<H: HeapRead>(heap: &mut H, mut node: u64, key: u64, path: Option<&mut Path>) -> Result<Step, TxnError> {
     let mut h = layout::read_header(heap, node)?;
     while h.must_move_right(key) {
         node = h.right;
@@ -63,7 +64,7 @@ fn step<H: HeapRead>(heap: &mut H, mut node: u64, key: u64, path: Option<&mut Ve
 /// Descends from `root` to the leaf that holds (or would hold) `key`, returning it with its
 /// header. When `path` is given, it receives the internal node visited on each level, root
 /// first: where a split of the level below inserts its separator.
-pub fn descend<H: HeapRead>(heap: &mut H, root: u64, key: u64, mut path: Option<&mut Vec<u64>>) -> Result<(u64, Header), TxnError> {
+pub fn descend<H: HeapRead>(heap: &mut H, root: u64, key: u64, mut path: Option<&mut Path>) -> Result<(u64, Header), TxnError> {
     let mut node = root;
     heap.prefetch(node, layout::NODE_SIZE);
     loop {
@@ -75,7 +76,7 @@ pub fn descend<H: HeapRead>(heap: &mut H, root: u64, key: u64, mut path: Option<
 }
 
 /// [`descend`], stopping at the node of `level` (0: the leaf) whose range holds `key`.
-pub fn descend_to<H: HeapRead>(heap: &mut H, root: u64, key: u64, level: u32, mut path: Option<&mut Vec<u64>>) -> Result<(u64, Header), TxnError> {
+pub fn descend_to<H: HeapRead>(heap: &mut H, root: u64, key: u64, level: u32, mut path: Option<&mut Path>) -> Result<(u64, Header), TxnError> {
     let mut node = root;
     heap.prefetch(node, layout::NODE_SIZE);
     loop {
@@ -125,9 +126,9 @@ pub fn root<H: HeapRead>(heap: &mut H, meta: u64) -> Result<u64, TxnError> {
 /// [`descend`] from the root. `path`, when given, receives a node per internal level, root
 /// first; after an optimistic descent these were peeked, so whoever writes to one validates
 /// it first (`insert.rs`).
-pub fn descend_tree<H: HeapRead>(heap: &mut H, meta: u64, key: u64, mut path: Option<&mut Vec<u64>>) -> Result<(u64, Header), TxnError> {
+pub fn descend_tree<H: HeapRead>(heap: &mut H, meta: u64, key: u64, mut path: Option<&mut Path>) -> Result<(u64, Header), TxnError> {
     if let Some(root) = peeked_start(heap, meta)? {
-        let from = path.as_deref().map_or(0, Vec::len);
+        let from = path.as_deref().map_or(0, |p| p.len());
         match peeked_leaf(heap, meta, root, key, path.as_deref_mut())? {
             Some(found) => return Ok(found),
             None => {
@@ -168,10 +169,12 @@ enum Peeked {
 
 /// One level of an optimistic descent, peeked: moves right from `node` (of `level`, `None`
 /// for the root) as far as `key` requires, then picks the child covering `key`.
-fn peeked_step<H: HeapRead>(heap: &mut H, meta: u64, mut node: u64, key: u64, mut level: Option<u32>, path: Option<&mut Vec<u64>>) -> Result<Peeked, TxnError> {
+fn peeked_step<H: HeapRead>(heap: &mut H, meta: u64, mut node: u64, key: u64, mut level: Option<u32>, path: Option<&mut Path>) -> Result<Peeked, TxnError> {
     for _ in 0..MAX_PEEKED_STEPS {
         let Some(h) = peek_header(heap, node)? else { return Ok(Peeked::Lost) };
-        if level.is_some_and(|l| l != h.level) || h.owner != meta || h.count > layout::CAPACITY {
+        // A level beyond any tree's is a torn peek, and would overflow the path.
+        let deeper_than_any = h.level as usize > MAX_LEVELS;
+        if level.is_some_and(|l| l != h.level) || deeper_than_any || h.owner != meta || h.count > layout::CAPACITY {
             return Ok(Peeked::Lost);
         }
         if h.level == 0 {
@@ -208,7 +211,7 @@ fn peeked_step<H: HeapRead>(heap: &mut H, meta: u64, mut node: u64, key: u64, mu
 /// that proves the node through the transaction before it writes to it, as a split proves a
 /// peeked parent (`insert.rs`). `None` where the tree's descents do not peek, the peeks make
 /// no sense, or the tree has no such level.
-pub fn peeked_node_on_level<H: HeapRead>(heap: &mut H, meta: u64, key: u64, level: u32, path: &mut Vec<u64>) -> Result<Option<u64>, TxnError> {
+pub fn peeked_node_on_level<H: HeapRead>(heap: &mut H, meta: u64, key: u64, level: u32, path: &mut Path) -> Result<Option<u64>, TxnError> {
     let Some(root) = peeked_start(heap, meta)? else { return Ok(None) };
     let (mut node, mut at) = (root, None);
     for _ in 0..MAX_PEEKED_STEPS {
@@ -226,7 +229,7 @@ pub fn peeked_node_on_level<H: HeapRead>(heap: &mut H, meta: u64, key: u64, leve
 
 /// One optimistic descent: the internal levels peeked, the leaf read and proven through the
 /// transaction, then the leaf level walked right through it. `None`: start again, tracked.
-fn peeked_leaf<H: HeapRead>(heap: &mut H, meta: u64, root: u64, key: u64, mut path: Option<&mut Vec<u64>>) -> Result<Option<(u64, Header)>, TxnError> {
+fn peeked_leaf<H: HeapRead>(heap: &mut H, meta: u64, root: u64, key: u64, mut path: Option<&mut Path>) -> Result<Option<(u64, Header)>, TxnError> {
     let (mut node, mut level) = (root, None);
     for _ in 0..MAX_PEEKED_STEPS {
         match peeked_step(heap, meta, node, key, level, path.as_deref_mut())? {
