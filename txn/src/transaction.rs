@@ -725,6 +725,8 @@ impl<'e> Transaction<'e> {
             self.restart();
             return Ok(None);
         }
+        // A conflict here has doomed the transaction, as any read's does.
+        self.fill_reserve_before_commit()?;
         let engine = self.engine;
         engine.check_open()?;
         if self.bufs.writes.len() > MAX_LINES {
