@@ -138,3 +138,31 @@ fn check_reports_a_pending_node_that_is_not_on_its_level() {
     assert!(matches!(tree.check(&mut tx), Err(IndexError::Invariant { .. })));
     tx.abort();
 }
+
+/// One transaction of scattered inserts into an empty tree splits its level-1 root, whose
+/// growth then waits for the commit, and then more level-1 nodes than a level keeps pending.
+/// The splits past the cap posted their separators at once and found no level above them:
+/// the insert panicked ("no level above 1"), as `tusk bench index --txn-keys 2000000` did.
+/// At the cap the transaction now posts what it has pending, the root's growth first.
+#[test]
+fn a_transaction_past_the_pending_cap_while_the_roots_growth_waits_commits() {
+    const KEYS: u64 = 400_000;
+    let engine = common::engine(256 << 20);
+    let tree = common::transact(&engine, |tx| BTree::named(tx, "t").unwrap());
+    let meta = tree.ptr().offset();
+    let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    common::transact(&engine, |tx| {
+        for i in 0..KEYS {
+            assert_eq!(tree.insert(tx, key(i), i).unwrap(), None);
+        }
+        let pending = HeapRead::pending_posts(tx, meta).expect("level-1 splits pending");
+        assert!(pending.on_level(1).count() <= tusk_index::btree::posts::MAX_PENDING_PER_LEVEL);
+        assert_eq!(tree.check(tx).unwrap().keys, KEYS);
+    });
+    common::transact(&engine, |tx| {
+        assert_eq!(tree.check(tx).unwrap().keys, KEYS);
+        for i in (0..KEYS).step_by(997) {
+            assert_eq!(tree.get(tx, key(i)).unwrap(), Some(i));
+        }
+    });
+}

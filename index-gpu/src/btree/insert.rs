@@ -71,7 +71,7 @@ pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64,
             None => *peeked.insert(search::peeks(heap, meta)?),
         };
         let (right, separator) = split(heap, meta, node, h, i, k, v)?;
-        if peeked && posting == Posting::Deferrable && !h.is_leaf() && heap.defer_post(meta, h.level, separator, right) {
+        if peeked && posting == Posting::Deferrable && !h.is_leaf() && defer_post(heap, meta, h.level, separator, right)? {
             return Ok(());
         }
         // The level of `path` the parent takes the place of (none above the path's top).
@@ -112,6 +112,22 @@ pub(super) fn insert_entry<H: HeapWrite>(heap: &mut H, meta: u64, mut node: u64,
         i = layout::lower_bound(heap, parent, ph.count, separator)?;
         (node, h, k, v) = (parent, ph, separator, right);
     }
+}
+
+/// Leaves the separator of `right`, split off a node of `level`, to the commit (`posts.rs`).
+/// Where the level's pending separators are at their cap, posts every pending separator of
+/// the tree first, top level first, and then leaves this one. Posting it at once instead
+/// found no parent where the level's top node was the root and its growth was pending too.
+/// False where the heap keeps none (outside a transaction).
+fn defer_post<H: HeapWrite>(heap: &mut H, meta: u64, level: u32, separator: u64, right: u64) -> Result<bool, TxnError> {
+    if heap.defer_post(meta, level, separator, right) {
+        return Ok(true);
+    }
+    if heap.pending_posts(meta).is_none_or(|p| p.is_empty()) {
+        return Ok(false);
+    }
+    heap.finish_posts(meta)?;
+    Ok(heap.defer_post(meta, level, separator, right))
 }
 
 /// Whether `ph`, read through the transaction, is a node of the tree at `meta` one level

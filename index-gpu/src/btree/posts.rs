@@ -16,9 +16,10 @@
 //! are held for the commit only.
 //!
 //! Other transactions meet a level's pending nodes as a chain of right siblings and walk it
-//! (a run in place's are visible to their peeks): past [`MAX_PENDING_PER_LEVEL`] on a level,
-//! a split posts its separator at once instead, so that walk stays well inside a peeked
-//! descent's bound (`search.rs`) and never falls back to reads of nodes a run holds. Leaf splits still post
+//! (a run in place's are visible to their peeks): at [`MAX_PENDING_PER_LEVEL`] on a level,
+//! the transaction posts every separator it has pending, top level first, and goes on
+//! (`insert.rs`), so that walk stays well inside a peeked descent's bound (`search.rs`) and
+//! never falls back to reads of nodes a run holds. Leaf splits still post
 //! at once: their parents lie in the transaction's own part of the tree, and a separator left
 //! out of a level-1 node would send every later descent along the leaf chain.
 //!
