@@ -246,11 +246,14 @@ impl Transaction<'_> {
     /// buffered (while a retry runs in place, first attempts buffer) leaves its arena empty,
     /// and its next one reads brk while it runs, which other threads' steps move before it
     /// commits: most of the conflicts of buffered 100 k-key attempts on the 16-core host. Read
-    /// here, brk is validated a moment later with the rest.
+    /// here, brk is validated a moment later with the rest. Only where the fill's two lines fit
+    /// below the size at which a transaction changes to in-place mode (and below what a record
+    /// holds): a commit past its in-place check must not change mode.
     pub(crate) fn fill_reserve_before_commit(&mut self) -> Result<(), TxnError> {
         let bytes = self.arena_request;
         let stripes = &self.engine().stripes;
-        if bytes == 0 || crate::stripes::is_locked(stripes.load(stripes.index_of(BRK_OFF))) {
+        let brk_locked = crate::stripes::is_locked(stripes.load(stripes.index_of(BRK_OFF)));
+        if bytes == 0 || brk_locked || !self.buffered_room_for(2) {
             return Ok(());
         }
         let a = self.engine().thread_slot() as u64 % ARENAS;
@@ -270,11 +273,15 @@ impl Transaction<'_> {
         }
         let arena = self.arena(a)?;
         let step = step_for(capacity, bytes);
-        let brk = self.load(BRK_OFF)?;
         // With a step's worth left, the range serves the next large transaction by itself (and
         // an arena that grows in place has no reserve: without this, each commit would grow it
-        // again).
-        if arena.reserve != 0 || arena.rest() >= step || brk.checked_add(step).is_none_or(|e| e > capacity) {
+        // again). Asked before brk is read: a fill not needed reads no brk, so it cannot lose
+        // to another thread's step.
+        if arena.reserve != 0 || arena.rest() >= step {
+            return Ok(false);
+        }
+        let brk = self.load(BRK_OFF)?;
+        if brk.checked_add(step).is_none_or(|e| e > capacity) {
             return Ok(false);
         }
         let region = self.take_from_brk(step, step)?;
@@ -495,7 +502,7 @@ mod tests {
         assert!(word(1) - word(0) >= step, "the buffered commit took the next step ahead");
         // Another thread's step: this arena no longer ends at brk, so the fill below is a
         // reserve rather than the arena growing in place.
-        std::thread::scope(|s| s.spawn(|| alloc_one(&engine, LARGE)).join().unwrap());
+        on_another_arena(&engine, || alloc_one(&engine, LARGE));
         let in_place_allocating = |until: &dyn Fn(u64) -> bool| {
             let mut run = engine.begin();
             for i in 0..lines {
@@ -531,16 +538,30 @@ mod tests {
         }
     }
 
+    /// Runs `f` on a new thread whose arena is not the calling thread's (a thread's slot, and
+    /// so its arena, comes from a counter: the next thread's differs).
+    fn on_another_arena<T: Send>(engine: &Engine, f: impl Fn() -> T + Sync) -> T {
+        let mine = engine.thread_slot() as u64 % ARENAS;
+        for _ in 0..4 {
+            let (theirs, out) = std::thread::scope(|s| s.spawn(|| (engine.thread_slot() as u64 % ARENAS, f())).join().unwrap());
+            if theirs != mine {
+                return out;
+            }
+        }
+        panic!("four new threads on this thread's arena");
+    }
+
     /// A buffered transaction that took from its arena fills the arena's reserve just before
     /// its commit, so the thread's next one that uses up its range moves on to the reserve and
-    /// reads no brk: another thread's step from brk while it runs does not make it conflict.
+    /// reads brk only at its own commit: another thread's step from brk while it runs does not
+    /// make it conflict.
     #[test]
-    fn a_buffered_transaction_moves_to_its_arenas_reserve_without_reading_brk() {
+    fn a_buffered_transaction_moves_to_its_arenas_reserve_without_reading_brk_as_it_runs() {
         const LARGE: u64 = 64 << 10;
         let engine = engine(64 << 20);
         let a = engine.thread_slot() as u64 % ARENAS;
         let word = |i: u64| engine.heap().load_word(arena_off(a) + 8 * i);
-        let another_threads_step = || std::thread::scope(|s| s.spawn(|| alloc_one(&engine, LARGE)).join().unwrap());
+        let another_threads_step = || on_another_arena(&engine, || alloc_one(&engine, LARGE));
         alloc_one(&engine, LARGE);
         // This arena no longer ends at brk: its commits fill a reserve rather than grow it.
         another_threads_step();
@@ -560,14 +581,58 @@ mod tests {
             took.push(p);
         }
         let brk = engine.heap().load_word(BRK_OFF);
-        std::thread::scope(|s| s.spawn(|| alloc_one(&engine, 4 * LARGE)).join().unwrap());
+        on_another_arena(&engine, || alloc_one(&engine, 4 * LARGE));
         assert!(engine.heap().load_word(BRK_OFF) > brk, "the other thread moved brk");
-        tx.commit(Commit::Async).expect("no read of brk to conflict");
+        tx.commit(Commit::Async).expect("brk was read only at the commit");
         assert!(word(2) != 0, "the commit filled the reserve again");
         let mut tx = engine.begin();
         for p in took {
             assert_eq!(tx.load(p).unwrap(), 3);
         }
+    }
+
+    /// A buffered transaction whose write set is at the size where transactions change to
+    /// in-place mode commits buffered, with every write, and leaves the fill its commit would
+    /// do: the fill's two lines changed it to in-place mode inside its commit, after the
+    /// commit had chosen the buffered path, and the writes were undone though the commit
+    /// returned an LSN.
+    #[test]
+    fn a_fill_at_the_in_place_size_is_left_and_the_commit_keeps_its_writes() {
+        const LARGE: u64 = 64 << 10;
+        let engine = engine(64 << 20);
+        let a = engine.thread_slot() as u64 % ARENAS;
+        let step = step_for(engine.heap().capacity(), (LARGE + 2 * HEADER_SIZE).next_multiple_of(PAGE_SIZE));
+        let area = alloc_one(&engine, (IN_PLACE_FROM as u64 + 8) * 64);
+        alloc_one(&engine, LARGE);
+        on_another_arena(&engine, || alloc_one(&engine, LARGE));
+        let mut tx = engine.begin();
+        let mut took = Vec::new();
+        // Down to an arena whose commit would fill it: no reserve, less than a step left.
+        loop {
+            let arena = tx.arena(a).unwrap();
+            if arena.reserve == 0 && arena.rest() < step && !took.is_empty() {
+                break;
+            }
+            assert!(took.len() < 64, "the arena never needed a fill");
+            let p = tx.alloc(LARGE).unwrap().offset();
+            tx.store(p, 5).unwrap();
+            took.push(p);
+        }
+        let mut i = 0;
+        while tx.buffered_lines() < IN_PLACE_FROM {
+            tx.store(area + 64 * i, i + 1).unwrap();
+            i += 1;
+        }
+        assert!(!tx.is_in_place() && tx.buffered_lines() == IN_PLACE_FROM);
+        tx.commit(Commit::Async).unwrap();
+        let mut tx = engine.begin();
+        for j in 0..i {
+            assert_eq!(tx.load(area + 64 * j).unwrap(), j + 1, "line {j} of the committed transaction");
+        }
+        for p in took {
+            assert_eq!(tx.load(p).unwrap(), 5);
+        }
+        assert_eq!(tx.arena(a).unwrap().reserve, 0, "the fill was left");
     }
 
     #[test]

@@ -1019,6 +1019,18 @@ impl<'e> Transaction<'e> {
         run.state.is_held(s) || lock_for_run(stripes, &mut run.state, s).is_some()
     }
 
+    /// Whether a buffered transaction may still write `lines` more lines and stay buffered
+    /// (false when it runs in place).
+    pub(crate) fn buffered_room_for(&self, lines: usize) -> bool {
+        self.in_place.is_none() && self.bufs.writes.len() + lines <= self.in_place_from.min(MAX_LINES)
+    }
+
+    /// Lines in the write set.
+    #[cfg(test)]
+    pub(crate) fn buffered_lines(&self) -> usize {
+        self.bufs.writes.len()
+    }
+
     /// Whether the run in place may still write `lines` more lines (false when it does not run
     /// in place).
     pub(crate) fn in_place_room_for(&self, lines: usize) -> bool {
