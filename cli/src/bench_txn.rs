@@ -42,6 +42,11 @@ pub enum CommitChoice {
     /// with O_DIRECT, as many bytes as often as the round's `async` run flushed (list it
     /// after `async`): the cost of the log's disk I/O alone on this machine.
     OffIo,
+    /// No transaction at all: the same words read and written with plain loads and stores
+    /// of a heap of the same size, populated the same way. What the machine gives this
+    /// access pattern, at each thread count: no STM can beat it, and its scaling bounds the
+    /// STM's.
+    Floor,
 }
 
 impl CommitChoice {
@@ -53,6 +58,7 @@ impl CommitChoice {
             CommitChoice::Split => "split",
             CommitChoice::Off => "off",
             CommitChoice::OffIo => "off-io",
+            CommitChoice::Floor => "floor",
         }
     }
 
@@ -60,7 +66,7 @@ impl CommitChoice {
         match self {
             CommitChoice::Sync => Commit::Sync,
             CommitChoice::Partition => Commit::Partition,
-            CommitChoice::Async | CommitChoice::Split | CommitChoice::Off | CommitChoice::OffIo => Commit::Async,
+            CommitChoice::Async | CommitChoice::Split | CommitChoice::Off | CommitChoice::OffIo | CommitChoice::Floor => Commit::Async,
         }
     }
 }
@@ -210,8 +216,101 @@ fn replay_log_io(dir: &Path, io: LogIo, stop: &AtomicBool) -> Result<u64, String
     })
 }
 
+/// One thread of a run until `stop`: draws `words` random word offsets below `words_total`
+/// (seeded by the thread's number, so every mode sees the same words), runs `txn` on them
+/// (which returns its attempts) and records its latency.
+fn thread_loop(
+    thread: usize,
+    words: usize,
+    words_total: u64,
+    stop: &AtomicBool,
+    mut txn: impl FnMut(&[u64]) -> Result<u64, tusk::Error>,
+) -> Result<ThreadResult, tusk::Error> {
+    let mut rng = SmallRng::seed_from_u64(0x7A5C + thread as u64);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+    let (mut commits, mut attempts) = (0u64, 0u64);
+    let mut picks = vec![0u64; words];
+    while !stop.load(Ordering::Relaxed) {
+        for w in picks.iter_mut() {
+            *w = rng.random_range(0..words_total) * 8;
+        }
+        let start = Instant::now();
+        attempts += txn(&picks)?;
+        latency.saturating_record(start.elapsed().as_nanos() as u64);
+        commits += 1;
+    }
+    Ok(ThreadResult { commits, attempts, latency })
+}
+
+/// `floor`: the workload on a bare heap of the run's size (a `Heap`, populated before the
+/// clock starts, as the store's is), each word loaded and stored plainly: no transaction, no
+/// stripe, no log.
+fn run_floor(args: &TxnArgs, threads: usize) -> Result<ModeResult, Box<dyn std::error::Error>> {
+    let bytes = args.heap_mib << 20;
+    let heap = tusk_storage::Heap::new(bytes)?;
+    heap.prefault(0, bytes);
+    let (words_total, words, prefetch) = (bytes / 8, args.words, args.prefetch);
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(threads + 1);
+    let (total, elapsed) = std::thread::scope(|s| -> Result<(ThreadResult, f64), Box<dyn std::error::Error>> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (heap, stop, barrier) = (&heap, &stop, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    thread_loop(t, words, words_total, stop, |picks| {
+                        if prefetch {
+                            for &off in picks {
+                                heap.prefetch(off);
+                            }
+                        }
+                        for &off in picks {
+                            heap.store_word(off, heap.load_word(off) + 1);
+                        }
+                        Ok(1)
+                    })
+                })
+            })
+            .collect();
+        barrier.wait();
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(args.duration));
+        stop.store(true, Ordering::Relaxed);
+        let mut total = ThreadResult { commits: 0, attempts: 0, latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)? };
+        for h in handles {
+            let r = h.join().map_err(|_| "benchmark thread panicked")??;
+            total.commits += r.commits;
+            total.attempts += r.attempts;
+            total.latency.add(&r.latency)?;
+        }
+        Ok((total, started.elapsed().as_secs_f64()))
+    })?;
+    Ok(ModeResult {
+        commit: CommitChoice::Floor,
+        threads,
+        txn_per_s: total.commits as f64 / elapsed,
+        commits: total.commits,
+        elapsed,
+        p50_us: total.latency.value_at_quantile(0.50) as f64 / 1000.0,
+        p99_us: total.latency.value_at_quantile(0.99) as f64 / 1000.0,
+        abort_rate: 0.0,
+        io: "none".into(),
+        durable_lsn: 0,
+        partitions: 0,
+        flushes: 0,
+        flush_bytes: 0,
+        write_sync_us: None,
+        floor_ratio: None,
+        overwrite_sync_us: None,
+        overwrite_ratio: None,
+    })
+}
+
 /// One run of one commit mode on a fresh store (`log_io`: what `off-io` replays).
 fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option<LogIo>) -> Result<ModeResult, Box<dyn std::error::Error>> {
+    if commit == CommitChoice::Floor {
+        return run_floor(args, threads);
+    }
     let dir = BenchDir::new(args.out.dir.clone())?;
     let waits_for_disk = matches!(commit, CommitChoice::Partition | CommitChoice::Sync);
     // Before the run the flush size is not known yet: the half taken then is of one O_DIRECT
@@ -255,41 +354,31 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
             let (mode, split, words, prefetch) =
                 (commit.mode(), commit == CommitChoice::Split, args.words, args.prefetch);
             std::thread::spawn(move || -> Result<ThreadResult, tusk::Error> {
-                let mut rng = SmallRng::seed_from_u64(0x7A5C + t as u64);
-                let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-                let (mut commits, mut attempts) = (0u64, 0u64);
-                let mut picks = vec![0u64; words];
                 let mut last_check = Instant::now();
                 let mut last_lsn = 0;
                 barrier.wait();
-                while !stop.load(Ordering::Relaxed) {
-                    for w in picks.iter_mut() {
-                        *w = rng.random_range(0..words_total) * 8;
-                    }
-                    let start = Instant::now();
+                thread_loop(t, words, words_total, &stop, |picks| {
+                    let mut attempts = 0;
                     let (_, lsn) = store.transact(mode, |tx| {
                         attempts += 1;
                         if prefetch {
-                            for &off in &picks {
+                            for &off in picks {
                                 tx.prefetch(array, off);
                             }
                         }
-                        for &off in &picks {
+                        for &off in picks {
                             let v = tx.read_u64_at(array, off)?;
                             tx.write_u64_at(array, off, v + 1)?;
                         }
                         Ok(())
                     })?;
-                    let now = Instant::now();
-                    latency.saturating_record((now - start).as_nanos() as u64);
-                    commits += 1;
                     last_lsn = lsn.unwrap_or(last_lsn);
-                    if split && now - last_check >= Duration::from_millis(2) {
+                    if split && last_check.elapsed() >= Duration::from_millis(2) {
                         store.is_stable(last_lsn, true);
                         last_check = Instant::now();
                     }
-                }
-                Ok(ThreadResult { commits, attempts, latency })
+                    Ok(attempts)
+                })
             })
         })
         .collect();
@@ -456,6 +545,7 @@ pub fn run(args: TxnArgs) -> CliResult {
     let mut ratios: Vec<(String, f64)> = Vec::new();
     for &t in &threads {
         for (name, num, den) in [
+            ("off/floor", CommitChoice::Off, CommitChoice::Floor),
             ("async/off", CommitChoice::Async, CommitChoice::Off),
             ("off-io/off", CommitChoice::OffIo, CommitChoice::Off),
             ("async/off-io", CommitChoice::Async, CommitChoice::OffIo),

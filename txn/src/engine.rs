@@ -10,6 +10,7 @@ use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
+use crate::clock_hints::ClockHints;
 use crate::in_place::{LockWait, Runs};
 use crate::log::{LogConfig, LogManager};
 use crate::snapshot::gate::CommitGate;
@@ -52,6 +53,8 @@ pub struct Engine {
     pub(crate) in_place: Runs,
     /// How far brk went, for the thread that populates the heap ahead of it.
     growth: Growth,
+    /// Per thread slot: whether its next transaction tries clock mode.
+    pub(crate) clock_hints: ClockHints,
 }
 
 /// Rounds of an optimistic chunk copy (each copies again only the lines that changed)
@@ -104,6 +107,7 @@ impl Engine {
             gate: CommitGate::new(),
             in_place,
             growth: Growth::default(),
+            clock_hints: ClockHints::new(last_lsn),
         })
     }
 
@@ -131,6 +135,21 @@ impl Engine {
         // commit the clock covers is below this count (the clock's acquire orders the load).
         let used = NEXT_THREAD_SLOT.load(Ordering::Relaxed);
         (rv, self.gate.is_idle(used))
+    }
+
+    /// [`Engine::read_version`] for a transaction that begins: where this thread's
+    /// transactions keep finding the clock moved, it begins in stripe mode, reading neither
+    /// the gate nor the clock (see [`crate::clock_hints`]).
+    #[inline]
+    pub(crate) fn begin_version(&self) -> (u64, bool) {
+        let slot = self.thread_slot();
+        if self.clock_hints.try_clock_mode(slot) {
+            let (rv, clock_mode) = self.read_version();
+            self.clock_hints.saw(slot, rv);
+            (rv, clock_mode)
+        } else {
+            (self.clock_hints.version(slot), false)
+        }
     }
 
     /// Whether no LSN was drawn since `rv`, checked after the caller's heap loads (seqlock

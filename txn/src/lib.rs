@@ -4,6 +4,7 @@
 //! - [`stripes`]: versioned stripe locks (one word per 64-byte line, hashed).
 //! - [`write_set`]: a transaction's buffered writes, word-granular with byte masks.
 //! - [`transaction`]: reads with opacity (TL2-style read version with extension), commit.
+//! - [`clock_hints`]: whether a thread's next transaction begins in clock mode.
 //! - [`alloc`], [`roots`]: the allocator and the named roots, both transactional.
 //! - [`in_place`], [`kept`]: large transactions written in place, and the buffers they keep.
 //! - [`deferred`]: work a transaction leaves to the moment before its commit.
@@ -14,6 +15,7 @@
 
 pub mod alloc;
 pub mod checkpoint;
+pub mod clock_hints;
 pub mod deferred;
 pub mod engine;
 pub mod error;

@@ -160,7 +160,7 @@ impl Drop for Transaction<'_> {
 
 impl<'e> Transaction<'e> {
     pub(crate) fn new(engine: &'e Engine) -> Transaction<'e> {
-        let (rv, clock_mode) = engine.read_version();
+        let (rv, clock_mode) = engine.begin_version();
         Transaction {
             engine,
             rv,
@@ -193,15 +193,7 @@ impl<'e> Transaction<'e> {
         self.age = self.age.filter(|_| lost);
         let locked_out = self.locked_out.take().filter(|_| lost);
         let lost_to = self.lost_to.take().filter(|_| lost);
-        self.abandon_in_place();
-        self.deferred.clear();
-        self.in_place_from = IN_PLACE_FROM;
-        self.fresh = (0, 0);
-        self.arena_request = 0;
-        self.bufs.reads.clear();
-        self.bufs.writes.clear();
-        self.bounds = [(0, 0); BOUNDS_CACHE];
-        self.doomed = false;
+        self.clear_attempt();
         // Beside a run of this thread's (another open transaction) no wait: the stripe may be
         // that run's, which would hold it (and its gate pass) all the while.
         if !running_here() {
@@ -220,11 +212,41 @@ impl<'e> Transaction<'e> {
             // as for a first attempt.
             self.engine.in_place.give_back(state.take().expect("checked"));
         }
-        (self.rv, self.clock_mode) = self.engine.read_version();
+        (self.rv, self.clock_mode) = self.engine.begin_version();
         if let Some(state) = state {
             self.went_large = true;
             self.enter_in_place(state).expect("no read to validate, no write to apply");
         }
+    }
+
+    /// Starts over after a commit, as a new transaction whose read version is `rv` (with
+    /// `clock_mode`) without reading the clock: after an update's commit, its own LSN (every
+    /// commit below it had locked its write set when it was drawn, as at a read of the clock
+    /// then), in stripe mode; after a read-only one, the version and mode it had. Reading the
+    /// clock here cost every committed transaction a miss on the line all committers write,
+    /// and `Store::transact` drops the transaction right after.
+    fn start_over_committed(&mut self, rv: u64, clock_mode: bool) {
+        debug_assert!(!self.doomed, "a committed transaction");
+        self.engine.clock_hints.saw(self.engine.thread_slot(), rv);
+        self.went_large = false;
+        self.age = None;
+        self.locked_out = None;
+        self.lost_to = None;
+        self.clear_attempt();
+        (self.rv, self.clock_mode) = (rv, clock_mode);
+    }
+
+    /// Forgets the attempt's reads, writes, run and deferred work.
+    fn clear_attempt(&mut self) {
+        self.abandon_in_place();
+        self.deferred.clear();
+        self.in_place_from = IN_PLACE_FROM;
+        self.fresh = (0, 0);
+        self.arena_request = 0;
+        self.bufs.reads.clear();
+        self.bufs.writes.clear();
+        self.bounds = [(0, 0); BOUNDS_CACHE];
+        self.doomed = false;
     }
 
     /// Whether reads still validate against the clock (see the module docs).
@@ -470,6 +492,9 @@ impl<'e> Transaction<'e> {
             // only read extends as stripe mode does, and stays in clock mode while no
             // write-back is in flight behind the new read version; a few times at most, since
             // each extension validates the whole read set.
+            if clock_extensions == 0 {
+                engine.clock_hints.moved(engine.thread_slot());
+            }
             if !self.bufs.writes.is_empty() {
                 self.clock_mode = false;
                 break;
@@ -479,6 +504,7 @@ impl<'e> Transaction<'e> {
                 return self.conflict();
             }
             self.rv = now;
+            engine.clock_hints.saw(engine.thread_slot(), now);
             clock_extensions += 1;
             self.clock_mode = idle && clock_extensions <= CLOCK_EXTENSIONS;
         }
@@ -535,6 +561,7 @@ impl<'e> Transaction<'e> {
             return self.conflict();
         }
         self.rv = now;
+        self.engine.clock_hints.saw(self.engine.thread_slot(), now);
         Ok(())
     }
 
@@ -709,6 +736,9 @@ impl<'e> Transaction<'e> {
         if self.doomed {
             return Err(TxnError::Conflict);
         }
+        if self.clock_mode {
+            self.engine.clock_hints.held(self.engine.thread_slot());
+        }
         self.finishing = true;
         while let Some(work) = self.deferred.take_next() {
             if let Err(e) = work.finish(self) {
@@ -722,7 +752,7 @@ impl<'e> Transaction<'e> {
         }
         if self.bufs.writes.is_empty() {
             // The transaction may be used again: it starts over as a new one.
-            self.restart();
+            self.start_over_committed(self.rv, self.clock_mode);
             return Ok(None);
         }
         // A conflict here has doomed the transaction, as any read's does.
@@ -782,7 +812,7 @@ impl<'e> Transaction<'e> {
         self.bufs.locked.clear();
         // The transaction may be used again: it starts over as a new one, re-checking every
         // allocation it touches (its bounds cache may name blocks freed since).
-        self.restart();
+        self.start_over_committed(lsn, false);
         self.wait_for(mode, partition, lsn, over_bound)
     }
 
@@ -1284,7 +1314,7 @@ impl<'e> Transaction<'e> {
         }
         state.reset();
         engine.in_place.give_back(state);
-        self.restart();
+        self.start_over_committed(lsn, false);
         streamed?;
         self.wait_for(mode, partition, lsn, over_bound)
     }
@@ -1656,6 +1686,41 @@ mod loom_models {
             drop(t);
             other.join().unwrap();
             assert_eq!(engine.heap().load_word(64), 2, "an update was lost");
+        });
+    }
+
+    /// A transaction that begins in stripe mode on its slot's last clock value, older than
+    /// the clock (`clock_hints`), loses no update beside a concurrent increment, and of the
+    /// two, the one that read the other's write has the larger LSN. The stale side runs on the
+    /// spawned thread: it begins without loading a modeled atomic (see loom#392 above).
+    #[test]
+    fn loom_stale_read_version_loses_no_update() {
+        let increment = |t: &mut crate::Transaction<'_>| {
+            let old = t.load(64)?;
+            t.store(64, old + 1)?;
+            Ok(old)
+        };
+        loom::model(move || {
+            let engine = engine();
+            let stale = {
+                let engine = engine.clone();
+                thread::spawn(move || {
+                    let slot = engine.thread_slot();
+                    for _ in 0..crate::clock_hints::MOVED_STREAK {
+                        engine.clock_hints.moved(slot);
+                    }
+                    transact(&engine, |t| {
+                        assert!(!t.in_clock_mode(), "the hint skips clock mode");
+                        increment(t)
+                    })
+                })
+            };
+            let (read_here, lsn_here) = transact(&engine, increment);
+            let (read_stale, lsn_stale) = stale.join().unwrap();
+            assert_eq!(engine.heap().load_word(64), 2, "an update was lost");
+            let (first, second) = if read_stale == 1 { (lsn_here, lsn_stale) } else { (lsn_stale, lsn_here) };
+            assert_eq!(read_here + read_stale, 1, "one read the other's write");
+            assert!(second > first, "the transaction that read the other's write has the larger LSN");
         });
     }
 
