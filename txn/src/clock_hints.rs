@@ -10,17 +10,21 @@
 //! committers: on the 16-core device host, with 16 threads of the Hathi workload (durability
 //! off), beginning and restarting took 29% of the time.
 //!
-//! So each thread slot keeps a hint: after its clock-mode reads met [`MOVED_STREAK`] moves of
-//! the clock with no transaction ending in clock mode between, the next [`SKIPPED_BEGINS`]
-//! begins start in stripe mode without the scan; then one tries clock mode again. A
-//! transaction that ends still in clock mode ends the streak.
+//! So each thread slot keeps a hint: after [`BUSY_STREAK`] of its begins in a row found a
+//! commit writing back (the scan said no, and the transaction began in stripe mode anyway),
+//! the next [`SKIPPED_BEGINS`] begins start in stripe mode without the scan; then one scans
+//! again. A begin that found the gate idle ends the streak. (Counting the clock's moves under
+//! clock-mode transactions instead gained less at 16 threads: 5.97 M against 6.98 M Hathi
+//! transactions/s, BENCHMARKS.md, "16 cores".) Where begins find the gate idle, as a single
+//! thread's do, a begin costs a load of the hint more than before, and the skip's path is
+//! kept out of line (inline, it cost single-threaded 1-key B-link inserts 7-9% here).
 //! Stripe mode is always correct, so a hint only costs or saves time: threads whose slots
 //! collide share a hint, and a hint's stores are plain, owner-written, relaxed.
 //!
 //! A transaction that begins in stripe mode this way does not read the clock either (that
 //! load missed too: every commit writes the clock's line). Its read version is the last clock
-//! value its slot saw — its own last commit's LSN, or the clock as a begin or an extension
-//! read it. Any value the clock once had is a sound read version (TL2's argument: every commit
+//! value its slot saw — its own last commit's LSN, or the clock as an extension or a begin
+//! that found a commit writing back read it. Any value the clock once had is a sound read version (TL2's argument: every commit
 //! with an LSN at or below it had locked its write set when it was drawn, so a stripe it wrote
 //! reads as locked or with its new version); an older one only makes a read of a line written
 //! since extend (reading the clock then) where a fresh one would not have. The value is stored
@@ -29,9 +33,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
-/// Moves of the clock met in a row (no transaction ending in clock mode between) before begins
-/// skip clock mode.
-pub const MOVED_STREAK: u32 = 4;
+/// Begins in a row that found a commit writing back before begins skip the scan.
+pub const BUSY_STREAK: u32 = 4;
 /// Begins that then start in stripe mode before one tries clock mode again.
 pub const SKIPPED_BEGINS: u32 = 64;
 
@@ -90,21 +93,19 @@ impl ClockHints {
         false
     }
 
-    /// A clock-mode read on `thread_slot` found the clock moved.
+    /// A begin on `thread_slot` that scanned the gate found it `idle`, or not.
     #[inline]
-    pub fn moved(&self, thread_slot: usize) {
+    pub fn begun(&self, thread_slot: usize, idle: bool) {
         let hint = self.hint(thread_slot);
-        let streak = (hint.load(Relaxed) & 0xff) + 1;
-        hint.store(if streak >= MOVED_STREAK { SKIPPED_BEGINS << 8 } else { streak }, Relaxed);
-    }
-
-    /// A transaction on `thread_slot` ends still in clock mode.
-    #[inline]
-    pub fn held(&self, thread_slot: usize) {
-        let hint = self.hint(thread_slot);
-        if hint.load(Relaxed) & 0xff != 0 {
-            hint.store(0, Relaxed);
+        let h = hint.load(Relaxed);
+        if idle {
+            if h != 0 {
+                hint.store(0, Relaxed);
+            }
+            return;
         }
+        let streak = (h & 0xff) + 1;
+        hint.store(if streak >= BUSY_STREAK { SKIPPED_BEGINS << 8 } else { streak }, Relaxed);
     }
 }
 
@@ -113,13 +114,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_streak_of_moves_skips_then_tries_again() {
+    fn a_streak_of_busy_begins_skips_then_tries_again() {
         let hints = ClockHints::new(0);
-        for _ in 0..MOVED_STREAK - 1 {
-            hints.moved(3);
+        for _ in 0..BUSY_STREAK - 1 {
+            hints.begun(3, false);
             assert!(hints.try_clock_mode(3), "below the streak clock mode is tried");
         }
-        hints.moved(3);
+        hints.begun(3, false);
         for i in 0..SKIPPED_BEGINS {
             assert!(!hints.try_clock_mode(3), "begin {i} of the skip");
             assert!(hints.try_clock_mode(4), "another slot's hint is its own");
@@ -138,14 +139,14 @@ mod tests {
     }
 
     #[test]
-    fn a_transaction_that_keeps_clock_mode_ends_the_streak() {
+    fn a_begin_that_finds_the_gate_idle_ends_the_streak() {
         let hints = ClockHints::new(0);
         for _ in 0..3 {
-            for _ in 0..MOVED_STREAK - 1 {
-                hints.moved(0);
+            for _ in 0..BUSY_STREAK - 1 {
+                hints.begun(0, false);
             }
-            hints.held(0);
+            hints.begun(0, true);
         }
-        assert!(hints.try_clock_mode(0), "no streak of {MOVED_STREAK} moves in a row");
+        assert!(hints.try_clock_mode(0), "no streak of {BUSY_STREAK} busy begins in a row");
     }
 }

@@ -137,19 +137,28 @@ impl Engine {
         (rv, self.gate.is_idle(used))
     }
 
-    /// [`Engine::read_version`] for a transaction that begins: where this thread's
-    /// transactions keep finding the clock moved, it begins in stripe mode, reading neither
-    /// the gate nor the clock (see [`crate::clock_hints`]).
+    /// [`Engine::read_version`] for a transaction that begins: where this thread's begins
+    /// keep finding a commit writing back, it begins in stripe mode, reading neither the gate
+    /// nor the clock (see [`crate::clock_hints`]).
     #[inline]
     pub(crate) fn begin_version(&self) -> (u64, bool) {
         let slot = self.thread_slot();
-        if self.clock_hints.try_clock_mode(slot) {
-            let (rv, clock_mode) = self.read_version();
-            self.clock_hints.saw(slot, rv);
-            (rv, clock_mode)
-        } else {
-            (self.clock_hints.version(slot), false)
+        if !self.clock_hints.try_clock_mode(slot) {
+            return self.begin_stale(slot);
         }
+        let (rv, idle) = self.read_version();
+        if !idle {
+            self.clock_hints.saw(slot, rv);
+        }
+        self.clock_hints.begun(slot, idle);
+        (rv, idle)
+    }
+
+    /// A begin the hint sends to stripe mode: the slot's last clock value as read version.
+    #[cold]
+    #[inline(never)]
+    fn begin_stale(&self, slot: usize) -> (u64, bool) {
+        (self.clock_hints.version(slot), false)
     }
 
     /// Whether no LSN was drawn since `rv`, checked after the caller's heap loads (seqlock

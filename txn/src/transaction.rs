@@ -492,9 +492,6 @@ impl<'e> Transaction<'e> {
             // only read extends as stripe mode does, and stays in clock mode while no
             // write-back is in flight behind the new read version; a few times at most, since
             // each extension validates the whole read set.
-            if clock_extensions == 0 {
-                engine.clock_hints.moved(engine.thread_slot());
-            }
             if !self.bufs.writes.is_empty() {
                 self.clock_mode = false;
                 break;
@@ -735,9 +732,6 @@ impl<'e> Transaction<'e> {
     pub fn commit(&mut self, mode: Commit) -> Result<Option<Lsn>, TxnError> {
         if self.doomed {
             return Err(TxnError::Conflict);
-        }
-        if self.clock_mode {
-            self.engine.clock_hints.held(self.engine.thread_slot());
         }
         self.finishing = true;
         while let Some(work) = self.deferred.take_next() {
@@ -1706,8 +1700,8 @@ mod loom_models {
                 let engine = engine.clone();
                 thread::spawn(move || {
                     let slot = engine.thread_slot();
-                    for _ in 0..crate::clock_hints::MOVED_STREAK {
-                        engine.clock_hints.moved(slot);
+                    for _ in 0..crate::clock_hints::BUSY_STREAK {
+                        engine.clock_hints.begun(slot, false);
                     }
                     transact(&engine, |t| {
                         assert!(!t.in_clock_mode(), "the hint skips clock mode");
