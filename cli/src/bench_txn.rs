@@ -116,6 +116,19 @@ struct ThreadResult {
     latency: Histogram<u64>,
 }
 
+impl ThreadResult {
+    fn empty() -> ThreadResult {
+        ThreadResult { commits: 0, attempts: 0, latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds") }
+    }
+
+    /// Adds one thread's result to this total.
+    fn add(&mut self, r: ThreadResult) -> Result<(), hdrhistogram::errors::AdditionError> {
+        self.commits += r.commits;
+        self.attempts += r.attempts;
+        self.latency.add(&r.latency)
+    }
+}
+
 /// Bounds of each half of the write + fdatasync probe.
 const PROBE_MIN_WRITES: u32 = 25;
 const PROBE_MAX_WRITES: u32 = 150;
@@ -227,19 +240,18 @@ fn thread_loop(
     mut txn: impl FnMut(&[u64]) -> Result<u64, tusk::Error>,
 ) -> Result<ThreadResult, tusk::Error> {
     let mut rng = SmallRng::seed_from_u64(0x7A5C + thread as u64);
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-    let (mut commits, mut attempts) = (0u64, 0u64);
+    let mut result = ThreadResult::empty();
     let mut picks = vec![0u64; words];
     while !stop.load(Ordering::Relaxed) {
         for w in picks.iter_mut() {
             *w = rng.random_range(0..words_total) * 8;
         }
         let start = Instant::now();
-        attempts += txn(&picks)?;
-        latency.saturating_record(start.elapsed().as_nanos() as u64);
-        commits += 1;
+        result.attempts += txn(&picks)?;
+        result.latency.saturating_record(start.elapsed().as_nanos() as u64);
+        result.commits += 1;
     }
-    Ok(ThreadResult { commits, attempts, latency })
+    Ok(result)
 }
 
 /// `floor`: the workload on a bare heap of the run's size (a `Heap`, populated before the
@@ -276,12 +288,9 @@ fn run_floor(args: &TxnArgs, threads: usize) -> Result<ModeResult, Box<dyn std::
         let started = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(args.duration));
         stop.store(true, Ordering::Relaxed);
-        let mut total = ThreadResult { commits: 0, attempts: 0, latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)? };
+        let mut total = ThreadResult::empty();
         for h in handles {
-            let r = h.join().map_err(|_| "benchmark thread panicked")??;
-            total.commits += r.commits;
-            total.attempts += r.attempts;
-            total.latency.add(&r.latency)?;
+            total.add(h.join().map_err(|_| "benchmark thread panicked")??)?;
         }
         Ok((total, started.elapsed().as_secs_f64()))
     })?;
@@ -396,12 +405,9 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
         stop.store(true, Ordering::Relaxed);
         replaying.map(|h| h.join().expect("log I/O replay panicked")).transpose()
     })?;
-    let mut total = ThreadResult { commits: 0, attempts: 0, latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)? };
+    let mut total = ThreadResult::empty();
     for h in handles {
-        let r = h.join().map_err(|_| "benchmark thread panicked")??;
-        total.commits += r.commits;
-        total.attempts += r.attempts;
-        total.latency.add(&r.latency)?;
+        total.add(h.join().map_err(|_| "benchmark thread panicked")??)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let io = store.io_backend().unwrap_or_else(|| "none".into());
