@@ -123,6 +123,28 @@ fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `floor` runs the words on a bare heap, no store: it commits every "transaction" at its first
+/// attempt, writes no directory, and is the denominator of `off/floor`.
+#[test]
+fn bench_txn_floor_runs_without_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&[
+        "bench", "txn", "--commit", "floor,off", "--threads", "1,2", "--duration", "0.2", "--heap-mib", "16",
+        "--dir", dir.path().to_str().unwrap(), "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let modes = v["modes"].as_array().expect("modes");
+    let floors: Vec<_> = modes.iter().filter(|m| m["commit"] == "floor").collect();
+    assert_eq!(floors.len(), 2, "a floor row per thread count: {v}");
+    for m in floors {
+        assert!(m["txn_per_s"].as_f64().unwrap() > 0.0 && m["abort_rate"].as_f64() == Some(0.0), "{m}");
+    }
+    let ratio = v["ratios"]["off/floor@1"].as_f64().expect("off/floor@1");
+    assert!(ratio > 0.0 && ratio.is_finite(), "{v}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left in the directory");
+}
+
 /// `off-io` replays the round's `async` log I/O beside a logless run: it reports the flushes
 /// it made and both ratios, and refuses to run without an `async` run before it.
 #[test]
