@@ -73,7 +73,9 @@ pub enum Error {
     /// The store path exists and is not a directory.
     #[error("{0}: not a directory")]
     NotADirectory(PathBuf),
-    /// Another open store (in this or another process) holds the directory.
+    /// Another open store (in this or another process) holds the directory: its lock stayed
+    /// held through the second `Store::open` waits for it (a lock whose store closed can be
+    /// held for a moment longer by a child process forked while it was open).
     #[error("{0}: locked by another open store")]
     Locked(PathBuf),
     /// A file of the store is damaged beyond what recovery may repair: the store was not

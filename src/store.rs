@@ -53,9 +53,16 @@ pub struct Store {
     _lock: File,
 }
 
+/// How long `Store::open` waits for a directory lock held elsewhere before it reports
+/// [`Error::Locked`]. A lock can outlive the store that held it: a child that another thread
+/// of the program forked (as `std::process::Command` does) while the store was open holds a
+/// copy of the lock file's descriptor, and with it the lock, until the child execs.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Takes the directory's lock file (flock): one open store per directory, across processes.
 fn lock_dir(dir: &Path) -> Result<File, Error> {
     use std::fs::TryLockError;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
     let path = dir.join("LOCK");
     let file = OpenOptions::new()
         .create(true)
@@ -64,10 +71,13 @@ fn lock_dir(dir: &Path) -> Result<File, Error> {
         .write(true)
         .open(&path)
         .map_err(|source| Error::Io { path: path.clone(), source })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked(dir.to_path_buf())),
-        Err(TryLockError::Error(source)) => Err(Error::Io { path, source }),
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(TryLockError::WouldBlock) => return Err(Error::Locked(dir.to_path_buf())),
+            Err(TryLockError::Error(source)) => return Err(Error::Io { path, source }),
+        }
     }
 }
 

@@ -251,6 +251,27 @@ fn store_path_is_a_regular_file() {
     assert_eq!(std::fs::read(&file).unwrap(), b"hello", "the file is left alone");
 }
 
+/// A lock held elsewhere for a moment after its store closed (a forked child holds a copy
+/// of the lock file until it execs; here another holder of the same lock file releases it
+/// 200 ms later) does not fail the open: the open waits for it. Found as a `Locked` reopen
+/// in `cli/tests/crashtest.rs`, whose sibling tests fork children.
+#[test]
+fn an_open_waits_for_a_lock_released_a_moment_later() {
+    let dir = tempfile::tempdir().unwrap();
+    Store::open(dir.path(), small_opts()).unwrap().close().unwrap();
+    let held = std::fs::OpenOptions::new().read(true).write(true).open(dir.path().join("LOCK")).unwrap();
+    held.try_lock().expect("the closed store released its lock");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(held);
+    });
+    let started = std::time::Instant::now();
+    let store = Store::open(dir.path(), small_opts()).expect("opened once the lock was released");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(150), "the open waited for the lock");
+    releaser.join().unwrap();
+    store.close().unwrap();
+}
+
 #[test]
 fn directory_locked_by_another_store() {
     let dir = tempfile::tempdir().unwrap();
