@@ -65,8 +65,23 @@ const OPTIMISTIC_COPY_ROUNDS: usize = 64;
 #[cfg(loom)]
 const OPTIMISTIC_COPY_ROUNDS: usize = 2;
 
+/// The count of thread slots handed out, which every begin reads (the gate's idle check):
+/// on a cache line of its own. Unpadded, the linker put it beside `foldhash`'s global seed
+/// counter, which every new hash map state of that crate writes.
 #[cfg(not(loom))]
-static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
+#[repr(align(128))]
+struct SlotCount(AtomicUsize);
+
+#[cfg(not(loom))]
+impl std::ops::Deref for SlotCount {
+    type Target = AtomicUsize;
+    fn deref(&self) -> &AtomicUsize {
+        &self.0
+    }
+}
+
+#[cfg(not(loom))]
+static NEXT_THREAD_SLOT: SlotCount = SlotCount(AtomicUsize::new(0));
 
 #[cfg(not(loom))]
 thread_local! {
