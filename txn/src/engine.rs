@@ -10,6 +10,7 @@ use tusk_storage::log_files::SegmentInfo;
 use tusk_storage::log_format::{RecordEncoder, RecordHeader};
 use tusk_storage::Heap;
 
+use crate::clock::LsnClock;
 use crate::clock_hints::ClockHints;
 use crate::in_place::{LockWait, Runs};
 use crate::log::{LogConfig, LogManager};
@@ -42,7 +43,7 @@ pub struct EngineConfig {
 pub struct Engine {
     heap: Heap,
     pub(crate) stripes: Stripes,
-    pub(crate) clock: Arc<AtomicU64>,
+    pub(crate) clock: Arc<LsnClock>,
     pub(crate) log: Option<LogManager>,
     dirty_epoch: AtomicU64,
     closed: AtomicBool,
@@ -106,7 +107,7 @@ loom::thread_local! {
 impl Engine {
     /// Starts an engine over `heap`, whose state includes every LSN ≤ `last_lsn`.
     pub fn start(config: EngineConfig, heap: Heap, last_lsn: u64) -> Result<Engine, TxnError> {
-        let clock = Arc::new(AtomicU64::new(last_lsn));
+        let clock = Arc::new(LsnClock::new(last_lsn));
         let log = match config.log {
             Some(log) => Some(LogManager::start(log, clock.clone(), config.existing_segments)?),
             None => None,
