@@ -24,10 +24,11 @@
 //! A transaction that begins in stripe mode this way does not read the clock either (that
 //! load missed too: every commit writes the clock's line). Its read version is the last clock
 //! value its slot saw — its own last commit's LSN, or the clock as an extension or a begin
-//! that found a commit writing back read it. Any value the clock once had is a sound read version (TL2's argument: every commit
-//! with an LSN at or below it had locked its write set when it was drawn, so a stripe it wrote
-//! reads as locked or with its new version); an older one only makes a read of a line written
-//! since extend (reading the clock then) where a fresh one would not have. The value is stored
+//! that found a commit writing back read it. Any value the clock once had is a sound read
+//! version (TL2's argument: every commit with an LSN at or below it had locked its write set
+//! when it was drawn, so a stripe it wrote reads as locked or with its new version); an older
+//! one only makes a read of a line written since extend (reading the clock then) where a fresh
+//! one would not have. The value is stored
 //! with release after the clock's read or draw, and loaded with acquire, so that a thread whose
 //! slot another thread's value reaches is ordered after that clock value's commits as well.
 
