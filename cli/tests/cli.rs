@@ -17,6 +17,16 @@ fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
+/// `tusk bench txn ARGS --dir DIR --json`, which must succeed; its JSON.
+fn bench_txn_json(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench", "txn"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--dir", dir.to_str().unwrap(), "--json"]);
+    let (ok, out, err) = tusk(&all);
+    assert!(ok, "{err}");
+    json(&out)
+}
+
 #[test]
 fn demo_runs_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
@@ -113,12 +123,7 @@ fn inspect_and_recover_report_checkpoint_log_and_torn_tail() {
 #[test]
 fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&[
-        "bench", "txn", "--commit", "async,off", "--rounds", "2", "--duration", "0.2", "--heap-mib", "64",
-        "--dir", dir.path().to_str().unwrap(), "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v = json(&out);
+    let v = bench_txn_json(dir.path(), &["--commit", "async,off", "--rounds", "2", "--duration", "0.2", "--heap-mib", "64"]);
     assert!(v.to_string().contains("async") && v.to_string().contains("off"), "{v}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
@@ -128,12 +133,7 @@ fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
 #[test]
 fn bench_txn_floor_runs_without_a_store() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&[
-        "bench", "txn", "--commit", "floor,off", "--threads", "1,2", "--duration", "0.2", "--heap-mib", "16",
-        "--dir", dir.path().to_str().unwrap(), "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v = json(&out);
+    let v = bench_txn_json(dir.path(), &["--commit", "floor,off", "--threads", "1,2", "--duration", "0.2", "--heap-mib", "16"]);
     let modes = v["modes"].as_array().expect("modes");
     let floors: Vec<_> = modes.iter().filter(|m| m["commit"] == "floor").collect();
     assert_eq!(floors.len(), 2, "a floor row per thread count: {v}");
@@ -150,12 +150,7 @@ fn bench_txn_floor_runs_without_a_store() {
 #[test]
 fn bench_txn_off_io_replays_the_async_runs_log_io() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&[
-        "bench", "txn", "--commit", "async,off,off-io", "--duration", "0.3", "--heap-mib", "16", "--dir",
-        dir.path().to_str().unwrap(), "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v = json(&out);
+    let v = bench_txn_json(dir.path(), &["--commit", "async,off,off-io", "--duration", "0.3", "--heap-mib", "16"]);
     let replayed = v["modes"].as_array().unwrap().iter().find(|m| m["commit"] == "off-io").expect("an off-io run").clone();
     assert_eq!(replayed["io"], "replayed", "{v}");
     assert!(replayed["flushes"].as_u64().unwrap() > 0, "the replay flushed: {v}");
@@ -205,12 +200,7 @@ fn bench_recovery_prepare_only_leaves_a_recoverable_store_in_the_dir() {
 #[test]
 fn bench_txn_reports_append_and_overwrite_probes() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&[
-        "bench", "txn", "--commit", "partition", "--rounds", "1", "--duration", "0.2", "--heap-mib", "16",
-        "--dir", dir.path().to_str().unwrap(), "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v = json(&out);
+    let v = bench_txn_json(dir.path(), &["--commit", "partition", "--rounds", "1", "--duration", "0.2", "--heap-mib", "16"]);
     for key in ["write_sync_p50_us", "p50_over_write_sync", "overwrite_sync_p50_us", "p50_over_overwrite_sync"] {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} missing: {v}");
     }

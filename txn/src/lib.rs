@@ -10,12 +10,11 @@
 //! - [`deferred`]: work a transaction leaves to the moment before its commit.
 //! - [`log`]: per-partition log buffers and flush slots (committers lead their own flushes; a
 //!   background flusher serves `Async`), the durable watermark.
-//! - [`engine`]: what a store shares between its threads; [`clock`]: the LSN clock.
+//! - [`engine`]: what a store shares between its threads.
 //! - [`snapshot`]: the snapshot gate, the consistent incremental page copy, fork servers.
 
 pub mod alloc;
 pub mod checkpoint;
-pub mod clock;
 pub mod clock_hints;
 pub mod deferred;
 pub mod engine;

@@ -30,7 +30,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 
-use crate::clock::LsnClock;
+use crate::sync::AtomicU64;
+use crossbeam_utils::CachePadded;
 use crate::TxnError;
 use catalog::SegmentCatalog;
 use progress::{FlushGroup, Streamed};
@@ -84,7 +85,7 @@ impl LogManager {
     /// Starts the background flusher. New segments are created after the existing ones
     /// (never appended to). `existing` lists the segments already on disk (from recovery),
     /// for trimming.
-    pub fn start(config: LogConfig, clock: Arc<LsnClock>, existing: Vec<SegmentInfo>) -> Result<LogManager, TxnError> {
+    pub fn start(config: LogConfig, clock: Arc<CachePadded<AtomicU64>>, existing: Vec<SegmentInfo>) -> Result<LogManager, TxnError> {
         let catalog = Arc::new(SegmentCatalog::new(existing));
         segments::prepare_log_dir(&config.dir)?;
         let mut slots = Vec::with_capacity(config.partitions);

@@ -19,8 +19,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
+
 use super::partition::{Partition, Taken};
-use crate::clock::LsnClock;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard};
 use crate::TxnError;
 
@@ -77,7 +78,7 @@ pub trait Streamed {
 /// success (log failure, shutdown).
 pub struct FlushGroup<S> {
     /// Last LSN drawn (the STM's version clock).
-    pub clock: Arc<LsnClock>,
+    pub clock: Arc<CachePadded<AtomicU64>>,
     pub partitions: Vec<Partition>,
     /// Per partition: whether its slot is claimed. The claim is a compare-exchange, so a
     /// waiter can test and take a slot while it holds its partition's wake mutex; the slot's
@@ -93,7 +94,7 @@ pub struct FlushGroup<S> {
 
 impl<S: Flush> FlushGroup<S> {
     /// One partition per slot; the watermark starts at the clock.
-    pub fn new(clock: Arc<LsnClock>, slots: Vec<S>) -> FlushGroup<S> {
+    pub fn new(clock: Arc<CachePadded<AtomicU64>>, slots: Vec<S>) -> FlushGroup<S> {
         let durable = clock.load(Ordering::SeqCst);
         FlushGroup {
             clock,
@@ -338,6 +339,8 @@ impl<S> FlushGroup<S> {
 mod loom_models {
     use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
+
     use loom::thread;
 
     use super::*;
@@ -390,7 +393,7 @@ mod loom_models {
     fn log(partitions: usize, records: usize, fail_lsn: u64) -> Arc<Log> {
         let disk = Arc::new(Disk::new(records));
         let slots = (0..partitions).map(|_| ModelSlot { disk: disk.clone(), fail_lsn }).collect();
-        Arc::new(Log { group: FlushGroup::new(Arc::new(LsnClock::new(0)), slots), disk })
+        Arc::new(Log { group: FlushGroup::new(Arc::new(CachePadded::new(AtomicU64::new(0))), slots), disk })
     }
 
     /// Appends one record to `partition` (the LSN is the record).
