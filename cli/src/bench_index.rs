@@ -221,24 +221,25 @@ impl TuskIndex<'_> {
     fn lookups(&self, keys: &[u64], batched: bool) -> Result<u64, tusk::Error> {
         let mut found = 0;
         for batch in keys.chunks(self.lookups_per_txn) {
+            // A `get` per key counts as it goes, allocating nothing, as the peers' lookups do.
             let (hits, _) = self.store.transact(Commit::Async, |tx| {
-                let values = match (self.kind, batched) {
-                    (IndexChoice::Btree, true) => tx.btree_at(self.tree)?.get_many(batch)?,
+                let present = |values: Vec<Option<u64>>| values.iter().filter(|v| v.is_some()).count() as u64;
+                match (self.kind, batched) {
+                    (IndexChoice::Btree, true) => Ok(present(tx.btree_at(self.tree)?.get_many(batch)?)),
                     (IndexChoice::Btree, false) => {
                         let mut t = tx.btree_at(self.tree)?;
-                        batch.iter().map(|&k| t.get(k)).collect::<Result<_, _>>()?
+                        batch.iter().try_fold(0, |n, &k| Ok(n + u64::from(t.get(k)?.is_some())))
                     }
                     (IndexChoice::Art, true) => {
                         let keys: Vec<[u8; 8]> = batch.iter().map(|&k| art_key(k)).collect();
                         let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-                        tx.art_at(self.tree)?.get_many(&keys)?
+                        Ok(present(tx.art_at(self.tree)?.get_many(&keys)?))
                     }
                     (IndexChoice::Art, false) => {
                         let mut a = tx.art_at(self.tree)?;
-                        batch.iter().map(|&k| a.get(&art_key(k))).collect::<Result<_, _>>()?
+                        batch.iter().try_fold(0, |n, &k| Ok(n + u64::from(a.get(&art_key(k))?.is_some())))
                     }
-                };
-                Ok(values.iter().filter(|v| v.is_some()).count() as u64)
+                }
             })?;
             found += hits;
         }
@@ -386,10 +387,21 @@ impl Contender for Congee {
     }
 }
 
-/// Bytes the global allocator holds right now.
-fn heap_allocated() -> i64 {
-    let s = crate::ALLOCATOR.stats();
-    s.bytes_allocated as i64 - s.bytes_deallocated as i64 + s.bytes_reallocated as i64
+/// Bytes the C allocator holds for the program right now, from glibc's own accounting (every
+/// arena's chunks in use plus its mmapped ones). Not a counting global allocator: its shared
+/// counters, written by every allocation of every thread, were one cache line all threads of a
+/// many-core run fought over (BENCHMARKS.md, "16 cores"). NaN where the C library is not glibc.
+fn heap_allocated() -> f64 {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: `mallinfo2` only reads the allocator's statistics (under its arena locks).
+        let info = unsafe { libc::mallinfo2() };
+        (info.uordblks + info.hblkhd) as f64
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        f64::NAN
+    }
 }
 
 /// The distinct keys of `ops` with their last value, sorted.
@@ -540,7 +552,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize,
         IndexChoice::Btree => {
             let map = StdMap(RwLock::new(BTreeMap::new()));
             let [insert, lookup, scan, aggs] = measure(&map, args, threads, &ops, &probes, || Ok(()), "BTreeMap")?;
-            row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
+            row.peer_bytes_per_key = (heap_allocated() - before) / pairs.len() as f64;
             (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
                 (insert, lookup, scan, aggs);
             drop(map);
@@ -552,7 +564,7 @@ fn run_row(args: &IndexArgs, kind: IndexChoice, order: KeyOrder, threads: usize,
         IndexChoice::Art => {
             let tree = Congee(congee::Congee::default());
             let [insert, lookup, scan, aggs] = measure(&tree, args, threads, &ops, &probes, || Ok(()), "congee")?;
-            row.peer_bytes_per_key = (heap_allocated() - before) as f64 / pairs.len() as f64;
+            row.peer_bytes_per_key = (heap_allocated() - before) / pairs.len() as f64;
             (row.peer_insert_per_s, row.peer_lookup_per_s, row.peer_range_keys_per_s, row.peer_count_sum_per_s) =
                 (insert, lookup, scan, aggs);
         }

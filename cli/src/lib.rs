@@ -39,12 +39,6 @@ mod svg_plot;
 
 use std::path::PathBuf;
 
-/// Counts live allocator bytes, so `tusk bench index` can report the peers' memory per key.
-/// One relaxed atomic add per allocation; tusk's own hot paths reuse their buffers. It is the
-/// allocator of every program linking this package (the `tusk` binary and its tests).
-#[global_allocator]
-static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
-
 use clap::{Parser, Subcommand, ValueEnum};
 use crashtest::scratch_fs::{self, FileSystem, Prepared};
 
