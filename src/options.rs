@@ -23,7 +23,9 @@ pub struct Options {
     pub durability: Durability,
     /// The I/O backend for the log (default: io_uring where available, else pwrite).
     pub io: Io,
-    /// Number of log partitions; threads map to them round-robin (default: available cores).
+    /// Number of log partitions (default: available cores). Threads map to them round-robin
+    /// for their `Async` commits; `Sync` and `Partition` commits share partition 0, so that
+    /// concurrent waiters share its flushes.
     pub log_partitions: usize,
     /// A partition's buffer is written once it holds this many bytes (default 1 MiB).
     pub log_buffer_bytes: usize,

@@ -409,12 +409,14 @@ impl<'a> Worker<'a> {
     }
 }
 
-/// Spawns threads until one appends to log partition 0 and one to partition 1 (of 2).
+/// Spawns threads until one appends its `Async` commits to log partition 0 and one to
+/// partition 1 (of 2). (Commits that wait append to partition 0 whatever their thread.)
 fn workers_per_partition<'a, 'env>(s: &'a Scope<'a, 'env>, store: &'a Store, dir: &Path, probe: HeapPtr) -> [Worker<'a>; 2] {
     let mut found: [Option<Worker<'a>>; 2] = [None, None];
     for i in 0..64u64 {
         let w = Worker::spawn(s);
-        let lsn = w.run(move || put(store, probe, 0, i, Commit::Sync));
+        let lsn = w.run(move || put(store, probe, 0, i, Commit::Async));
+        assert!(store.is_stable(lsn, true), "the probe's record becomes durable");
         let part = partition_of_lsn(dir, 2, lsn).expect("the probe's record is on disk") as usize;
         if found[part].is_none() {
             found[part] = Some(w);
@@ -426,13 +428,14 @@ fn workers_per_partition<'a, 'env>(s: &'a Scope<'a, 'env>, store: &'a Store, dir
     panic!("no thread landed on one of the two partitions");
 }
 
-/// Cuts partition 0's last record, LSN `g`, from the closed store's log and reopens it:
-/// recovery finds a gap at `g` and applies the one Partition record beyond it.
-fn reopen_with_partition_0_cut_at(dir: &Path, opts: Options, g: u64) -> Store {
-    let seg0 = segments(dir, 0).last().cloned().unwrap();
-    let victim = *records(&seg0).last().unwrap();
-    assert_eq!(victim.lsn, g, "LSN {g} is partition 0's last record");
-    truncate(&seg0, victim.offset);
+/// Cuts partition 1's last record, LSN `g` (an Async commit of partition 1's thread), from the
+/// closed store's log and reopens it: recovery finds a gap at `g` and applies the one
+/// Partition record beyond it (in partition 0, where commits that wait append).
+fn reopen_with_partition_1_cut_at(dir: &Path, opts: Options, g: u64) -> Store {
+    let seg1 = segments(dir, 1).last().cloned().unwrap();
+    let victim = *records(&seg1).last().unwrap();
+    assert_eq!(victim.lsn, g, "LSN {g} is partition 1's last record");
+    truncate(&seg1, victim.offset);
     let store = Store::open(dir, opts).unwrap();
     let report = store.recovery_report().clone();
     assert_eq!(report.gap_at, Some(g), "{report:?}");
@@ -441,13 +444,13 @@ fn reopen_with_partition_0_cut_at(dir: &Path, opts: Options, g: u64) -> Store {
 }
 
 fn probe_alloc(store: &Store) -> HeapPtr {
-    alloc_under_root(store, "probe", 8).0
+    alloc_under_root(store, "probe", 8, Commit::Sync).0
 }
 
-/// Allocates `len` bytes under the root `root` in a Sync commit: the block and the LSN.
-fn alloc_under_root(store: &Store, root: &str, len: u64) -> (HeapPtr, Option<u64>) {
+/// Allocates `len` bytes under the root `root` in a commit of `mode`: the block and the LSN.
+fn alloc_under_root(store: &Store, root: &str, len: u64, mode: Commit) -> (HeapPtr, Option<u64>) {
     store
-        .transact(Commit::Sync, |tx| {
+        .transact(mode, |tx| {
             let p = tx.alloc(len)?;
             tx.set_root(root, p)?;
             Ok(p)
@@ -531,8 +534,9 @@ fn gap_from_cut_partition(torn: bool) {
     let (g, tail) = std::thread::scope(|s| {
         let [w0, w1] = workers_per_partition(s, &store, dir.path(), probe);
         let store = &store;
-        let g = w0.run(move || put(store, p, 8, 808, Commit::Sync));
-        let tail = w1.run(move || {
+        // The victim, on partition 1; everything after it goes to partition 0.
+        let g = w1.run(move || put(store, p, 8, 808, Commit::Async));
+        let tail = w0.run(move || {
             [
                 (put(store, p, 9, 909, Commit::Partition), true),
                 (put(store, p, 10, 1010, Commit::Sync), false),
@@ -545,12 +549,12 @@ fn gap_from_cut_partition(torn: bool) {
     assert_eq!(tail.iter().map(|t| t.0).collect::<Vec<_>>(), (g + 1..=g + 4).collect::<Vec<_>>());
     store.close().unwrap();
 
-    // Cut partition 0 back to just before LSN g: its last record.
-    let seg0 = segments(dir.path(), 0).last().cloned().unwrap();
-    let recs = records(&seg0);
+    // Cut partition 1 back to just before LSN g: its last record.
+    let seg1 = segments(dir.path(), 1).last().cloned().unwrap();
+    let recs = records(&seg1);
     let victim = *recs.last().unwrap();
-    assert_eq!(victim.lsn, g, "LSN {g} is partition 0's last record");
-    truncate(&seg0, if torn { victim.offset + victim.len / 2 } else { victim.offset });
+    assert_eq!(victim.lsn, g, "LSN {g} is partition 1's last record");
+    truncate(&seg1, if torn { victim.offset + victim.len / 2 } else { victim.offset });
 
     let store = Store::open(dir.path(), opts.clone()).unwrap();
     let report = store.recovery_report().clone();
@@ -562,8 +566,8 @@ fn gap_from_cut_partition(torn: bool) {
     assert_eq!(report.marker_needed, Some((g - 1, g + 4)), "{report:?}");
     if torn {
         assert_eq!(report.torn_tails.len(), 1, "{report:?}");
-        assert_eq!((&report.torn_tails[0].path, report.torn_tails[0].offset), (&seg0, victim.offset));
-        assert_eq!(file_len(&seg0), victim.offset);
+        assert_eq!((&report.torn_tails[0].path, report.torn_tails[0].offset), (&seg1, victim.offset));
+        assert_eq!(file_len(&seg1), victim.offset);
     } else {
         assert!(report.torn_tails.is_empty(), "a cut at a record boundary is a clean end: {report:?}");
     }
@@ -608,14 +612,14 @@ fn an_in_place_partition_record_beyond_a_gap_brings_only_its_own_writes() {
     let g = std::thread::scope(|s| {
         let [w0, w1] = workers_per_partition(s, &store, dir.path(), probe);
         let store = &store;
-        // The victim: words 1 and 2 of the first lines, on partition 0.
-        let g = w0.run(move || {
+        // The victim: words 1 and 2 of the first lines, on partition 1.
+        let g = w1.run(move || {
             let (_, lsn) = store
-                .transact(Commit::Sync, |tx| (0..8).try_for_each(|l| tx.write_at(big, 64 * l + 8, &[808u64.to_le_bytes(), 808u64.to_le_bytes()].concat())))
+                .transact(Commit::Async, |tx| (0..8).try_for_each(|l| tx.write_at(big, 64 * l + 8, &[808u64.to_le_bytes(), 808u64.to_le_bytes()].concat())))
                 .unwrap();
             lsn.unwrap()
         });
-        w1.run(move || {
+        w0.run(move || {
             let (in_place, lsn) = store
                 .transact(Commit::Partition, |tx| {
                     for l in 0..LINES {
@@ -631,7 +635,7 @@ fn an_in_place_partition_record_beyond_a_gap_brings_only_its_own_writes() {
         g
     });
     store.close().unwrap();
-    let store = reopen_with_partition_0_cut_at(dir.path(), opts, g);
+    let store = reopen_with_partition_1_cut_at(dir.path(), opts, g);
     let words = store
         .transact(Commit::Async, |tx| (0..LINES * 8).map(|w| tx.read_u64_at(big, 8 * w)).collect::<Result<Vec<u64>, _>>())
         .unwrap()
@@ -646,10 +650,10 @@ fn an_in_place_partition_record_beyond_a_gap_brings_only_its_own_writes() {
     store.close().unwrap();
 }
 
-/// The same gap made by the log itself: partition 0's flush succeeds and partition 1's
-/// next flush fails (fault injection; partitions flush independently), so an Async commit
-/// on partition 1 is lost while a later Async and a Partition commit on partition 0 reach
-/// the disk.
+/// The same gap made by the log itself: an Async commit on partition 1 stays buffered,
+/// partition 0's flush succeeds and its next one fails (fault injection; partitions flush
+/// independently), so the Async commit on partition 1 is lost while a later Async and a
+/// Partition commit on partition 0 reach the disk.
 #[test]
 fn gap_from_a_failed_partition_flush() {
     let dir = tempfile::tempdir().unwrap();
@@ -676,7 +680,8 @@ fn gap_from_a_failed_partition_flush() {
         assert_eq!(z, g + 1);
         assert!(store.durable_lsn() < g, "the Async commits must still be buffered");
         // The next flush (partition 0's, led by this Partition commit) succeeds; the one
-        // after it (partition 1's, led by the next) fails.
+        // after it (partition 0's again, led by the next, whose thread's own partition is 1:
+        // commits that wait append to partition 0) fails.
         plan.fail_after(1, libc::EIO);
         let y = w0.run(move || store.transact(Commit::Partition, |tx| tx.write_u64_at(p, 8 * 10, 1010)));
         let failed = w1.run(move || store.transact(Commit::Partition, |tx| tx.write_u64_at(p, 8 * 11, 1111)));
@@ -723,15 +728,15 @@ fn an_arenas_free_pages_are_zero_after_a_partition_record_beyond_a_gap() {
     let opts = Options { log_partitions: 2, ..small_opts() };
     let store = Store::open(dir.path(), opts.clone()).unwrap();
     let probe = probe_alloc(&store);
-    let alloc = |store: &Store, root: &'static str| alloc_under_root(store, root, LEN);
     let (first, block, g) = std::thread::scope(|s| {
         let [w0, w1] = workers_per_partition(s, &store, dir.path(), probe);
         let store = &store;
-        // Partition 0's thread: its arena's step, durable; then the victim carves from it.
-        let (first, _) = w0.run(move || alloc(store, "first"));
-        let (block, g) = w0.run(move || alloc(store, "block"));
+        // Partition 1's thread: its arena's step, durable; then the victim (Async, on
+        // partition 1) carves from it.
+        let (first, _) = w1.run(move || alloc_under_root(store, "first", LEN, Commit::Sync));
+        let (block, g) = w1.run(move || alloc_under_root(store, "block", LEN, Commit::Async));
         let g = g.unwrap();
-        w1.run(move || {
+        w0.run(move || {
             let (_, lsn) = store.transact(Commit::Partition, |tx| tx.write_at(block, 0, &[0x5A; LEN as usize])).unwrap();
             assert!(lsn.unwrap() > g);
         });
@@ -739,7 +744,7 @@ fn an_arenas_free_pages_are_zero_after_a_partition_record_beyond_a_gap() {
     });
     assert_eq!(block.offset(), first.offset() + 2 * 4096, "the victim's block came from the same arena step");
     store.close().unwrap();
-    let store = reopen_with_partition_0_cut_at(dir.path(), opts, g);
+    let store = reopen_with_partition_1_cut_at(dir.path(), opts, g);
     let mut tx = store.begin();
     assert!(tx.root("first").unwrap().is_some() && tx.root("block").unwrap().is_none(), "only the victim is lost");
     tx.abort();
@@ -780,20 +785,20 @@ fn memory_beyond_brk_is_zero_after_a_partition_record_beyond_a_gap() {
     let (g, block) = std::thread::scope(|s| {
         let [w0, w1] = workers_per_partition(s, &store, dir.path(), probe);
         let store = &store;
-        // The victim, on partition 0: takes a block from brk.
-        let (block, g) = w0.run(move || {
-            let (block, lsn) = alloc_under_root(store, "block", LEN);
+        // The victim, on partition 1: takes a block from brk.
+        let (block, g) = w1.run(move || {
+            let (block, lsn) = alloc_under_root(store, "block", LEN, Commit::Async);
             (block, lsn.unwrap())
         });
-        // Beyond it, on partition 1: a Partition commit writes into that block.
-        w1.run(move || {
+        // Beyond it, on partition 0: a Partition commit writes into that block.
+        w0.run(move || {
             let (_, lsn) = store.transact(Commit::Partition, |tx| tx.write_at(block, 0, &[0x5A; LEN as usize])).unwrap();
             assert!(lsn.unwrap() > g);
         });
         (g, block)
     });
     store.close().unwrap();
-    let store = reopen_with_partition_0_cut_at(dir.path(), opts, g);
+    let store = reopen_with_partition_1_cut_at(dir.path(), opts, g);
     let (bytes, _) = store
         .transact(Commit::Sync, |tx| {
             assert_eq!(tx.root("block")?, None, "the victim is lost");

@@ -32,6 +32,10 @@ const STRIPE_NAP_FIRST: std::time::Duration = std::time::Duration::from_micros(2
 #[cfg(not(loom))]
 const STRIPE_NAP_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// The log partition every commit that waits for its flush appends to (see
+/// [`Engine::partition_for_commit`]); it is also a partition some threads' `Async` commits use.
+pub const WAITING_PARTITION: usize = 0;
+
 pub struct EngineConfig {
     /// `2^stripes_log2` stripe locks.
     pub stripes_log2: u32,
@@ -197,7 +201,22 @@ impl Engine {
         THREAD_SLOT.with(|s| *s)
     }
 
-    /// The log partition the calling thread appends to.
+    /// The log partition a commit appends to: a commit that waits for its record's flush
+    /// (`waits`: `Sync`, `Partition`) appends to [`WAITING_PARTITION`], whatever its thread, so
+    /// that concurrent waiters share one flush; one that does not wait (`Async`) appends to its
+    /// thread's partition. On a disk where fdatasyncs of several files side by side cost
+    /// several times one, waiters each leading a flush of their own partition did not group:
+    /// 16 threads committing `Sync` reached 3.7x one thread on the 16-core device host
+    /// (BENCHMARKS.md, "16 cores").
+    pub fn partition_for_commit(&self, waits: bool) -> usize {
+        if waits {
+            WAITING_PARTITION
+        } else {
+            self.partition_of_current_thread()
+        }
+    }
+
+    /// The log partition the calling thread appends to when it does not wait.
     pub fn partition_of_current_thread(&self) -> usize {
         let parts = self.log.as_ref().map_or(1, |l| l.partitions());
         THREAD_SLOT.with(|s| *s % parts)
@@ -237,7 +256,7 @@ impl Engine {
     pub fn append_marker(&self, from: u64, to: u64) -> Result<u64, TxnError> {
         assert_eq!(self.last_lsn(), to, "a marker directly follows the LSNs it resolves");
         let Some(log) = &self.log else { return Ok(self.clock.fetch_add(1, Ordering::SeqCst) + 1) };
-        let (lsn, _) = log.append(0, |buf, lsn| {
+        let (lsn, _) = log.append(0, true, |buf, lsn| {
             RecordEncoder::begin(buf, RecordHeader { lsn, partition: 0, flags: 0, void: Some((from, to)) }).finish(buf);
         });
         log.wait_durable(lsn)?;
@@ -372,7 +391,7 @@ impl Engine {
         match &self.log {
             Some(log) => {
                 let partition = self.partition_of_current_thread();
-                log.append(partition, |buf, lsn| {
+                log.append(partition, false, |buf, lsn| {
                     RecordEncoder::begin(buf, RecordHeader { lsn, partition: partition as u32, flags: 0, void: None }).finish(buf);
                 })
                 .0

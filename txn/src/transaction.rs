@@ -48,9 +48,18 @@ pub enum Commit {
     Sync,
     /// Returns at once; durability follows within the group-commit interval.
     Async,
-    /// Returns once this thread's log partition holds the record durably; the record is
-    /// flagged so that recovery applies it even beyond an LSN gap.
+    /// Returns once the log partition it went to holds the record durably (not waiting for
+    /// the other partitions); the record is flagged so that recovery applies it even beyond
+    /// an LSN gap.
     Partition,
+}
+
+impl Commit {
+    /// Whether the commit waits for its record's flush (and so appends where other waiters
+    /// do: [`Engine::partition_for_commit`]).
+    pub fn waits(self) -> bool {
+        self != Commit::Async
+    }
 }
 
 /// How often a reader re-reads a locked stripe before giving up with a conflict.
@@ -767,12 +776,12 @@ impl<'e> Transaction<'e> {
         // Point of no return: the transaction commits. The gate pass spans the LSN draw and
         // the write-back, so a snapshot sees all of this commit or none of it.
         let pass = engine.gate.enter(engine.thread_slot());
-        let partition = engine.partition_of_current_thread();
+        let partition = engine.partition_for_commit(mode.waits());
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
         let (lsn, over_bound) = match &engine.log {
             Some(log) => {
                 let lines = self.bufs.writes.sorted();
-                log.append(partition, |buf, lsn| {
+                log.append(partition, mode.waits(), |buf, lsn| {
                     encode_record(buf, lsn, partition as u32, flags, lines.len(), |k| {
                         let e = lines.get(k);
                         LineWrites { line: e.line, masks: e.masks, words: e.words }
@@ -1262,7 +1271,7 @@ impl<'e> Transaction<'e> {
         // words of its lines may hold writes of transactions lost in that gap.
         state.lines_in_order();
         state.masks_in_order();
-        let partition = engine.partition_of_current_thread();
+        let partition = engine.partition_for_commit(mode.waits());
         let flags = if mode == Commit::Partition { FLAG_PARTITION } else { 0 };
         let (lines, masks) = (&state.lines, &state.masks);
         let after = |k: usize| {
@@ -1287,7 +1296,7 @@ impl<'e> Transaction<'e> {
                 // without a log; the commit reports the error.
                 (lsn.unwrap_or_else(|| engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1), false)
             }
-            Some(log) => log.append(partition, |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), after)),
+            Some(log) => log.append(partition, mode.waits(), |buf, lsn| encode_record(buf, lsn, partition as u32, flags, lines.len(), after)),
             None => (engine.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1, false),
         };
         crate::sync::fence(std::sync::atomic::Ordering::Release);

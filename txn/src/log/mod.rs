@@ -128,8 +128,8 @@ impl LogManager {
     /// B-link transactions spent about a fifth of their time so). Counting the buffer in
     /// flight keeps a committer of large records to about two of them not yet durable: the
     /// next waits while the one before is still being written.
-    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, bool) {
-        let (lsn, before, len) = self.shared.group.append(partition, encode);
+    pub fn append(&self, partition: usize, waits: bool, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, bool) {
+        let (lsn, before, len) = self.shared.group.append(partition, waits, encode);
         if len >= self.shared.config.log_buffer_bytes {
             self.shared.kick();
         }

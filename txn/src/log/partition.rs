@@ -14,6 +14,9 @@ use crate::sync::{AtomicU64, HerdCondvar, HerdGuard, HerdMutex, Mutex};
 /// once a flush carries under a quarter of it.
 pub const MAX_KEPT_BUFFER: usize = 64 << 20;
 
+/// The longest a leader pauses to gather records for its flush (see [`Partition::gather`]).
+pub const MAX_GATHER: Duration = Duration::from_micros(250);
+
 /// Each partition on cache lines of its own: partitions sit side by side in a `Vec`, and
 /// one thread's appends must not pull in the line another partition's committer holds.
 #[derive(Default)]
@@ -32,6 +35,9 @@ pub struct Partition {
     /// once, not one after another behind the mutex.
     wake: HerdMutex<()>,
     cond: [HerdCondvar; 2],
+    /// Records in the active buffer whose committers wait for their flush: what a leader
+    /// gathers for (see [`Partition::gather`]). Written under the state mutex, read without.
+    waiting_now: AtomicU64,
 }
 
 #[derive(Default)]
@@ -50,11 +56,15 @@ struct State {
     spare: Vec<u8>,
     /// When a buffer was last taken for a flush (by anyone).
     last_take: Option<Instant>,
+    /// Records of waiting committers in the buffer last taken.
+    last_waiting: u64,
+    /// How long the last flush's write took.
+    last_write: Duration,
 }
 
 impl State {
     /// Puts the active buffer in flight as the next generation, holding LSNs `first..=last`.
-    fn take_active(&mut self, first: u64, last: u64) -> Taken {
+    fn take_active(&mut self, first: u64, last: u64, waiting_now: &AtomicU64) -> Taken {
         let spare = std::mem::take(&mut self.spare);
         let data = std::mem::replace(&mut self.active, spare);
         self.takes += 1;
@@ -63,6 +73,7 @@ impl State {
         self.active_first = 0;
         self.active_last = 0;
         self.last_take = Some(Instant::now());
+        self.last_waiting = waiting_now.swap(0, Ordering::Relaxed);
         Taken { data, first, last, generation: self.takes }
     }
 }
@@ -77,11 +88,15 @@ pub struct Taken {
 }
 
 impl Partition {
-    /// Draws an LSN from `clock` and appends its record, under this partition's mutex.
-    /// Returns the LSN, the bytes not yet durable ahead of the record (the active buffer's and
-    /// the one in flight's), and the active buffer's bytes after the append.
-    pub fn append(&self, clock: &AtomicU64, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
+    /// Draws an LSN from `clock` and appends its record, under this partition's mutex; `waits`
+    /// says its committer will wait for the record's flush. Returns the LSN, the bytes not yet
+    /// durable ahead of the record (the active buffer's and the one in flight's), and the
+    /// active buffer's bytes after the append.
+    pub fn append(&self, clock: &AtomicU64, waits: bool, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
         let mut s = self.state.lock();
+        if waits {
+            self.waiting_now.fetch_add(1, Ordering::Relaxed);
+        }
         let lsn = clock.fetch_add(1, Ordering::SeqCst) + 1;
         let before = s.active.len() + s.inflight_bytes;
         encode(&mut s.active, lsn);
@@ -188,7 +203,7 @@ impl Partition {
             return None;
         }
         let (first, last) = (s.active_first, s.active_last);
-        Some(s.take_active(first, last))
+        Some(s.take_active(first, last, &self.waiting_now))
     }
 
     /// Draws an LSN from `clock` for a record written with the buffer taken here, right
@@ -201,12 +216,45 @@ impl Partition {
         let lsn = clock.fetch_add(1, Ordering::SeqCst) + 1;
         debug_assert!(lsn > s.active_last, "LSNs ascend within a partition");
         let first = if s.active_first != 0 { s.active_first } else { lsn };
-        s.take_active(first, lsn)
+        s.take_active(first, lsn, &self.waiting_now)
     }
 
-    /// The writer made `taken` durable.
-    pub fn written(&self, mut taken: Taken) {
+    /// A leader's pause before it takes the buffer, so that one flush carries the records of
+    /// every committer that waits on this partition. When a flush ends, its waiters return
+    /// together and commit again a few microseconds later; the first to append leads the next
+    /// flush and, taking the buffer at once, would carry its own record alone while the
+    /// others' wait for the flush after it: flushes would alternate between one record and
+    /// the rest, and each commit would wait two flushes. So the leader waits until as many
+    /// waiting records are buffered as the last flush carried, for at most a quarter of the
+    /// last flush's write (at most [`MAX_GATHER`]); with one committer, never. Returns whether
+    /// it paused.
+    #[cfg(not(loom))]
+    pub fn gather(&self) -> bool {
+        let (target, limit) = {
+            let s = self.state.lock();
+            (s.last_waiting, (s.last_write / 4).min(MAX_GATHER))
+        };
+        let short = || self.waiting_now.load(Ordering::Relaxed) < target;
+        if target < 2 || !short() {
+            return false;
+        }
+        let started = Instant::now();
+        while short() && started.elapsed() < limit {
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// Under loom, no pause: it is a matter of timing, and the models check the protocol.
+    #[cfg(loom)]
+    pub fn gather(&self) -> bool {
+        false
+    }
+
+    /// The writer made `taken` durable, its write having taken `took`.
+    pub fn written(&self, mut taken: Taken, took: Duration) {
         let mut s = self.state.lock();
+        s.last_write = took;
         debug_assert_eq!(s.inflight_first, taken.first);
         s.inflight_first = 0;
         s.inflight_bytes = 0;
@@ -228,22 +276,58 @@ impl Partition {
 mod tests {
     use super::*;
 
+    /// A leader pauses only after a flush that carried several waiting committers' records,
+    /// and only while fewer of them are buffered again; records of commits that do not wait
+    /// count for nothing; the pause ends by the bound when no more come.
+    #[test]
+    fn a_leader_gathers_as_many_waiting_records_as_the_last_flush_carried() {
+        let clock = AtomicU64::new(0);
+        let p = Partition::default();
+        let append = |waits: bool| p.append(&clock, waits, |buf, _| buf.extend_from_slice(&[0; 8]));
+        let flush = |took: Duration| {
+            let taken = p.take().expect("records buffered");
+            p.written(taken, took);
+        };
+        append(true);
+        flush(Duration::from_millis(1));
+        append(true);
+        assert!(!p.gather(), "the last flush carried one waiter's record: no pause");
+        for _ in 0..2 {
+            append(true);
+        }
+        flush(Duration::from_micros(400));
+        append(true);
+        let started = Instant::now();
+        assert!(p.gather(), "three waiters last time, one now: a pause");
+        assert!(started.elapsed() >= Duration::from_micros(100), "the pause lasts a quarter of the last write when no record comes");
+        append(true);
+        append(true);
+        assert!(!p.gather(), "as many waiting records as last time: no pause");
+        flush(Duration::from_secs(1));
+        for _ in 0..3 {
+            append(false);
+        }
+        flush(Duration::from_secs(1));
+        append(true);
+        assert!(!p.gather(), "the last flush carried no waiter's record: no pause");
+    }
+
     #[test]
     fn a_flush_pushes_the_next_background_flush_back() {
         let clock = AtomicU64::new(0);
         let p = Partition::default();
         let interval = Duration::from_millis(500);
         assert_eq!(p.flush_due(interval, Instant::now()), None, "nothing buffered");
-        p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        p.append(&clock, false, |buf, _| buf.extend_from_slice(&[0; 8]));
         let now = Instant::now();
         assert_eq!(p.flush_due(interval, now), Some(now), "never flushed: due at once");
         let before = Instant::now();
         let taken = p.take().unwrap();
         assert_eq!(p.flush_due(interval, Instant::now()), None, "the buffer went with the flush");
-        p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        p.append(&clock, false, |buf, _| buf.extend_from_slice(&[0; 8]));
         let due = p.flush_due(interval, Instant::now()).unwrap();
         assert!(due >= before + interval && due <= Instant::now() + interval, "due one interval after the take");
-        p.written(taken);
+        p.written(taken, Duration::ZERO);
         assert_eq!(p.flush_due(interval, Instant::now()), Some(due), "finishing the flush does not move it");
     }
 
@@ -253,19 +337,19 @@ mod tests {
     fn append_reports_the_bytes_ahead_of_its_record() {
         let clock = AtomicU64::new(0);
         let p = Partition::default();
-        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
+        let (_, before, after) = p.append(&clock, false, |buf, _| buf.resize(buf.len() + 1000, 0));
         assert_eq!((before, after), (0, 1000), "a large record into an empty buffer has nothing ahead of it");
-        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 10, 0));
+        let (_, before, after) = p.append(&clock, false, |buf, _| buf.resize(buf.len() + 10, 0));
         assert_eq!((before, after), (1000, 1010));
         let taken = p.take().unwrap();
-        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
+        let (_, before, after) = p.append(&clock, false, |buf, _| buf.resize(buf.len() + 1000, 0));
         assert_eq!((before, after), (1010, 1000), "the bytes in flight are still ahead until written");
-        p.written(taken);
-        let (_, before, after) = p.append(&clock, |buf, _| buf.resize(buf.len() + 10, 0));
+        p.written(taken, Duration::ZERO);
+        let (_, before, after) = p.append(&clock, false, |buf, _| buf.resize(buf.len() + 10, 0));
         assert_eq!((before, after), (1000, 1010), "once written, only the active buffer is ahead");
         let taken = p.take().unwrap();
-        p.written(taken);
-        let (_, before, _) = p.append(&clock, |buf, _| buf.resize(buf.len() + 1000, 0));
+        p.written(taken, Duration::ZERO);
+        let (_, before, _) = p.append(&clock, false, |buf, _| buf.resize(buf.len() + 1000, 0));
         assert_eq!(before, 0, "nothing ahead once every flush is done");
     }
 
@@ -274,7 +358,7 @@ mod tests {
         let clock = AtomicU64::new(10);
         let p = Partition::default();
         assert_eq!(p.first_pending(), None);
-        let (lsn, _, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        let (lsn, _, _) = p.append(&clock, false, |buf, _| buf.extend_from_slice(&[0; 8]));
         assert_eq!(lsn, 11);
         assert_eq!(p.first_pending(), Some(11));
         assert_eq!(p.generation_for(11), Some(1), "the active buffer goes with the next take");
@@ -282,11 +366,11 @@ mod tests {
         let taken = p.take().unwrap();
         assert_eq!(taken.generation, 1);
         assert!(p.take().is_none(), "one buffer in flight at a time");
-        let (lsn2, _, _) = p.append(&clock, |buf, _| buf.extend_from_slice(&[0; 8]));
+        let (lsn2, _, _) = p.append(&clock, false, |buf, _| buf.extend_from_slice(&[0; 8]));
         assert_eq!(p.first_pending(), Some(11), "in-flight buffer is older");
         assert_eq!(p.generation_for(11), Some(1), "in flight");
         assert_eq!(p.generation_for(lsn2), Some(2), "behind the buffer in flight");
-        p.written(taken);
+        p.written(taken, Duration::ZERO);
         assert_eq!(p.durable(), 11);
         assert_eq!(p.generation_for(11), None);
         assert_eq!(p.first_pending(), Some(lsn2));
@@ -302,10 +386,10 @@ mod tests {
         let p = Partition::default();
         // The flushed buffer's capacity, then the active and the spare one's.
         let flush = |bytes: usize| {
-            p.append(&clock, |buf, _| buf.resize(buf.len() + bytes, 0));
+            p.append(&clock, false, |buf, _| buf.resize(buf.len() + bytes, 0));
             let taken = p.take().unwrap();
             let cap = taken.data.capacity();
-            p.written(taken);
+            p.written(taken, Duration::ZERO);
             let s = p.state.lock();
             (cap, s.active.capacity(), s.spare.capacity())
         };

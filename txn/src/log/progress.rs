@@ -109,15 +109,15 @@ impl<S: Flush> FlushGroup<S> {
     }
 
     /// Draws an LSN and appends its record to `partition` (see [`Partition::append`]).
-    pub fn append(&self, partition: usize, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
-        self.partitions[partition].append(&self.clock, encode)
+    pub fn append(&self, partition: usize, waits: bool, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, usize, usize) {
+        self.partitions[partition].append(&self.clock, waits, encode)
     }
 
     /// Flushes `partition` once if its slot is free; returns whether it was.
     pub fn flush(&self, partition: usize) -> bool {
         match self.claim(partition) {
             Some(slot) => {
-                self.flush_locked(partition, slot);
+                self.flush_locked(partition, slot, false);
                 true
             }
             None => false,
@@ -132,8 +132,13 @@ impl<S: Flush> FlushGroup<S> {
 
     /// Writes what `partition` has buffered, then releases the slot, advances the watermark
     /// and wakes the partition's waiters, in that order (see the module docs).
-    fn flush_locked(&self, partition: usize, mut slot: MutexGuard<'_, S>) {
+    /// Flushes `partition` holding its slot; a leader (`gather`: a committer that waits)
+    /// first gives the other waiting committers a moment to append (see [`Partition::gather`]).
+    fn flush_locked(&self, partition: usize, mut slot: MutexGuard<'_, S>, gather: bool) {
         let p = &self.partitions[partition];
+        if gather {
+            p.gather();
+        }
         // With nothing taken, the last generation's waiters were woken by its own flush;
         // this flush still hands the lead to a waiter of the next one.
         let mut generation = p.last_generation();
@@ -142,8 +147,9 @@ impl<S: Flush> FlushGroup<S> {
         if !self.failed.load(Ordering::SeqCst) && !self.is_stopped() {
             if let Some(taken) = p.take() {
                 generation = taken.generation;
+                let started = std::time::Instant::now();
                 match slot.write(&taken, None) {
-                    Ok(()) => p.written(taken),
+                    Ok(()) => p.written(taken, started.elapsed()),
                     // The buffer stays in flight: the watermark cannot pass it.
                     Err(why) => self.fail(why),
                 }
@@ -193,7 +199,7 @@ impl<S: Flush> FlushGroup<S> {
         let mut record = record(lsn);
         let result = match slot.write(&taken, Some(&mut record)) {
             Ok(()) => {
-                p.written(taken);
+                p.written(taken, std::time::Duration::ZERO);
                 Ok(())
             }
             // The buffer stays in flight: the watermark cannot pass it.
@@ -221,7 +227,7 @@ impl<S: Flush> FlushGroup<S> {
                 self.check()?;
                 if let Some(slot) = self.claim(partition) {
                     drop(wake);
-                    self.flush_locked(partition, slot);
+                    self.flush_locked(partition, slot, true);
                     break;
                 }
                 // None: nothing ≤ lsn pending, so the durable check above now passes.
@@ -251,7 +257,7 @@ impl<S: Flush> FlushGroup<S> {
             for i in 0..self.partitions.len() {
                 let Some(first) = self.partitions[i].first_pending().filter(|&f| f <= lsn) else { continue };
                 if let Some(slot) = self.claim(i) {
-                    self.flush_locked(i, slot);
+                    self.flush_locked(i, slot, true);
                     led = true;
                     break;
                 }
@@ -278,7 +284,7 @@ impl<S: Flush> FlushGroup<S> {
                 let Some(generation) = p.generation_for(lsn) else { break };
                 if let Some(slot) = self.claim(i) {
                     drop(wake);
-                    self.flush_locked(i, slot);
+                    self.flush_locked(i, slot, true);
                     break;
                 }
                 p.sleep(&mut wake, generation);
@@ -398,7 +404,7 @@ use crossbeam_utils::CachePadded;
 
     /// Appends one record to `partition` (the LSN is the record).
     fn append(log: &Log, partition: usize) -> u64 {
-        log.group.append(partition, |buf, lsn| buf.extend_from_slice(&lsn.to_le_bytes())).0
+        log.group.append(partition, false, |buf, lsn| buf.extend_from_slice(&lsn.to_le_bytes())).0
     }
 
     /// The watermark never promises an LSN that is not on disk.
