@@ -105,6 +105,11 @@ pub struct TxnArgs {
     /// Group-commit interval in microseconds (default: the library's).
     #[arg(long)]
     group_commit_us: Option<u64>,
+    /// The log's space bound in MiB (`Options::max_log_bytes`; default: the library's). A
+    /// checkpoint starts at half of it and commits stall near it until one trims the log, so
+    /// a log written faster than checkpoints can copy the heap is throttled to their pace.
+    #[arg(long)]
+    max_log_mib: Option<u64>,
     /// Issue `Transaction::prefetch` for the words before touching them.
     #[arg(long)]
     prefetch: bool,
@@ -343,6 +348,9 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
     }
     if let Some(us) = args.group_commit_us {
         options.group_commit_interval = Duration::from_micros(us);
+    }
+    if let Some(mib) = args.max_log_mib {
+        options.max_log_bytes = mib << 20;
     }
     let partitions = options.log_partitions;
     let store = Arc::new(Store::open(dir.path(), options)?);
