@@ -312,6 +312,7 @@ fn run_floor(args: &TxnArgs, threads: usize) -> Result<ModeResult, Box<dyn std::
         durable_lsn: 0,
         partitions: 0,
         flushes: 0,
+        checkpoints: 0,
         flush_bytes: 0,
         write_sync_us: None,
         floor_ratio: None,
@@ -425,6 +426,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
         _ => store.log_flush_totals(),
     };
     let io = if replay.is_some() { "replayed".into() } else { io };
+    let (_, _, checkpoints) = store.checkpoint_status();
     match Arc::try_unwrap(store) {
         Ok(store) => store.close()?,
         Err(_) => return Err("store still shared after the run".into()),
@@ -457,6 +459,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
         durable_lsn: durable,
         partitions,
         flushes,
+        checkpoints,
         flush_bytes,
         write_sync_us,
         floor_ratio: write_sync_us.map(|w| p50_us / w),
@@ -479,6 +482,8 @@ struct ModeResult {
     /// Log partitions of the store.
     partitions: usize,
     flushes: u64,
+    /// Checkpoints the store took during the run (by its interval or its log space bound).
+    checkpoints: u64,
     /// Mean bytes per log flush, rounded up to the O_DIRECT block.
     flush_bytes: usize,
     /// p50 of one write + fdatasync of `flush_bytes`, measured right after the run.
@@ -511,6 +516,8 @@ impl ModeResult {
             "io": self.io,
             "durable_lsn": self.durable_lsn,
             "flushes": self.flushes,
+            "checkpoints": self.checkpoints,
+            "max_log_mib": args.max_log_mib,
             "flush_bytes": self.flush_bytes,
             "write_sync_p50_us": self.write_sync_us,
             "p50_over_write_sync": self.floor_ratio,

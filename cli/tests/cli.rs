@@ -128,6 +128,27 @@ fn bench_txn_runs_every_mode_on_a_fresh_store_inside_the_given_dir() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `--max-log-mib` bounds the run's log: a bound far under what the run writes makes the
+/// store checkpoint during the run to trim it, where the default bound (1 GiB) and its
+/// 10-second interval take none in a second.
+#[test]
+fn bench_txn_max_log_mib_sets_the_logs_space_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--commit", "async", "--duration", "1", "--heap-mib", "16"];
+        args.extend_from_slice(extra);
+        let v = bench_txn_json(dir.path(), &args);
+        let row = v.as_array().map_or(v.clone(), |rows| rows[0].clone());
+        (row["checkpoints"].as_u64().unwrap_or_else(|| panic!("no checkpoint count: {row}")), row["commits"].as_u64().unwrap(), row)
+    };
+    let (bounded, commits, row) = run(&["--max-log-mib", "2"]);
+    assert!(commits > 0, "{row}");
+    assert!(bounded >= 1, "a 2 MiB bound took no checkpoint in {commits} commits: {row}");
+    assert_eq!(row["max_log_mib"], 2, "{row}");
+    let (unbounded, _, row) = run(&[]);
+    assert_eq!(unbounded, 0, "the default bound took a checkpoint: {row}");
+}
+
 /// `floor` runs the words on a bare heap, no store: it commits every "transaction" at its first
 /// attempt, writes no directory, and is the denominator of `off/floor`.
 #[test]
