@@ -648,9 +648,10 @@ pub fn run(args: TxnArgs) -> CliResult {
     Ok(())
 }
 
-/// `DIR/txn.svg`: throughput per mode (a bar per thread count), and p50 / p99 commit latency.
+/// `DIR/txn.svg`: throughput per mode (a bar per thread count), and p50 / p99 commit latency;
+/// with several thread counts also `DIR/txn_threads.svg`, throughput against threads.
 fn plot(dir: &Path, modes: &[CommitChoice], threads: &[usize], results: &[&ModeResult]) -> CliResult {
-    use super::svg_plot::{write_bars_grid, Bars};
+    use super::svg_plot::{write_bars_grid, write_svg, Bars, Chart, Series};
     std::fs::create_dir_all(dir).at(dir)?;
     let categories: Vec<String> = modes.iter().map(|m| m.name().to_string()).collect();
     let value = |t: usize, m: CommitChoice, f: fn(&ModeResult) -> f64| {
@@ -670,5 +671,20 @@ fn plot(dir: &Path, modes: &[CommitChoice], threads: &[usize], results: &[&ModeR
         latency.series.push((format!("p99, {}", per_threads(t)), modes.iter().map(|&m| value(t, m, |r| r.p99_us)).collect()));
     }
     write_bars_grid(&[throughput, latency], 2, &dir.join("txn.svg"))?;
+    if threads.len() > 1 {
+        // Scaling: a line per mode, txn/s against threads, beside a line of perfect scaling
+        // from the fewest threads' rate of the fastest mode there.
+        let mut series: Vec<Series> = modes
+            .iter()
+            .map(|&m| Series { label: m.name().to_string(), points: threads.iter().map(|&t| (t as f64, value(t, m, |r| r.txn_per_s))).filter(|p| p.1.is_finite()).collect() })
+            .collect();
+        let fewest = threads[0];
+        let base = modes.iter().map(|&m| value(fewest, m, |r| r.txn_per_s)).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        if base > 0.0 {
+            series.push(Series { label: format!("linear from {}", per_threads(fewest)), points: threads.iter().map(|&t| (t as f64, base * t as f64 / fewest as f64)).collect() });
+        }
+        let chart = Chart { title: "Hathi workload: txn/s against threads".into(), x_label: "threads".into(), y_label: "txn/s".into(), log_x: false, log_y: false, series };
+        write_svg(&chart, &dir.join("txn_threads.svg"))?;
+    }
     Ok(())
 }

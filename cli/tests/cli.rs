@@ -294,6 +294,11 @@ fn benches_write_their_figures_as_svg_charts() {
         }
         assert!(svg.matches("<rect").count() > 4, "{file} has no bars");
     }
+    let svg = std::fs::read_to_string(plots.join("txn_threads.svg")).unwrap();
+    for label in ["Hathi workload: txn/s against threads", "threads", "async", "off", "linear from 1 thread"] {
+        assert!(svg.lines().any(|l| l.trim() == label), "txn_threads.svg lacks {label}");
+    }
+    assert!(svg.matches("<polyline").count() >= 3, "txn_threads.svg has no lines");
 }
 
 #[test]
