@@ -52,6 +52,7 @@ pub use transaction::Transaction;
 pub use tusk_index::btree::TreeStats as BTreeSnapshotStats;
 pub use tusk_recovery::{FileKind, RecoveryReport, TornTail};
 pub use tusk_storage::io::{FaultPlan, Io, RecordConfig};
+pub use tusk_txn::log::catalog::FlushTotals;
 pub use tusk_storage::HeapPtr;
 pub use tusk_txn::{CheckpointReport, Commit, Lsn};
 

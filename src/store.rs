@@ -14,7 +14,7 @@ use crate::prefault::PrefaultService;
 
 use crate::options::{Durability, Options};
 use crate::transaction::Transaction;
-use crate::Error;
+use crate::{Error, FlushTotals};
 
 /// An open store: a heap, its transactions and its log, over one directory.
 ///
@@ -262,10 +262,10 @@ impl Store {
         self.engine.log().map_or(0, |l| l.catalog().total_bytes())
     }
 
-    /// Log flushes written since open, and their bytes (headers and pads included); zeros
-    /// without durability.
-    pub fn log_flush_totals(&self) -> (u64, u64) {
-        self.engine.log().map_or((0, 0), |l| l.catalog().flush_totals())
+    /// Log flushes written since open, their bytes (headers and pads included) and the time
+    /// their writes took; zeros without durability.
+    pub fn log_flush_totals(&self) -> FlushTotals {
+        self.engine.log().map_or(FlushTotals::default(), |l| l.catalog().flush_totals())
     }
 
     /// Makes everything committed durable and closes the store.

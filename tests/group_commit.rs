@@ -69,7 +69,7 @@ fn concurrent_sync_commits_share_flushes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), Options { log_partitions: THREADS as usize, ..opts() }).unwrap();
     let (p, _) = store.transact(Commit::Sync, |tx| tx.alloc(8 * THREADS)).unwrap();
-    let (flushes_before, _) = store.log_flush_totals();
+    let flushes_before = store.log_flush_totals().flushes;
     std::thread::scope(|s| {
         for t in 0..THREADS {
             let store = &store;
@@ -82,7 +82,9 @@ fn concurrent_sync_commits_share_flushes() {
             });
         }
     });
-    let flushes = store.log_flush_totals().0 - flushes_before;
+    let totals = store.log_flush_totals();
+    let flushes = totals.flushes - flushes_before;
+    assert!(totals.writing > std::time::Duration::ZERO, "flushes were written, but no time in writing was counted");
     let commits = THREADS * COMMITS;
     assert!(flushes * 2 <= commits, "{flushes} flushes for {commits} Sync commits of {THREADS} threads: they did not group");
     store.close().unwrap();

@@ -136,7 +136,7 @@ pub fn run(args: BatchArgs) -> CliResult {
     let mut input_bytes = 0u64;
     for _ in 0..args.rounds {
         let keys: Vec<u64> = (0..args.ops).map(|_| if rng.random_bool(args.updates) { key(rng.random_range(0..args.keys)) } else { rng.random() }).collect();
-        let (_, flushed_before) = store.log_flush_totals();
+        let flushed_before = store.log_flush_totals().bytes;
         // Only the chosen tree's operations are built (a 64 M-op batch's would take GBs).
         let bytes: Vec<[u8; 8]> = if args.index == IndexChoice::Art { keys.iter().map(|k| k.to_be_bytes()).collect() } else { Vec::new() };
         let btree_ops: Vec<BTreeOp> = if args.index == IndexChoice::Btree {
@@ -173,7 +173,7 @@ pub fn run(args: BatchArgs) -> CliResult {
         }
         batch_secs += started.elapsed().as_secs_f64();
         per_s.push(args.ops as f64 / started.elapsed().as_secs_f64());
-        let (_, flushed_after) = store.log_flush_totals();
+        let flushed_after = store.log_flush_totals().bytes;
         log_bytes_per_op.push((flushed_after - flushed_before) as f64 / args.ops as f64);
         inserted += outcome.inserted;
     }

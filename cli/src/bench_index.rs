@@ -153,20 +153,26 @@ trait Contender: Sync {
 }
 
 /// Runs `work` on `threads` threads, thread t getting the t-th contiguous share of `items`;
-/// returns the seconds taken and the sum of what the threads returned.
+/// returns the seconds taken and the sum of what the threads returned. The clock starts once
+/// every thread is up, so that a short phase on many threads does not count their start.
 fn parallel<T: Sync>(threads: usize, items: &[T], work: impl Fn(&[T]) -> Result<u64, tusk::Error> + Sync) -> Result<(f64, u64), tusk::Error> {
-    let started = Instant::now();
-    let results: Vec<Result<u64, tusk::Error>> = std::thread::scope(|s| {
+    let ready = std::sync::Barrier::new(threads + 1);
+    let (results, elapsed): (Vec<Result<u64, tusk::Error>>, f64) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let share = &items[t * items.len() / threads..(t + 1) * items.len() / threads];
-                let work = &work;
-                s.spawn(move || work(share))
+                let (work, ready) = (&work, &ready);
+                s.spawn(move || {
+                    ready.wait();
+                    work(share)
+                })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("benchmark thread panicked")).collect()
+        ready.wait();
+        let started = Instant::now();
+        let results = handles.into_iter().map(|h| h.join().expect("benchmark thread panicked")).collect();
+        (results, started.elapsed().as_secs_f64())
     });
-    let elapsed = started.elapsed().as_secs_f64();
     let mut total = 0;
     for r in results {
         total += r?;

@@ -312,6 +312,7 @@ fn run_floor(args: &TxnArgs, threads: usize) -> Result<ModeResult, Box<dyn std::
         durable_lsn: 0,
         partitions: 0,
         flushes: 0,
+        flush_write_us: None,
         checkpoints: 0,
         flush_bytes: 0,
         write_sync_us: None,
@@ -421,10 +422,14 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
     let elapsed = started.elapsed().as_secs_f64();
     let io = store.io_backend().unwrap_or_else(|| "none".into());
     let durable = store.durable_lsn();
-    let (flushes, flushed_bytes) = match (replayed, replay) {
-        (Some(flushes), Some(io)) => (flushes, flushes * io.flush_bytes as u64),
-        _ => store.log_flush_totals(),
+    let (flushes, flushed_bytes, writing) = match (replayed, replay) {
+        (Some(flushes), Some(io)) => (flushes, flushes * io.flush_bytes as u64, None),
+        _ => {
+            let totals = store.log_flush_totals();
+            (totals.flushes, totals.bytes, Some(totals.writing))
+        }
     };
+    let flush_write_us = writing.filter(|_| flushes > 0).map(|w| w.as_secs_f64() * 1e6 / flushes as f64);
     let io = if replay.is_some() { "replayed".into() } else { io };
     let (_, _, checkpoints) = store.checkpoint_status();
     match Arc::try_unwrap(store) {
@@ -459,6 +464,7 @@ fn run_once(args: &TxnArgs, threads: usize, commit: CommitChoice, log_io: Option
         durable_lsn: durable,
         partitions,
         flushes,
+        flush_write_us,
         checkpoints,
         flush_bytes,
         write_sync_us,
@@ -482,6 +488,8 @@ struct ModeResult {
     /// Log partitions of the store.
     partitions: usize,
     flushes: u64,
+    /// Mean time one flush's write and sync took (none where the flushes were replayed).
+    flush_write_us: Option<f64>,
     /// Checkpoints the store took during the run (by its interval or its log space bound).
     checkpoints: u64,
     /// Mean bytes per log flush, rounded up to the O_DIRECT block.
@@ -516,6 +524,8 @@ impl ModeResult {
             "io": self.io,
             "durable_lsn": self.durable_lsn,
             "flushes": self.flushes,
+            "commits_per_flush": (self.flushes > 0).then(|| self.commits as f64 / self.flushes as f64),
+            "flush_write_us": self.flush_write_us,
             "checkpoints": self.checkpoints,
             "max_log_mib": args.max_log_mib,
             "flush_bytes": self.flush_bytes,
@@ -624,12 +634,12 @@ pub fn run(args: TxnArgs) -> CliResult {
         thread_list.join(","), args.heap_mib, args.words, args.prefetch, args.rounds.max(1)
     );
     outln!(
-        "{:<10} {:>7} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>11} {:>11}",
-        "commit", "threads", "txn/s", "p50 us", "p99 us", "aborts", "log I/O", "flush B", "w+sync us", "ow+sync us"
+        "{:<10} {:>7} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9} {:>11} {:>11}",
+        "commit", "threads", "txn/s", "p50 us", "p99 us", "aborts", "log I/O", "flush B", "txn/flush", "flush us", "w+sync us", "ow+sync us"
     );
     for (r, _, _) in &results {
         outln!(
-            "{:<10} {:>7} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9} {:>8} {:>11} {:>11}",
+            "{:<10} {:>7} {:>12} {:>10.2} {:>10.2} {:>8.3}% {:>9} {:>8} {:>9} {:>9} {:>11} {:>11}",
             r.commit.name(),
             r.threads,
             rate(r.txn_per_s),
@@ -638,6 +648,8 @@ pub fn run(args: TxnArgs) -> CliResult {
             r.abort_rate * 100.0,
             r.io,
             r.flush_bytes,
+            if r.flushes > 0 { format!("{:.1}", r.commits as f64 / r.flushes as f64) } else { "-".into() },
+            r.flush_write_us.map_or_else(|| "-".into(), |w| format!("{w:.1}")),
             r.write_sync_us.map_or_else(|| "-".into(), |w| format!("{w:.1}")),
             r.overwrite_sync_us.map_or_else(|| "-".into(), |w| format!("{w:.1}")),
         );

@@ -227,6 +227,23 @@ fn bench_txn_reports_append_and_overwrite_probes() {
     }
 }
 
+/// Every run with a log says how many commits a flush carried and how long a flush's write
+/// took: what group commit is read by.
+#[test]
+fn bench_txn_reports_commits_per_flush_and_the_flush_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench_txn_json(dir.path(), &["--commit", "sync,async", "--threads", "2", "--duration", "0.2", "--heap-mib", "16"]);
+    for mode in v["modes"].as_array().unwrap() {
+        let (commits, flushes) = (mode["commits"].as_u64().unwrap(), mode["flushes"].as_u64().unwrap());
+        assert!(commits > 0 && flushes > 0, "{mode}");
+        let per_flush = mode["commits_per_flush"].as_f64().unwrap_or_else(|| panic!("no commits_per_flush: {mode}"));
+        assert!((per_flush - commits as f64 / flushes as f64).abs() < 1e-9, "{mode}");
+        assert!(mode["flush_write_us"].as_f64().is_some_and(|us| us > 0.0), "no flush time: {mode}");
+    }
+    let sync = v["modes"].as_array().unwrap().iter().find(|m| m["commit"] == "sync").unwrap();
+    assert!(sync["commits_per_flush"].as_f64().unwrap() <= 2.0 + 1e-9, "two Sync committers put more than two commits in a flush on average: {sync}");
+}
+
 /// `bench peers` runs every store in both durability classes on the same keys, every
 /// workload (one-key loads, scans, count+sum ranges, reopening after a kill included), and
 /// each JSON line carries the fields the comparison is read by.

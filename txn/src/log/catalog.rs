@@ -26,9 +26,22 @@ pub struct SegmentCatalog {
     /// Why the checkpointer could not trim the log: stalled committers fail with it
     /// instead of waiting for a checkpoint that may never come.
     trim_failure: Mutex<Option<String>>,
-    /// Flushes written since the store opened, and their bytes (pads and headers included).
+    /// Flushes written since the store opened, their bytes (pads and headers included) and
+    /// the nanoseconds their writes took (write and sync together).
     flushes: AtomicU64,
     flushed_bytes: AtomicU64,
+    flush_nanos: AtomicU64,
+}
+
+/// What the log's flushes did since the store opened (see [`SegmentCatalog::flush_totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushTotals {
+    pub flushes: u64,
+    /// Bytes written, headers, pads and the zeros written ahead included.
+    pub bytes: u64,
+    /// Time spent in the flushes' writes and syncs, summed over partitions (flushes of
+    /// several partitions overlap, so this can exceed the time that passed).
+    pub writing: std::time::Duration,
 }
 
 impl SegmentCatalog {
@@ -111,9 +124,10 @@ impl SegmentCatalog {
         }
     }
 
-    pub(crate) fn flushed(&self, partition: u32, first: u64, last: u64, bytes: u64) {
+    pub(crate) fn flushed(&self, partition: u32, first: u64, last: u64, bytes: u64, took: std::time::Duration) {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.flush_nanos.fetch_add(took.as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
         let mut segs = self.segments.lock();
         if let Some(s) = segs.iter_mut().rev().find(|s| s.partition == partition && s.open) {
             if s.min_lsn == 0 {
@@ -125,9 +139,13 @@ impl SegmentCatalog {
         self.update_pressure(&segs);
     }
 
-    /// Flushes written since the store opened, and their total bytes.
-    pub fn flush_totals(&self) -> (u64, u64) {
-        (self.flushes.load(Ordering::Relaxed), self.flushed_bytes.load(Ordering::Relaxed))
+    /// Flushes written since the store opened, their bytes and the time their writes took.
+    pub fn flush_totals(&self) -> FlushTotals {
+        FlushTotals {
+            flushes: self.flushes.load(Ordering::Relaxed),
+            bytes: self.flushed_bytes.load(Ordering::Relaxed),
+            writing: std::time::Duration::from_nanos(self.flush_nanos.load(Ordering::Relaxed)),
+        }
     }
 
     pub fn snapshot(&self) -> Vec<SegmentInfo> {
@@ -194,7 +212,7 @@ mod loom_models {
         let catalog = SegmentCatalog::new(Vec::new());
         catalog.set_limit(100);
         catalog.opened(0, 1, dir.join("tusk-loom-absent-segment-1"));
-        catalog.flushed(0, 1, 1, 200);
+        catalog.flushed(0, 1, 1, 200, std::time::Duration::ZERO);
         catalog.opened(0, 2, dir.join("tusk-loom-absent-segment-2"));
         assert!(catalog.over_limit());
         Arc::new(catalog)

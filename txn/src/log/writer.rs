@@ -128,6 +128,7 @@ impl Flush for PartitionWriter {
         debug_assert_eq!((offset + len as u64) % FLUSH_ALIGN, 0);
         // Zeros ahead go out in the same write: one fdatasync commits them with the flush.
         let zeros = self.file.zeros_after(offset, len);
+        let started = std::time::Instant::now();
         let mut out = Staged::new(self.backend.as_mut(), &mut self.staging, fd, offset);
         out.push(header);
         out.push(&taken.data);
@@ -146,7 +147,7 @@ impl Flush for PartitionWriter {
         out.push_zeros(zeros);
         out.finish().map_err(|e| format!("{}: {e}", self.file.path().display()))?;
         self.file.advance(len, zeros);
-        self.catalog.flushed(self.partition, taken.first, taken.last, len as u64);
+        self.catalog.flushed(self.partition, taken.first, taken.last, len as u64, started.elapsed());
         self.file.close_if_full(&self.catalog).map_err(|e| e.to_string())
     }
 }
