@@ -112,6 +112,39 @@ fn missing_segment_both_checkpoints_share_without_the_log_is_an_error_naming_it(
     }
 }
 
+/// The replay's first pass runs beside the images' load, for the newest checkpoint. When
+/// that checkpoint's image turns out damaged, the pass is made again for the older checkpoint
+/// that loads instead: every record written after either checkpoint is replayed.
+#[test]
+fn a_fallback_replays_the_log_of_both_checkpoints_after_the_first_pass_beside_the_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, first, second) = two_checkpoints(dir.path());
+    // Written after the second checkpoint: a word of a chunk it rewrote, one of a chunk it
+    // reused from the first, and one of a chunk the first rewrote as well.
+    let after = [CHANGED[0] + 1, 10 * CHUNK / 8 + 3, CHANGED[1]];
+    let later = |i: u64| i + 2_000_000;
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert!(store.recovery_report().first_pass_beside_load, "the newest checkpoint loaded: its first pass was used");
+    for &i in &after {
+        store.transact(Commit::Sync, |tx| tx.write_u64_at(p, i * 8, later(i))).unwrap();
+    }
+    store.close().unwrap();
+    let (victim, offset, image) = image_of(dir.path(), p, CHANGED[0], second);
+    common::flip_byte(&victim, offset + image - 1, 0x01);
+    let store = Store::open(dir.path(), options()).unwrap();
+    let report = store.recovery_report();
+    assert_eq!(report.checkpoint.as_ref().unwrap().manifest.epoch, first, "fell back");
+    assert!(!report.first_pass_beside_load, "the pass made for the damaged checkpoint was not used");
+    let (found, _) = store
+        .transact(Commit::Async, |tx| (0..WORDS).map(|i| tx.read_u64_at(p, i * 8)).collect::<Result<Vec<u64>, _>>())
+        .unwrap();
+    for (i, w) in found.iter().enumerate() {
+        let i = i as u64;
+        assert_eq!(*w, if after.contains(&i) { later(i) } else { expected(i) }, "word {i}");
+    }
+    store.close().unwrap();
+}
+
 #[test]
 fn truncated_segment_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

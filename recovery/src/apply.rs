@@ -107,48 +107,85 @@ pub fn apply<'a, W>(
 where
     W: Writes<'a>,
 {
-    assert!(chunk_size.is_multiple_of(8) && chunk_size > 0, "chunks hold whole words");
-    let chunks = heap.capacity().div_ceil(chunk_size) as usize;
-    assert_eq!(chunk_lsn.len(), chunks, "one image LSN per chunk");
-    assert!(region_bytes > 0 && region_bytes.is_multiple_of(8) && region_bytes <= u64::from(BYTES), "regions of whole words, offsets in 31 bits");
-    let regions = heap.capacity().div_ceil(region_bytes) as usize;
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count.max(1));
-    let per_worker = count.div_ceil(workers);
-    let buckets: Vec<Buckets<'a>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                let record = &record;
-                let range = (w * per_worker).min(count)..((w + 1) * per_worker).min(count);
-                s.spawn(move || bucket(range, record, heap.capacity(), chunk_size, chunk_lsn, region_bytes))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("replay worker panicked")).collect()
-    });
-    if let Some(first) = buckets.iter().filter_map(|b| b.unappliable.as_ref()).min_by_key(|u| u.record()) {
-        return Err(first.clone());
-    }
-    let next_region = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            let (buckets, next_region) = (&buckets, &next_region);
-            s.spawn(move || loop {
-                let region = next_region.fetch_add(1, Ordering::Relaxed);
-                if region >= regions {
-                    return;
-                }
-                for b in buckets {
-                    write_pieces(heap, region as u64 * region_bytes, &b.regions[region], &b.spans);
-                }
-            });
+    Ok(Bucketed::new(count, record, heap.capacity(), chunk_size, chunk_lsn, region_bytes)?.write_into(heap))
+}
+
+/// Pass 1's result for a heap of some capacity: every record's writes in buckets, ready to be
+/// written (pass 2). Made without the heap, so that it can be made while the checkpoint's
+/// images load into it.
+pub struct Bucketed<'a> {
+    buckets: Vec<Buckets<'a>>,
+    capacity: u64,
+    chunk_size: u64,
+    region_bytes: u64,
+}
+
+impl<'a> Bucketed<'a> {
+    /// Pass 1 over `count` records (see [`apply`]) for a heap of `capacity` bytes: the first
+    /// record that cannot be applied, if any.
+    pub fn new<W>(
+        count: usize,
+        record: impl Fn(usize) -> (u64, W) + Sync,
+        capacity: u64,
+        chunk_size: u64,
+        chunk_lsn: &[u64],
+        region_bytes: u64,
+    ) -> Result<Bucketed<'a>, Unappliable>
+    where
+        W: Writes<'a>,
+    {
+        assert!(chunk_size.is_multiple_of(8) && chunk_size > 0, "chunks hold whole words");
+        let chunks = capacity.div_ceil(chunk_size) as usize;
+        assert_eq!(chunk_lsn.len(), chunks, "one image LSN per chunk");
+        assert!(region_bytes > 0 && region_bytes.is_multiple_of(8) && region_bytes <= u64::from(BYTES), "regions of whole words, offsets in 31 bits");
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count.max(1));
+        let per_worker = count.div_ceil(workers);
+        let buckets: Vec<Buckets<'a>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|w| {
+                    let record = &record;
+                    let range = (w * per_worker).min(count)..((w + 1) * per_worker).min(count);
+                    s.spawn(move || bucket(range, record, capacity, chunk_size, chunk_lsn, region_bytes))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("replay worker panicked")).collect()
+        });
+        if let Some(first) = buckets.iter().filter_map(|b| b.unappliable.as_ref()).min_by_key(|u| u.record()) {
+            return Err(first.clone());
         }
-    });
-    let mut touched = vec![false; chunks];
-    for b in &buckets {
-        for (t, &mine) in touched.iter_mut().zip(&b.touched) {
-            *t |= mine;
-        }
+        Ok(Bucketed { buckets, capacity, chunk_size, region_bytes })
     }
-    Ok(touched)
+
+    /// Pass 2: writes the buckets into `heap` (of the capacity they were made for) on all
+    /// cores. Returns, per chunk, whether anything was written there.
+    pub fn write_into(self, heap: &Heap) -> Vec<bool> {
+        assert_eq!(heap.capacity(), self.capacity, "buckets made for a heap of another size");
+        let Bucketed { buckets, capacity, chunk_size, region_bytes } = self;
+        let regions = capacity.div_ceil(region_bytes) as usize;
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(regions.max(1));
+        let next_region = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                let (buckets, next_region) = (&buckets, &next_region);
+                s.spawn(move || loop {
+                    let region = next_region.fetch_add(1, Ordering::Relaxed);
+                    if region >= regions {
+                        return;
+                    }
+                    for b in buckets {
+                        write_pieces(heap, region as u64 * region_bytes, &b.regions[region], &b.spans);
+                    }
+                });
+            }
+        });
+        let mut touched = vec![false; capacity.div_ceil(chunk_size) as usize];
+        for b in &buckets {
+            for (t, &mine) in touched.iter_mut().zip(&b.touched) {
+                *t |= mine;
+            }
+        }
+        touched
+    }
 }
 
 /// Pass 1 for the records in `range`.

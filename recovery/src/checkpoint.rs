@@ -55,21 +55,26 @@ impl Fallback {
 }
 
 impl LoadedCheckpoint {
-    /// The chunk LSN of chunk `index` (chunks past the covered range hold nothing older than
-    /// chunk 0's copy).
+    /// The chunk LSN of chunk `index` (see [`chunk_lsn`]).
     pub fn chunk_lsn(&self, index: u64) -> u64 {
-        let chunks = &self.manifest.chunks;
-        chunks.get(index as usize).map_or_else(|| chunks.first().map_or(0, |c| c.lsn), |c| c.lsn)
+        chunk_lsn(&self.manifest, index)
     }
 }
 
-/// The lowest chunk LSN of the newest manifest, if it reads and checks: what the checkpoint
-/// [`load_checkpoint`] loads covers, unless its images turn out damaged. Read before the
-/// images load, so that the log scan beside them can leave out what they cover.
-pub fn newest_manifest_covers(dir: &Path) -> Option<u64> {
+/// The chunk LSN of chunk `index` of `manifest`'s checkpoint (chunks past the covered range
+/// hold nothing older than chunk 0's copy).
+pub fn chunk_lsn(manifest: &Manifest, index: u64) -> u64 {
+    let chunks = &manifest.chunks;
+    chunks.get(index as usize).map_or_else(|| chunks.first().map_or(0, |c| c.lsn), |c| c.lsn)
+}
+
+/// The newest manifest, if it reads and checks: the checkpoint [`load_checkpoint`] loads,
+/// unless its images turn out damaged. Read before the images load, so that the log scan
+/// beside them can leave out what it covers and the replay's first pass can start.
+pub fn newest_manifest(dir: &Path) -> Option<Manifest> {
     let manifests = list_manifests(dir).ok()?;
     let (_, path) = manifests.first()?;
-    read_manifest(path).ok().map(|m| m.min_lsn())
+    read_manifest(path).ok()
 }
 
 fn corrupt(path: &Path, reason: impl Into<String>) -> RecoveryError {

@@ -4,14 +4,16 @@
 //! skipped and Partition records applied, exactly as that earlier recovery did.
 
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tusk_storage::log_format::{decode_validated, FLAG_PARTITION};
 use tusk_storage::layout::{arena_off, ARENAS, BRK_OFF, DATA_START};
 use tusk_storage::Heap;
 
-use crate::apply::{apply, region_bytes, Unappliable};
-use crate::checkpoint::{load_checkpoint, newest_manifest_covers, LoadedCheckpoint};
+use crate::apply::{region_bytes, Bucketed, Unappliable};
+use crate::checkpoint::{chunk_lsn, load_checkpoint, newest_manifest, LoadedCheckpoint};
+use tusk_storage::checkpoint_format::Manifest;
 use crate::scan::{scan, RecordRef, Scan, TornTail};
 use tusk_storage::log_files::log_dir;
 use crate::{FileKind, RecoveryError};
@@ -48,8 +50,12 @@ pub struct RecoveryReport {
     pub checkpoint: Option<LoadedCheckpoint>,
     /// Time spent loading the checkpoint's chunk images.
     pub checkpoint_load: Duration,
-    /// Time spent replaying the log.
+    /// Time spent replaying the log once the checkpoint had loaded.
     pub replay: Duration,
+    /// The replay's first pass (decoding the records, sorting their writes by heap region)
+    /// ran beside the checkpoint's load: the newest checkpoint loaded, so the pass made for
+    /// its chunk LSNs while its images were read was used (see [`recover`]).
+    pub first_pass_beside_load: bool,
     /// When set, the caller must append a marker resolving `(from, to]` before new commits.
     pub marker_needed: Option<(u64, u64)>,
     /// Wall time of the whole recovery.
@@ -77,7 +83,7 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
     // Records at or below the oldest chunk LSN are in every image already, so log segments
     // holding only such records need not be read. Which checkpoint loads is known only once
     // its images have been checked: the scan goes by the newest manifest meanwhile.
-    let covered = newest_manifest_covers(dir).unwrap_or(0);
+    let covered = newest_manifest(dir).map_or(0, |m| m.min_lsn());
     // The checkpoint's images and the log are independent reads: do both at once.
     let (checkpoint, checkpoint_load, scanned) = std::thread::scope(|s| {
         let log = s.spawn(|| scan(dir, covered));
@@ -86,22 +92,37 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
         (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
     });
     let checkpoint = checkpoint?;
-    let mut scan = scanned?;
+    let scanned = scanned?;
+    let scan = rescan_for(dir, &checkpoint, covered, &scanned)?.unwrap_or(scanned);
+    let (to_apply, mut report) = decide(&scan, &checkpoint)?;
+    check_reaches(dir, &report, &checkpoint)?;
+    report.checkpoint_load = checkpoint_load;
+    Ok(Plan { scan, checkpoint, to_apply, report })
+}
+
+/// `scanned` was made for a checkpoint covering `covered`. Where damaged images made
+/// recovery fall back to an older checkpoint (or to the whole log), the replay needs a new
+/// scan that keeps the records the first one left out: that scan, else `None`.
+fn rescan_for(dir: &Path, checkpoint: &Option<LoadedCheckpoint>, covered: u64, scanned: &Scan) -> Result<Option<Scan>, RecoveryError> {
     let base = checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
-    // Damaged images made recovery fall back to an older checkpoint (or to the whole log),
-    // which needs records the scan left out: read the log again for it.
-    if base < covered && !scan.below_checkpoint.is_empty() {
-        scan = crate::scan::scan(dir, base)?;
+    if base < covered && !scanned.below_checkpoint.is_empty() {
+        return crate::scan::scan(dir, base).map(Some);
     }
+    Ok(None)
+}
+
+/// The records to apply after `checkpoint` (`None`: from the log alone), in LSN order, and
+/// the report of what the scan found and the replay will do.
+fn decide(scan: &Scan, checkpoint: &Option<LoadedCheckpoint>) -> Result<(Vec<RecordRef>, RecoveryReport), RecoveryError> {
+    let base = checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
     let checkpoint_max = checkpoint.as_ref().map_or(0, |c| c.manifest.max_lsn());
-    let voids = std::mem::take(&mut scan.voids);
+    let voids = &scan.voids;
     let mut report = RecoveryReport {
         segments: scan.segments.len(),
         log_bytes: scan.log_bytes,
         segments_below_checkpoint: scan.below_checkpoint.len(),
         log_bytes_below_checkpoint: scan.below_checkpoint_bytes,
         records_scanned: scan.record_count() as u64,
-        checkpoint_load,
         ..RecoveryReport::default()
     };
     let mut to_apply: Vec<RecordRef> = Vec::with_capacity(scan.record_count());
@@ -121,14 +142,14 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
         }
         if report.gap_at.is_none() {
             while expected < r.lsn {
-                match is_void(&voids, expected) {
+                match is_void(voids, expected) {
                     Some(to) => expected = (to + 1).min(r.lsn),
                     None => break,
                 }
             }
             if r.lsn == expected {
                 expected += 1;
-                let skipped = is_void(&voids, r.lsn).is_some() && r.flags() & FLAG_PARTITION == 0;
+                let skipped = is_void(voids, r.lsn).is_some() && r.flags() & FLAG_PARTITION == 0;
                 if !r.is_marker() && !skipped {
                     to_apply.push(r);
                 }
@@ -145,52 +166,116 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
     }
     report.max_lsn = previous.map_or(0, |r| r.lsn).max(checkpoint_max);
     report.recovered_lsn = expected - 1;
-    // Every LSN up to the checkpoint's newest chunk LSN was durable before the checkpoint
-    // became valid; a log that stops short of it has lost records.
-    let required = checkpoint.as_ref().map_or(0, |c| checkpoint_max.max(c.fallback.as_ref().map_or(0, |f| f.required_lsn)));
-    if report.recovered_lsn < required {
-        return Err(match checkpoint.as_ref().and_then(|c| c.fallback.as_ref()) {
-            Some(f) => RecoveryError::Corrupt {
-                kind: f.kind,
-                path: f.path.clone(),
-                offset: None,
-                reason: format!(
-                    "{}; the log that must stand in for it reaches only LSN {} (LSN {} is missing), short of LSN {required}",
-                    f.reason,
-                    report.recovered_lsn,
-                    report.recovered_lsn + 1
-                ),
-            },
-            None => RecoveryError::Corrupt {
-                kind: FileKind::Log,
-                path: log_dir(dir),
-                offset: None,
-                reason: format!(
-                    "reaches only LSN {} (LSN {} is missing), short of LSN {required} that the checkpoint needs",
-                    report.recovered_lsn,
-                    report.recovered_lsn + 1
-                ),
-            },
-        });
-    }
     report.records_replayed = to_apply.len() as u64;
     if report.max_lsn > report.recovered_lsn {
         report.marker_needed = Some((report.recovered_lsn, report.max_lsn));
     }
-    report.torn_tails = std::mem::take(&mut scan.torn);
+    report.torn_tails = scan.torn.clone();
     report.segment_files = scan.infos.clone();
-    Ok(Plan { scan, checkpoint, to_apply, report })
+    Ok((to_apply, report))
+}
+
+/// Every LSN up to the checkpoint's newest chunk LSN was durable before the checkpoint
+/// became valid; a log that stops short of it has lost records.
+fn check_reaches(dir: &Path, report: &RecoveryReport, checkpoint: &Option<LoadedCheckpoint>) -> Result<(), RecoveryError> {
+    let required = checkpoint.as_ref().map_or(0, |c| c.manifest.max_lsn().max(c.fallback.as_ref().map_or(0, |f| f.required_lsn)));
+    if report.recovered_lsn >= required {
+        return Ok(());
+    }
+    Err(match checkpoint.as_ref().and_then(|c| c.fallback.as_ref()) {
+        Some(f) => RecoveryError::Corrupt {
+            kind: f.kind,
+            path: f.path.clone(),
+            offset: None,
+            reason: format!(
+                "{}; the log that must stand in for it reaches only LSN {} (LSN {} is missing), short of LSN {required}",
+                f.reason,
+                report.recovered_lsn,
+                report.recovered_lsn + 1
+            ),
+        },
+        None => RecoveryError::Corrupt {
+            kind: FileKind::Log,
+            path: log_dir(dir),
+            offset: None,
+            reason: format!(
+                "reaches only LSN {} (LSN {} is missing), short of LSN {required} that the checkpoint needs",
+                report.recovered_lsn,
+                report.recovered_lsn + 1
+            ),
+        },
+    })
+}
+
+/// The replay's first pass made while the checkpoint loaded, for the newest manifest's
+/// checkpoint: used if that is the checkpoint that loaded.
+struct Early<'a> {
+    epoch: u64,
+    report: RecoveryReport,
+    bucketed: Bucketed<'a>,
+}
+
+/// Decides the replay and makes its first pass for `manifest`'s checkpoint, as if it will
+/// load: `None` where anything stands in the way (the replay then takes the usual path and
+/// reports the trouble from there).
+fn bucket_early<'a>(scan: &'a Scan, manifest: &Manifest, capacity: u64) -> Option<Early<'a>> {
+    let assumed = Some(LoadedCheckpoint { manifest: manifest.clone(), path: Default::default(), previous: None, fallback: None });
+    let (to_apply, report) = decide(scan, &assumed).ok()?;
+    let chunk_size = manifest.chunk_size;
+    let lsns: Vec<u64> = (0..capacity.div_ceil(chunk_size)).map(|i| chunk_lsn(manifest, i)).collect();
+    let bucketed = Bucketed::new(to_apply.len(), record_writes(scan, &to_apply), capacity, chunk_size, &lsns, region_bytes(chunk_size)).ok()?;
+    Some(Early { epoch: manifest.epoch, report, bucketed })
 }
 
 /// Recovers `dir` into `heap` (which must be zero): the newest usable checkpoint, then the
 /// log. With `repair`, torn log tails are cut off once the replay has succeeded (a store
 /// refused for damage is left as it was).
+///
+/// The replay's first pass (decoding the records and sorting their writes by heap region,
+/// see [`crate::apply`]) needs the checkpoint's chunk LSNs, not its images: it runs for the
+/// newest manifest beside the images' load, after the log scan, and is used when that
+/// checkpoint is the one that loads (otherwise it is made again for the one that did).
 pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, RecoveryError> {
     let started = Instant::now();
-    let Plan { scan, checkpoint, to_apply, mut report } = plan(dir, Some(heap))?;
-    let replay_started = Instant::now();
-    let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
-    let written_to = apply_parallel(&scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+    let newest = newest_manifest(dir);
+    let covered = newest.as_ref().map_or(0, |m| m.min_lsn());
+    // Outside the scope, so that the early first pass may keep borrowing it after.
+    let first_scan: OnceLock<Scan> = OnceLock::new();
+    let (checkpoint, checkpoint_load, early) = std::thread::scope(|s| {
+        let (first_scan, newest) = (&first_scan, &newest);
+        let log = s.spawn(move || -> Result<Option<Early<'_>>, RecoveryError> {
+            let scanned = scan(dir, covered)?;
+            let scanned = first_scan.get_or_init(move || scanned);
+            Ok(newest.as_ref().and_then(|m| bucket_early(scanned, m, heap.capacity())))
+        });
+        let checkpoint = load_checkpoint(dir, Some(heap));
+        let checkpoint_load = started.elapsed();
+        (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
+    });
+    let checkpoint = checkpoint?;
+    let early = early?;
+    let first = first_scan.get().expect("the scan succeeded");
+    let replay_started;
+    let rescanned;
+    let (scan, mut report, written_to) = match early.filter(|e| checkpoint.as_ref().is_some_and(|c| c.fallback.is_none() && c.manifest.epoch == e.epoch)) {
+        Some(Early { mut report, bucketed, .. }) => {
+            check_reaches(dir, &report, &checkpoint)?;
+            replay_started = Instant::now();
+            let touched = bucketed.write_into(heap);
+            report.first_pass_beside_load = true;
+            (first, report, stamp_written(heap, &touched, checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size)))
+        }
+        None => {
+            rescanned = rescan_for(dir, &checkpoint, covered, first)?;
+            let scan = rescanned.as_ref().unwrap_or(first);
+            let (to_apply, report) = decide(scan, &checkpoint)?;
+            check_reaches(dir, &report, &checkpoint)?;
+            replay_started = Instant::now();
+            let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
+            let written_to = apply_parallel(scan, &to_apply, heap, chunk_size, |chunk| checkpoint.as_ref().map_or(0, |c| c.chunk_lsn(chunk)))?;
+            (scan, report, written_to)
+        }
+    };
     claim_arenas(heap);
     zero_beyond_brk(heap, written_to);
     zero_arena_tails(heap, written_to);
@@ -199,10 +284,22 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
             r.apply()?;
         }
     }
+    report.checkpoint_load = checkpoint_load;
     report.checkpoint = checkpoint;
     report.replay = replay_started.elapsed();
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// Record `i` of `records`: its LSN and writes, read from the scan's segments.
+fn record_writes<'s: 'r, 'r>(scan: &'s Scan, records: &'r [RecordRef]) -> impl Fn(usize) -> (u64, tusk_storage::log_format::WriteIter<'s>) + Sync + 'r {
+    move |i: usize| {
+        let r = &records[i];
+        let Some(view) = decode_validated(scan.segments[r.segment as usize].data(), r.offset()) else {
+            unreachable!("the scan validated this record");
+        };
+        (r.lsn, view.writes())
+    }
 }
 
 /// Zeroes the heap from brk up to `written_to` (the end of the last chunk replay wrote),
@@ -296,14 +393,7 @@ fn apply_parallel(
 ) -> Result<u64, RecoveryError> {
     let chunks = heap.capacity().div_ceil(chunk_size);
     let lsns: Vec<u64> = (0..chunks).map(chunk_lsn).collect();
-    let record = |i: usize| {
-        let r = &records[i];
-        let Some(view) = decode_validated(scan.segments[r.segment as usize].data(), r.offset()) else {
-            unreachable!("the scan validated this record");
-        };
-        (r.lsn, view.writes())
-    };
-    let touched = apply(records.len(), record, heap, chunk_size, &lsns, region_bytes(chunk_size)).map_err(|unappliable| {
+    let bucketed = Bucketed::new(records.len(), record_writes(scan, records), heap.capacity(), chunk_size, &lsns, region_bytes(chunk_size)).map_err(|unappliable| {
         let r = &records[unappliable.record()];
         let path = scan.segments[r.segment as usize].path.clone();
         match unappliable {
@@ -320,6 +410,13 @@ fn apply_parallel(
             },
         }
     })?;
+    let touched = bucketed.write_into(heap);
+    Ok(stamp_written(heap, &touched, chunk_size))
+}
+
+/// Stamps the chunks the replay wrote (`touched`) dirty (epoch 1), so the next checkpoint
+/// rewrites exactly them; returns the end of the last one (0 when none was).
+fn stamp_written(heap: &Heap, touched: &[bool], chunk_size: u64) -> u64 {
     let mut written_to = 0;
     for (chunk, _) in touched.iter().enumerate().filter(|(_, &t)| t) {
         let start = chunk as u64 * chunk_size;
@@ -327,7 +424,7 @@ fn apply_parallel(
         heap.stamp_dirty(start, len, 1);
         written_to = start + len;
     }
-    Ok(written_to)
+    written_to
 }
 
 #[cfg(test)]

@@ -814,11 +814,21 @@ mod tests {
         assert!(runs.take_waiting(None, Duration::from_millis(5)).is_none(), "all run: the wait times out");
         assert_eq!(runs.waiting(), 0, "a waiter that gave up left the queue");
         std::thread::scope(|s| {
-            s.spawn(|| runs.give_back(runs.take_waiting(None, Duration::from_secs(10)).expect("served")));
+            // The waiter keeps the state it is served until the first try below is made: had
+            // it given it back at once, a waiter woken before that try (a loaded machine: the
+            // fresh-clone CI run of 2026-11-29 failed so) would leave it free to anyone.
+            let (tried, after_try) = std::sync::mpsc::channel::<()>();
+            let runs = &runs;
+            s.spawn(move || {
+                let state = runs.take_waiting(None, Duration::from_secs(10)).expect("served");
+                after_try.recv().unwrap();
+                runs.give_back(state);
+            });
             wait_until(|| runs.waiting() == 1);
             runs.give_back(held.pop().unwrap());
-            // Given back while the waiter sleeps: until it wakes, the state is free but its.
+            // Given back while the waiter sleeps (or already held by it): not free to a first try.
             assert!(runs.try_take(None).is_none(), "a first try never jumps a waiting retry");
+            tried.send(()).unwrap();
         });
         held.into_iter().for_each(|state| runs.give_back(state));
     }
