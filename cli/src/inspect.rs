@@ -236,6 +236,8 @@ pub fn recover(args: RecoverArgs) -> CliResult {
                 "dir": args.dir,
                 "recovery_s": r.elapsed.as_secs_f64(),
                 "checkpoint_load_s": r.checkpoint_load.as_secs_f64(),
+                "log_pass_s": r.log_pass.as_secs_f64(),
+                "first_pass_beside_load": r.first_pass_beside_load,
                 "replay_s": r.replay.as_secs_f64(),
                 "checkpoint_epoch": r.checkpoint.as_ref().map(|c| c.manifest.epoch),
                 "records_replayed": r.records_replayed,
@@ -254,7 +256,17 @@ pub fn recover(args: RecoverArgs) -> CliResult {
     table(
         &format!("tusk recover {}", args.dir.display()),
         &[
-            ("time", format!("{:.3} s (checkpoint load {:.3} s, replay {:.3} s)", r.elapsed.as_secs_f64(), r.checkpoint_load.as_secs_f64(), r.replay.as_secs_f64())),
+            (
+                "time",
+                format!(
+                    "{:.3} s (checkpoint load {:.3} s, beside it the log scan{} {:.3} s; replay after the load {:.3} s)",
+                    r.elapsed.as_secs_f64(),
+                    r.checkpoint_load.as_secs_f64(),
+                    if r.first_pass_beside_load { " and the replay's first pass" } else { "" },
+                    r.log_pass.as_secs_f64(),
+                    r.replay.as_secs_f64()
+                ),
+            ),
             ("checkpoint", r.checkpoint.as_ref().map_or("none".into(), |c| format!("epoch {}", c.manifest.epoch))),
             ("records replayed", format!("{} from {:.1} MiB of log", r.records_replayed, r.log_bytes as f64 / (1 << 20) as f64)),
             ("log below the checkpoint", below_checkpoint(&r)),

@@ -214,6 +214,9 @@ fn bench_recovery_prepare_only_leaves_a_recoverable_store_in_the_dir() {
     assert!(ok, "{err}");
     let v = json(&out);
     assert!(v["recovered_lsn"].as_u64().unwrap() > 0 && v["checkpoint_epoch"].as_u64().is_some(), "{v}");
+    // Its newest checkpoint loaded: the replay's first pass ran beside the load, timed there.
+    assert_eq!(v["first_pass_beside_load"], true, "{v}");
+    assert!(v["log_pass_s"].as_f64().is_some_and(|s| s > 0.0), "{v}");
 }
 
 /// A mode that waits for the disk reports both floors: the append probe and the overwrite

@@ -56,6 +56,10 @@ pub struct RecoveryReport {
     /// ran beside the checkpoint's load: the newest checkpoint loaded, so the pass made for
     /// its chunk LSNs while its images were read was used (see [`recover`]).
     pub first_pass_beside_load: bool,
+    /// Time the log's scan took on its own thread beside the load, with the replay's first
+    /// pass when that ran there too: where it exceeds `checkpoint_load`, the log, not the
+    /// images, held recovery up.
+    pub log_pass: Duration,
     /// When set, the caller must append a marker resolving `(from, to]` before new commits.
     pub marker_needed: Option<(u64, u64)>,
     /// Wall time of the whole recovery.
@@ -243,17 +247,18 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     let first_scan: OnceLock<Scan> = OnceLock::new();
     let (checkpoint, checkpoint_load, early) = std::thread::scope(|s| {
         let (first_scan, newest) = (&first_scan, &newest);
-        let log = s.spawn(move || -> Result<Option<Early<'_>>, RecoveryError> {
+        let log = s.spawn(move || -> Result<(Option<Early<'_>>, Duration), RecoveryError> {
             let scanned = scan(dir, covered)?;
             let scanned = first_scan.get_or_init(move || scanned);
-            Ok(newest.as_ref().and_then(|m| bucket_early(scanned, m, heap.capacity())))
+            let early = newest.as_ref().and_then(|m| bucket_early(scanned, m, heap.capacity()));
+            Ok((early, started.elapsed()))
         });
         let checkpoint = load_checkpoint(dir, Some(heap));
         let checkpoint_load = started.elapsed();
         (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
     });
     let checkpoint = checkpoint?;
-    let early = early?;
+    let (early, log_pass) = early?;
     let first = first_scan.get().expect("the scan succeeded");
     let replay_started;
     let rescanned;
@@ -285,6 +290,7 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
         }
     }
     report.checkpoint_load = checkpoint_load;
+    report.log_pass = log_pass;
     report.checkpoint = checkpoint;
     report.replay = replay_started.elapsed();
     report.elapsed = started.elapsed();
