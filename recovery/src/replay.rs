@@ -98,7 +98,7 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
     let checkpoint = checkpoint?;
     let scanned = scanned?;
     let scan = rescan_for(dir, &checkpoint, covered, &scanned)?.unwrap_or(scanned);
-    let (to_apply, mut report) = decide(&scan, &checkpoint)?;
+    let (to_apply, mut report) = decide(&scan, checkpoint.as_ref().map(|c| &c.manifest))?;
     check_reaches(dir, &report, &checkpoint)?;
     report.checkpoint_load = checkpoint_load;
     Ok(Plan { scan, checkpoint, to_apply, report })
@@ -115,11 +115,11 @@ fn rescan_for(dir: &Path, checkpoint: &Option<LoadedCheckpoint>, covered: u64, s
     Ok(None)
 }
 
-/// The records to apply after `checkpoint` (`None`: from the log alone), in LSN order, and
-/// the report of what the scan found and the replay will do.
-fn decide(scan: &Scan, checkpoint: &Option<LoadedCheckpoint>) -> Result<(Vec<RecordRef>, RecoveryReport), RecoveryError> {
-    let base = checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
-    let checkpoint_max = checkpoint.as_ref().map_or(0, |c| c.manifest.max_lsn());
+/// The records to apply after the checkpoint of `manifest` (`None`: from the log alone), in
+/// LSN order, and the report of what the scan found and the replay will do.
+fn decide(scan: &Scan, manifest: Option<&Manifest>) -> Result<(Vec<RecordRef>, RecoveryReport), RecoveryError> {
+    let base = manifest.map_or(0, |m| m.min_lsn());
+    let checkpoint_max = manifest.map_or(0, |m| m.max_lsn());
     let voids = &scan.voids;
     let mut report = RecoveryReport {
         segments: scan.segments.len(),
@@ -223,8 +223,7 @@ struct Early<'a> {
 /// load: `None` where anything stands in the way (the replay then takes the usual path and
 /// reports the trouble from there).
 fn bucket_early<'a>(scan: &'a Scan, manifest: &Manifest, capacity: u64) -> Option<Early<'a>> {
-    let assumed = Some(LoadedCheckpoint { manifest: manifest.clone(), path: Default::default(), previous: None, fallback: None });
-    let (to_apply, report) = decide(scan, &assumed).ok()?;
+    let (to_apply, report) = decide(scan, Some(manifest)).ok()?;
     let chunk_size = manifest.chunk_size;
     let lsns: Vec<u64> = (0..capacity.div_ceil(chunk_size)).map(|i| chunk_lsn(manifest, i)).collect();
     let bucketed = Bucketed::new(to_apply.len(), record_writes(scan, &to_apply), capacity, chunk_size, &lsns, region_bytes(chunk_size)).ok()?;
@@ -273,7 +272,7 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
         None => {
             rescanned = rescan_for(dir, &checkpoint, covered, first)?;
             let scan = rescanned.as_ref().unwrap_or(first);
-            let (to_apply, report) = decide(scan, &checkpoint)?;
+            let (to_apply, report) = decide(scan, checkpoint.as_ref().map(|c| &c.manifest))?;
             check_reaches(dir, &report, &checkpoint)?;
             replay_started = Instant::now();
             let chunk_size = checkpoint.as_ref().map_or(1 << 20, |c| c.manifest.chunk_size);
