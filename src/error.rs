@@ -78,11 +78,15 @@ pub enum Error {
     /// held for a moment longer by a child process forked while it was open).
     #[error("{0}: locked by another open store")]
     Locked(PathBuf),
-    /// A file of the store is damaged beyond what recovery may repair: the store was not
-    /// opened. The message names the kind of file, its path once, the offset where one
-    /// applies, and what is wrong (`log segment log/p0000/…seg, offset 8192: LSN 9 after LSN
-    /// 12: a partition's LSNs ascend; refused to open the store`).
-    #[error("{kind} {path}{}: {reason}; refused to open the store", tusk_recovery::error::at_offset(offset))]
+    /// A file of the store is damaged. The message names the kind of file, its path once, the
+    /// offset where one applies, what is wrong and what tusk did. Found while opening, beyond
+    /// what recovery may repair: the store was not opened (`log segment log/p0000/…seg, offset
+    /// 8192: LSN 9 after LSN 12: a partition's LSNs ascend; refused to open the store`). Found
+    /// in a checkpoint image that a store opened on demand read later, when first used
+    /// ([`crate::HeapLoad::OnDemand`]): the access failed, and the store stays open for
+    /// everything outside that chunk (`…; the store stays open, but heap bytes 1048576..2097152
+    /// cannot be read or written`).
+    #[error("{kind} {path}{}: {reason}", tusk_recovery::error::at_offset(offset))]
     Corrupt {
         /// What kind of file it is.
         kind: FileKind,
@@ -241,14 +245,29 @@ impl From<TxnError> for Error {
             TxnError::TooLarge { max } => Error::TransactionTooLarge { max },
             TxnError::InsideInPlaceTransaction => Error::SnapshotInsideLargeTransaction,
             TxnError::Storage(s) => s.into(),
+            TxnError::DamagedChunk(damage) => Error::Corrupt {
+                kind: FileKind::CheckpointImage,
+                path: damage.path,
+                offset: Some(damage.offset),
+                reason: format!(
+                    "{}; the store stays open, but heap bytes {}..{} cannot be read or written",
+                    damage.reason, damage.heap.start, damage.heap.end
+                ),
+            },
         }
     }
 }
 
+/// What the store did about damage found while opening.
+const REFUSED: &str = "refused to open the store";
+
 impl From<RecoveryError> for Error {
     fn from(e: RecoveryError) -> Error {
         match e {
-            RecoveryError::Corrupt { kind, path, offset, reason } => Error::Corrupt { kind, path, offset, reason },
+            RecoveryError::Corrupt { kind, path, offset, reason } => Error::Corrupt { kind, path, offset, reason: format!("{reason}; {REFUSED}") },
+            RecoveryError::DamagedOnDemand { path, offset, reason } => {
+                Error::Corrupt { kind: FileKind::CheckpointImage, path, offset: Some(offset), reason: format!("{reason}; {REFUSED}") }
+            }
             RecoveryError::DuplicateLsn { lsn, first, second } => Error::DuplicateLsn { lsn, first, second },
             RecoveryError::CapacityTooSmall { path, needed, capacity, .. } => Error::CapacityTooSmall { path, needed, capacity },
             RecoveryError::OldCheckpointFormat { path, version, supported } => Error::OldCheckpointFormat { path, version, supported },

@@ -31,6 +31,7 @@
 
 mod checkpoints;
 mod error;
+mod heap_loader;
 mod index;
 mod mirror;
 mod options;
@@ -50,7 +51,7 @@ pub use snapshot::{
 pub use store::Store;
 pub use transaction::Transaction;
 pub use tusk_index::btree::TreeStats as BTreeSnapshotStats;
-pub use tusk_recovery::{FileKind, RecoveryReport, TornTail};
+pub use tusk_recovery::{FileKind, HeapLoad, RecoveryReport, TornTail};
 pub use tusk_storage::io::{FaultPlan, Io, RecordConfig};
 pub use tusk_txn::log::catalog::FlushTotals;
 pub use tusk_storage::HeapPtr;

@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use tusk_recovery::HeapLoad;
 use tusk_storage::io::Io;
 
 /// Whether commits are logged.
@@ -59,6 +60,15 @@ pub struct Options {
     /// thread, so transactions that take new memory do not pay its first-touch page faults
     /// (default 64 MiB; 0: no thread, pages are faulted in by whoever touches them first).
     pub prefault_ahead: u64,
+    /// How a reopen brings the checkpoint into the heap (default [`HeapLoad::OnDemand`]: each
+    /// chunk when first used, the rest by background threads, so that opening takes as long
+    /// as the log after the checkpoint, whatever the heap's size; [`HeapLoad::Whole`]: all of
+    /// it before `open` returns).
+    pub heap_load: HeapLoad,
+    /// Background threads read the chunks a reopen on demand left absent (default true; off,
+    /// chunks come in only when used: tests that need chunks absent for a while).
+    #[doc(hidden)]
+    pub load_in_background: bool,
     /// Fails checkpoint I/O on purpose (tests of crashes during checkpoints).
     #[doc(hidden)]
     pub checkpoint_faults: Option<std::sync::Arc<tusk_storage::io::FaultPlan>>,
@@ -80,6 +90,8 @@ impl Default for Options {
             max_log_bytes: 1 << 30,
             stream_records_from: 256 << 20,
             prefault_ahead: 64 << 20,
+            heap_load: HeapLoad::OnDemand,
+            load_in_background: true,
             checkpoint_faults: None,
         }
     }

@@ -10,6 +10,7 @@ use tusk_storage::PAGE_SIZE;
 use tusk_txn::{CheckpointConfig, CheckpointReport, Checkpointer, Commit, Engine, EngineConfig, LogConfig, Lsn};
 
 use crate::checkpoints::CheckpointService;
+use crate::heap_loader::HeapLoader;
 use crate::prefault::PrefaultService;
 
 use crate::options::{Durability, Options};
@@ -48,6 +49,8 @@ pub struct Store {
     checkpoints: Option<CheckpointService>,
     /// Before `_lock`: its thread holds the engine, which must be gone when the lock is.
     _prefault: PrefaultService,
+    /// The same.
+    loader: HeapLoader,
     dir: PathBuf,
     recovery: RecoveryReport,
     _lock: File,
@@ -112,8 +115,7 @@ impl Store {
         }
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
         let lock = lock_dir(&dir)?;
-        let heap = Heap::new(options.heap_capacity)?;
-        let recovery = tusk_recovery::recover(&dir, &heap, true)?;
+        let (heap, recovery) = tusk_recovery::recover_heap(&dir, options.heap_capacity, true, options.heap_load)?;
         let fresh = heap.load_word(MAGIC_OFF) == 0;
         if !fresh {
             check_superblock(&dir, &heap)?;
@@ -158,7 +160,8 @@ impl Store {
             Durability::Off => None,
         };
         let prefault = PrefaultService::start(engine.clone(), options.prefault_ahead)?;
-        let store = Store { engine, checkpoints, _prefault: prefault, dir, recovery, _lock: lock };
+        let loader = HeapLoader::start(&engine, options.load_in_background)?;
+        let store = Store { engine, checkpoints, _prefault: prefault, loader, dir, recovery, _lock: lock };
         if fresh {
             store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
         }
@@ -209,6 +212,12 @@ impl Store {
     /// The LSN of the last committed update transaction.
     pub fn last_lsn(&self) -> Lsn {
         self.engine.last_lsn()
+    }
+
+    /// Chunks of the checkpoint that a reopen on demand ([`crate::HeapLoad::OnDemand`]) has
+    /// not read yet: 0 once every chunk is in, and for a store loaded whole.
+    pub fn chunks_absent(&self) -> u64 {
+        self.engine.heap().absent_chunks()
     }
 
     /// What recovery did when this store was opened.
@@ -270,6 +279,7 @@ impl Store {
 
     /// Makes everything committed durable and closes the store.
     pub fn close(mut self) -> Result<(), Error> {
+        self.loader.stop();
         if let Some(mut c) = self.checkpoints.take() {
             c.stop();
         }
@@ -279,6 +289,7 @@ impl Store {
     /// Stops the store as a crash would: what is not yet durable is lost. For tests.
     #[doc(hidden)]
     pub fn crash(mut self) {
+        self.loader.stop();
         if let Some(mut c) = self.checkpoints.take() {
             c.stop();
         }
@@ -288,6 +299,7 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        self.loader.stop();
         if let Some(mut c) = self.checkpoints.take() {
             c.stop();
         }
@@ -296,7 +308,7 @@ impl Drop for Store {
 }
 
 fn check_superblock(dir: &Path, heap: &Heap) -> Result<(), Error> {
-    let corrupt = |reason: String| Error::Corrupt { kind: FileKind::Store, path: dir.to_path_buf(), offset: None, reason };
+    let corrupt = |reason: String| Error::Corrupt { kind: FileKind::Store, path: dir.to_path_buf(), offset: None, reason: format!("{reason}; refused to open the store") };
     if heap.load_word(MAGIC_OFF) != MAGIC {
         return Err(corrupt("the recovered heap has no tusk superblock".into()));
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use tusk::{Commit, HeapPtr, Options, Store};
+use tusk::{Commit, HeapLoad, HeapPtr, Options, Store};
 
 fn options() -> Options {
     Options {
@@ -11,6 +11,8 @@ fn options() -> Options {
         chunk_size: 64 << 10,
         segment_bytes: 1 << 16,
         checkpoint_interval: None,
+        // The fallbacks below are a whole load's (tests/on_demand.rs has the on-demand ones).
+        heap_load: HeapLoad::Whole,
         ..Options::default()
     }
 }

@@ -14,8 +14,9 @@ use tusk_storage::checkpoint_format::{
 const CHUNK: u64 = 16 << 10;
 const WORDS: u64 = 32 * CHUNK / 8; // 32 chunks of data
 
+/// A whole load: these are its fallbacks (tests/on_demand.rs has the on-demand ones).
 fn options() -> Options {
-    common::checkpoint_opts(16 << 20, CHUNK)
+    Options { heap_load: tusk::HeapLoad::Whole, ..common::checkpoint_opts(16 << 20, CHUNK) }
 }
 
 fn initial(i: u64) -> u64 {

@@ -25,7 +25,7 @@
 use proptest::prelude::*;
 use std::sync::Arc;
 
-use tusk::{Commit, FaultPlan, HeapPtr, Lsn, Options, Store};
+use tusk::{Commit, FaultPlan, HeapLoad, HeapPtr, Lsn, Options, Store};
 use tusk_storage::checkpoint_format::{image_segment_path, list_manifests, Manifest, CHUNK_HEADER_SIZE};
 
 const REGIONS: usize = 3;
@@ -192,6 +192,8 @@ struct Harness {
     durable: Lsn,
     /// Images damaged so far.
     damaged: Vec<std::path::PathBuf>,
+    /// The reopen under way follows a damage.
+    damaging: bool,
 }
 
 impl Harness {
@@ -212,7 +214,7 @@ impl Harness {
             })
             .unwrap();
         let current: Vec<Region> = lens.iter().zip(blocks).map(|(&n, at)| Region { at, bytes: vec![0; n] }).collect();
-        Harness { dir, faults, store: Some(store), base: current.clone(), history: Vec::new(), current, durable: lsn.unwrap(), damaged: Vec::new() }
+        Harness { dir, faults, store: Some(store), base: current.clone(), history: Vec::new(), current, durable: lsn.unwrap(), damaged: Vec::new(), damaging: false }
     }
 
     fn store(&self) -> &Store {
@@ -304,7 +306,9 @@ impl Harness {
                 let durable = self.store().durable_lsn().max(self.durable);
                 self.store.take().unwrap().crash();
                 let damaged = damage_newest_image(self.dir.path(), *pick);
+                self.damaging = damaged.is_some();
                 self.reopen(durable, false)?;
+                self.damaging = false;
                 if let Some(victim) = damaged {
                     self.damaged.push(victim);
                     let loaded = self.store().recovery_report().checkpoint.as_ref();
@@ -328,7 +332,12 @@ impl Harness {
     /// Reopens and checks the recovered state against the model at the recovered LSN.
     /// `at_least`: the LSN recovery must reach; `clean`: nothing may be lost.
     fn reopen(&mut self, at_least: Lsn, clean: bool) -> Result<(), TestCaseError> {
-        let store = Store::open(self.dir.path(), options(&self.faults)).unwrap();
+        // On demand until an image is damaged: from then on a whole load, whose fallback the
+        // case checks (on demand, damage in a chunk the open does not read is found when the
+        // chunk is, as an error: tests/on_demand.rs).
+        let heap_load = if self.damaged.is_empty() && !self.damaging { HeapLoad::OnDemand } else { HeapLoad::Whole };
+        let store = Store::open(self.dir.path(), Options { heap_load, ..options(&self.faults) }).unwrap();
+        prop_assert_eq!(store.recovery_report().heap_load, heap_load);
         let recovered = store.recovery_report().recovered_lsn;
         prop_assert!(recovered >= at_least, "recovered LSN {} < {} acknowledged durable", recovered, at_least);
         let mut expected = std::mem::take(&mut self.base);

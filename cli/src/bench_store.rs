@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{Commit, HeapPtr, Options, Store};
+use tusk::{Commit, HeapLoad, HeapPtr, Options, Store};
 
 use super::report::{median, table};
 use super::{store_files, BenchDir, BenchOutput, CliResult, IoAt};
@@ -28,14 +28,29 @@ pub struct RecoveryArgs {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     #[command(flatten)]
-    pub(super) out: BenchOutput,
+    pub(super) out: super::ChartedOutput,
     /// Only build the store (checkpoint + log) in --dir itself, keep it and stop (for
     /// profiling `tusk recover` on it).
     #[arg(long, requires = "dir")]
     pub(super) prepare_only: bool,
-    /// Interleaved rounds of (sequential read of the store's files, recovery); medians.
+    /// Interleaved rounds of (sequential read of the store's files, recovery whole, recovery
+    /// on demand); medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Heap sizes (MiB) of the reopen rows: time from `Store::open` to the first answered
+    /// read, on demand and whole, cold and warm (default: --heap-mib).
+    #[arg(long, value_delimiter = ',')]
+    reopen_mib: Vec<u64>,
+    /// Log after the checkpoint in the reopen rows' stores, in MiB.
+    #[arg(long, default_value_t = 16)]
+    reopen_log_mib: u64,
+    /// Seconds of Hathi workload after a cold reopen on demand of each reopen size, its
+    /// txn/s sampled every 100 ms against a warm store's (0: none).
+    #[arg(long, default_value_t = 3.0)]
+    reopen_seconds: f64,
+    /// Threads of that workload.
+    #[arg(long, default_value_t = 2)]
+    reopen_threads: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -65,8 +80,12 @@ fn options(heap_mib: u64) -> Options {
     Options { heap_capacity: (heap_mib + 64) << 20, checkpoint_interval: None, max_log_bytes: u64::MAX / 4, ..Options::default() }
 }
 
+fn options_loading(heap_mib: u64, heap_load: HeapLoad) -> Options {
+    Options { heap_load, ..options(heap_mib) }
+}
+
 /// Allocates the array and fills it with non-zero words (1 MiB per transaction).
-fn make_array(store: &Store, heap_mib: u64) -> Result<HeapPtr, tusk::Error> {
+pub(super) fn make_array(store: &Store, heap_mib: u64) -> Result<HeapPtr, tusk::Error> {
     let bytes = heap_mib << 20;
     let (array, _) = store.transact(Commit::Sync, |tx| {
         let p = tx.alloc(bytes)?;
@@ -83,7 +102,7 @@ fn make_array(store: &Store, heap_mib: u64) -> Result<HeapPtr, tusk::Error> {
 
 /// Hathi transactions (6 random words read and written, async commit) on `threads` threads
 /// until `stop`; with `hot`, 90% of the words fall in the first `hot` words of the array.
-fn hathi(store: &Arc<Store>, array: HeapPtr, words: u64, threads: usize, hot: Option<u64>, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>> {
+pub(super) fn hathi(store: &Arc<Store>, array: HeapPtr, words: u64, threads: usize, hot: Option<u64>, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>> {
     (0..threads)
         .map(|t| {
             let (store, stop) = (store.clone(), stop.clone());
@@ -114,7 +133,7 @@ fn hathi(store: &Arc<Store>, array: HeapPtr, words: u64, threads: usize, hot: Op
         .collect()
 }
 
-fn join(handles: Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>>) -> Result<u64, Box<dyn std::error::Error>> {
+pub(super) fn join(handles: Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>>) -> Result<u64, Box<dyn std::error::Error>> {
     let mut total = 0;
     for h in handles {
         total += h.join().map_err(|_| "workload thread panicked")??;
@@ -122,10 +141,16 @@ fn join(handles: Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>>) -> Resu
     Ok(total)
 }
 
-fn timed_open(dir: &Path, heap_mib: u64) -> Result<(Store, f64), tusk::Error> {
+/// Opens the store; returns it, the seconds `open` took, and those until every chunk was in
+/// memory (the same for a whole load).
+fn timed_open(dir: &Path, heap_mib: u64, load: HeapLoad) -> Result<(Store, f64, f64), tusk::Error> {
     let started = Instant::now();
-    let store = Store::open(dir, options(heap_mib))?;
-    Ok((store, started.elapsed().as_secs_f64()))
+    let store = Store::open(dir, options_loading(heap_mib, load))?;
+    let open_s = started.elapsed().as_secs_f64();
+    while store.chunks_absent() > 0 {
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok((store, open_s, started.elapsed().as_secs_f64()))
 }
 
 pub fn recovery(args: RecoveryArgs) -> CliResult {
@@ -141,18 +166,36 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
     // nothing that changes the next round's work (no checkpoint is taken).
     let mut seq_read = Vec::new();
     let mut recoveries = Vec::new();
+    let (mut on_demand_open, mut on_demand_all_in) = (Vec::new(), Vec::new());
     let mut r = None;
-    for _ in 0..args.rounds.max(1) {
+    for round in 0..args.rounds.max(1) {
         let files = store_files(dir.path())?;
         drop_cached(&files)?;
         let (bytes, secs) = read_sequentially(&files)?;
         seq_read.push((bytes, secs));
-        drop_cached(&files)?;
-        let (store, recovery_s) = timed_open(dir.path(), args.heap_mib)?;
-        recoveries.push(recovery_s);
-        r = Some(store.recovery_report().clone());
-        store.close()?;
+        let mut loads = [HeapLoad::Whole, HeapLoad::OnDemand];
+        if round % 2 == 1 {
+            loads.reverse();
+        }
+        for load in loads {
+            drop_cached(&files)?;
+            let (store, open_s, all_in_s) = timed_open(dir.path(), args.heap_mib, load)?;
+            match load {
+                HeapLoad::Whole => {
+                    recoveries.push(open_s);
+                    r = Some(store.recovery_report().clone());
+                }
+                HeapLoad::OnDemand => {
+                    on_demand_open.push(open_s);
+                    on_demand_all_in.push(all_in_s);
+                }
+            }
+            store.close()?;
+        }
     }
+    let reopen_sizes = if args.reopen_mib.is_empty() { vec![args.heap_mib] } else { args.reopen_mib.clone() };
+    let speed = (args.reopen_seconds > 0.0).then_some((args.reopen_threads, args.reopen_seconds));
+    let (reopens, speeds) = super::bench_reopen::measure(dir.path(), &reopen_sizes, args.reopen_log_mib, args.rounds, speed)?;
     let r = r.expect("at least one round");
     let recovery_s = median(&recoveries);
     let read_s = median(&seq_read.iter().map(|x| x.1).collect::<Vec<_>>());
@@ -162,7 +205,7 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
     store.checkpoint()?;
     store.close()?;
     drop_cached(&store_files(dir.path())?)?;
-    let (store, checkpoint_only_s) = timed_open(dir.path(), args.heap_mib)?;
+    let (store, checkpoint_only_s, _) = timed_open(dir.path(), args.heap_mib, HeapLoad::Whole)?;
     let r2 = store.recovery_report().clone();
     store.close()?;
 
@@ -188,6 +231,12 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
                 "checkpoint_mib": ckpt.bytes_written as f64 / MIB,
                 "recovery_s_checkpoint_only": checkpoint_only_s,
                 "records_replayed_checkpoint_only": r2.records_replayed,
+                "on_demand_open_s": median(&on_demand_open),
+                "on_demand_all_in_s": median(&on_demand_all_in),
+                "on_demand_all_in_vs_whole": median(&on_demand_all_in) / recovery_s,
+                "reopen_log_mib": args.reopen_log_mib,
+                "reopens": reopens.iter().map(|x| x.json()).collect::<Vec<_>>(),
+                "speed_after_reopen": speeds.iter().map(|(x, read)| x.json(*read)).collect::<Vec<_>>(),
             })
         );
         return Ok(());
@@ -210,8 +259,51 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
             ),
             ("  log scan + replay", format!("{:.3} s, {} records", (r.elapsed - r.checkpoint_load).as_secs_f64(), r.records_replayed)),
             ("recovery, checkpoint only", format!("{checkpoint_only_s:.3} s ({} records replayed)", r2.records_replayed)),
+            (
+                "on demand: open / all chunks in",
+                format!(
+                    "{:.3} s / {:.3} s ({:.2}x the whole load; medians of {})",
+                    median(&on_demand_open),
+                    median(&on_demand_all_in),
+                    median(&on_demand_all_in) / recovery_s,
+                    fmt_rounds(&on_demand_all_in)
+                ),
+            ),
         ],
     );
+    let mut rows = Vec::new();
+    for &mib in &reopen_sizes {
+        for cold in [true, false] {
+            let m = |load: &str, f: fn(&super::bench_reopen::Reopen) -> f64| super::bench_reopen::median_of(&reopens, mib, load, cold, f);
+            rows.push((
+                format!("reopen {mib} MiB + {} MiB log, {}", args.reopen_log_mib, if cold { "cold" } else { "warm" }),
+                format!(
+                    "first read: on demand {:.1} ms, whole {:.1} ms; all in: {:.3} s / {:.3} s",
+                    1e3 * m("on-demand", |x| x.first_read_s),
+                    1e3 * m("whole", |x| x.first_read_s),
+                    m("on-demand", |x| x.all_in_s),
+                    m("whole", |x| x.all_in_s)
+                ),
+            ));
+        }
+    }
+    for (x, (bytes, read_s)) in &speeds {
+        rows.push((
+            format!("Hathi after a cold reopen, {} MiB, {} threads", x.heap_mib, x.threads),
+            format!(
+                "≥ 0.9 of warm ({:.0} k txn/s) from {} on; all chunks in at {}; a sequential read of the {:.0} MiB of files takes {read_s:.3} s",
+                x.warm_txn_per_s / 1e3,
+                x.full_speed_s.map_or("never".into(), |t| format!("{t:.2} s")),
+                x.all_in_s.map_or("never".into(), |t| format!("{t:.2} s")),
+                *bytes as f64 / MIB
+            ),
+        ));
+    }
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    table("reopen: open to the first read (a root lookup and one B-link get)", &rows);
+    if let Some(plot) = &args.out.plot {
+        super::bench_reopen::plot_speed(&speeds, plot)?;
+    }
     Ok(())
 }
 
@@ -245,7 +337,7 @@ const SEQ_IO: usize = 8 << 20;
 
 /// Drops the page cache's clean pages of `files` (no root needed), so that the next read
 /// comes from the disk.
-fn drop_cached(files: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
+pub(super) fn drop_cached(files: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     for path in files {
         let f = std::fs::File::open(path).at(path)?;
@@ -260,7 +352,7 @@ fn drop_cached(files: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Reads `files` one after the other from start to end in 8 MiB O_DIRECT reads: the bytes
 /// and the seconds.
-fn read_sequentially(files: &[PathBuf]) -> Result<(u64, f64), Box<dyn std::error::Error>> {
+pub(super) fn read_sequentially(files: &[PathBuf]) -> Result<(u64, f64), Box<dyn std::error::Error>> {
     use std::os::fd::AsRawFd;
     use tusk_storage::io::{open_direct_read, sync::pread_full, AlignedBuf};
     let mut buf = AlignedBuf::new();

@@ -34,6 +34,10 @@ pub struct RecoverArgs {
     /// Heap capacity to recover into, in MiB (default: the library's default).
     #[arg(long)]
     heap_mib: Option<u64>,
+    /// Read the whole checkpoint before the store opens (`HeapLoad::Whole`) instead of each
+    /// chunk when first used.
+    #[arg(long)]
+    whole: bool,
     #[arg(long)]
     json: bool,
 }
@@ -205,7 +209,7 @@ struct FoundIndex {
 fn recovered_indexes(args: &InspectArgs) -> Result<Vec<FoundIndex>, Box<dyn std::error::Error>> {
     let capacity = args.heap_mib.map_or(Options::default().heap_capacity, |m| m << 20);
     let heap = tusk_storage::Heap::new(capacity)?;
-    tusk_recovery::recover(&args.dir, &heap, false)?;
+    tusk_recovery::recover(&args.dir, &heap, false, tusk::HeapLoad::Whole)?;
     let mut found = Vec::new();
     for (root, ptr) in tusk_txn::roots::list(&heap) {
         if let Some(summary) = tusk_index::catalog::describe(&mut &heap, ptr) {
@@ -215,6 +219,24 @@ fn recovered_indexes(args: &InspectArgs) -> Result<Vec<FoundIndex>, Box<dyn std:
     Ok(found)
 }
 
+/// `on-demand` or `whole`: how recovery brought the checkpoint into the heap.
+pub fn heap_load_name(r: &tusk::RecoveryReport) -> &'static str {
+    match r.heap_load {
+        tusk::HeapLoad::OnDemand => "on-demand",
+        tusk::HeapLoad::Whole => "whole",
+    }
+}
+
+/// How recovery brought the checkpoint into the heap, for a table.
+pub fn describe_heap_load(r: &tusk::RecoveryReport) -> String {
+    let chunks = r.checkpoint.as_ref().map_or(0, |c| c.manifest.chunks.len());
+    match (&r.heap_load, &r.loaded_whole_because) {
+        (tusk::HeapLoad::OnDemand, _) => format!("on demand: {} of {chunks} chunks not yet read when the store opened", r.chunks_absent),
+        (tusk::HeapLoad::Whole, None) => format!("whole: {chunks} chunks read before the store opened"),
+        (tusk::HeapLoad::Whole, Some(why)) => format!("whole, because opening on demand met damage: {why}"),
+    }
+}
+
 /// The log segments recovery leaves unread, every record in them being in the checkpoint.
 fn below_checkpoint(r: &tusk::RecoveryReport) -> String {
     format!("{} segments, {:.1} MiB, not read (every record in them is in the checkpoint)", r.segments_below_checkpoint, r.log_bytes_below_checkpoint as f64 / (1 << 20) as f64)
@@ -222,7 +244,8 @@ fn below_checkpoint(r: &tusk::RecoveryReport) -> String {
 
 pub fn recover(args: RecoverArgs) -> CliResult {
     check_dir(&args.dir)?;
-    let mut options = Options { checkpoint_interval: None, ..Options::default() };
+    let heap_load = if args.whole { tusk::HeapLoad::Whole } else { tusk::HeapLoad::OnDemand };
+    let mut options = Options { checkpoint_interval: None, heap_load, ..Options::default() };
     if let Some(mib) = args.heap_mib {
         options.heap_capacity = mib << 20;
     }
@@ -239,6 +262,9 @@ pub fn recover(args: RecoverArgs) -> CliResult {
                 "log_pass_s": r.log_pass.as_secs_f64(),
                 "first_pass_beside_load": r.first_pass_beside_load,
                 "replay_s": r.replay.as_secs_f64(),
+                "heap_load": heap_load_name(&r),
+                "chunks_absent": r.chunks_absent,
+                "loaded_whole_because": r.loaded_whole_because,
                 "checkpoint_epoch": r.checkpoint.as_ref().map(|c| c.manifest.epoch),
                 "records_replayed": r.records_replayed,
                 "log_bytes": r.log_bytes,
@@ -268,6 +294,7 @@ pub fn recover(args: RecoverArgs) -> CliResult {
                 ),
             ),
             ("checkpoint", r.checkpoint.as_ref().map_or("none".into(), |c| format!("epoch {}", c.manifest.epoch))),
+            ("heap load", describe_heap_load(&r)),
             ("records replayed", format!("{} from {:.1} MiB of log", r.records_replayed, r.log_bytes as f64 / (1 << 20) as f64)),
             ("log below the checkpoint", below_checkpoint(&r)),
             ("LSN reached", r.recovered_lsn.to_string()),

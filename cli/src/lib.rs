@@ -20,6 +20,7 @@ mod bench_batch;
 mod bench_gpu;
 mod bench_index;
 mod bench_peers;
+mod bench_reopen;
 mod bench_snapshot;
 mod bench_store;
 mod bench_txn;

@@ -24,7 +24,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tusk_storage::Heap;
+use tusk_storage::{DeferredWrite, Heap};
 
 /// One write of a record, or the part of it that falls in one chunk.
 #[derive(Clone, Copy)]
@@ -267,10 +267,18 @@ fn write_pieces(heap: &Heap, base: u64, pieces: &[Piece], spans: &[&[u8]]) {
             heap.prefetch(base + u64::from(ahead.at & !BYTES));
         }
         let (at, value) = (piece.at, piece.value);
-        if at & BYTES == 0 {
-            heap.store_word(base + u64::from(at), value);
+        let off = base + u64::from(at & !BYTES);
+        // A chunk a reopen on demand left absent gets its writes when it is brought in: the
+        // replay reads no image (pieces lie within one chunk).
+        if heap.is_absent(off) {
+            heap.defer_write(match at & BYTES {
+                0 => DeferredWrite::Word { at: off, value },
+                _ => DeferredWrite::Bytes { at: off, bytes: spans[value as usize].into() },
+            });
+        } else if at & BYTES == 0 {
+            heap.store_word(off, value);
         } else {
-            heap.write_bytes(base + u64::from(at & !BYTES), spans[value as usize]);
+            heap.write_bytes(off, spans[value as usize]);
         }
     }
 }

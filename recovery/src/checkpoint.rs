@@ -19,6 +19,20 @@ use tusk_storage::{Heap, StorageError};
 
 use crate::{FileKind, RecoveryError};
 
+/// How recovery brings a checkpoint's images into the heap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HeapLoad {
+    /// Each chunk when first used, the rest by background loaders: opening takes as long as
+    /// the log's tail, whatever the heap's size. A damaged image found while the store opens
+    /// makes it load whole (and fall back as [`HeapLoad::Whole`] does); one found later fails
+    /// the accesses of its chunk only.
+    #[default]
+    OnDemand,
+    /// Every image before the store opens; any damage in the newest checkpoint falls back to
+    /// the one before it.
+    Whole,
+}
+
 /// The checkpoint recovery starts from.
 #[derive(Clone, Debug)]
 pub struct LoadedCheckpoint {
@@ -93,8 +107,10 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, RecoveryError> {
 }
 
 /// Loads the newest usable checkpoint into `heap` (zero on entry); without a heap, only
-/// checks its images (what `inspect` does). `None` when there is none.
-pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedCheckpoint>, RecoveryError> {
+/// checks its images (what `inspect` does). `None` when there is none. With
+/// [`HeapLoad::OnDemand`] the images are not read here: the heap reads each when first used
+/// (see [`crate::on_demand`]), and only missing or short segment files make it fall back.
+pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>, load: HeapLoad) -> Result<Option<LoadedCheckpoint>, RecoveryError> {
     let manifests = list_manifests(dir).map_err(|e| StorageError::io(dir, e))?;
     let mut fallback: Option<Fallback> = None;
     for (i, (_, path)) in manifests.iter().enumerate() {
@@ -122,7 +138,13 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>) -> Result<Option<LoadedC
         if let Some(heap) = heap.filter(|h| manifest.covered > h.capacity()) {
             return Err(RecoveryError::CapacityTooSmall { path: path.clone(), offset: 0, needed: manifest.covered, capacity: heap.capacity() });
         }
-        match load_images(dir, &manifest, heap) {
+        let loaded = match (heap, load) {
+            (Some(heap), HeapLoad::OnDemand) => crate::on_demand::ImageSource::open(dir, &manifest).map(|source| {
+                heap.load_on_demand(manifest.chunk_size, manifest.chunks.len() as u64, Box::new(source));
+            }),
+            _ => load_images(dir, &manifest, heap),
+        };
+        match loaded {
             Ok(()) => {
                 let previous = manifests.get(i + 1).and_then(|(_, p)| read_manifest(p).ok());
                 return Ok(Some(LoadedCheckpoint { manifest, path: path.clone(), previous, fallback }));
@@ -167,14 +189,14 @@ const READ_BYTES: u64 = 8 << 20;
 const PREFAULT_STEP: u64 = 32 << 20;
 
 /// Images read by one pread: chunks `chunks`, from `offset` of segment `segment`.
-struct Run {
-    segment: usize,
-    offset: u64,
-    chunks: Vec<u64>,
+pub(crate) struct Run {
+    pub(crate) segment: usize,
+    pub(crate) offset: u64,
+    pub(crate) chunks: Vec<u64>,
 }
 
 /// The reads that load `manifest`: its images in segment order, neighbours merged.
-fn plan_runs(manifest: &Manifest, segments: &[u64]) -> Vec<Run> {
+pub(crate) fn plan_runs(manifest: &Manifest, segments: &[u64]) -> Vec<Run> {
     let image = image_size(manifest.chunk_size);
     let per_run = (READ_BYTES / image).max(1) as usize;
     let mut order: Vec<u64> = (0..manifest.chunks.len() as u64).collect();
@@ -279,6 +301,22 @@ fn load_run(file: &std::fs::File, file_len: u64, run: &Run, manifest: &Manifest,
 }
 
 fn check_and_store(bytes: &[u8], index: u64, entry: &ChunkEntry, chunk_size: u64, heap: Option<&Heap>) -> Result<(), String> {
+    let data = check_image(bytes, index, entry, chunk_size)?;
+    let Some(heap) = heap else { return Ok(()) };
+    let start = index * chunk_size;
+    let end = (start + chunk_size).min(heap.capacity());
+    let data = &data[..(end - start) as usize];
+    // The heap is zero on entry: an all-zero image leaves its pages untouched (unbacked).
+    // Otherwise one bulk copy (the loaders own disjoint chunks and nothing else runs yet).
+    if data.chunks(64).any(|line| line.iter().fold(0u8, |acc, &b| acc | b) != 0) {
+        heap.copy_in(start, data);
+    }
+    Ok(())
+}
+
+/// Checks one image (`bytes`: its header block and data) against its manifest entry;
+/// returns its data.
+pub(crate) fn check_image<'b>(bytes: &'b [u8], index: u64, entry: &ChunkEntry, chunk_size: u64) -> Result<&'b [u8], String> {
     let header = ChunkHeader::decode(bytes)?;
     let data = &bytes[CHUNK_HEADER_SIZE..];
     if header.index != index || header.epoch != entry.image_epoch || header.lsn != entry.lsn {
@@ -294,14 +332,5 @@ fn check_and_store(bytes: &[u8], index: u64, entry: &ChunkEntry, chunk_size: u64
     if crc != header.crc || crc != entry.crc {
         return Err("chunk image checksum mismatch".into());
     }
-    let Some(heap) = heap else { return Ok(()) };
-    let start = index * chunk_size;
-    let end = (start + chunk_size).min(heap.capacity());
-    let data = &data[..(end - start) as usize];
-    // The heap is zero on entry: an all-zero image leaves its pages untouched (unbacked).
-    // Otherwise one bulk copy (the loaders own disjoint chunks and nothing else runs yet).
-    if data.chunks(64).any(|line| line.iter().fold(0u8, |acc, &b| acc | b) != 0) {
-        heap.copy_in(start, data);
-    }
-    Ok(())
+    Ok(data)
 }

@@ -45,6 +45,10 @@ pub enum RecoveryError {
     /// Two records claim the same LSN.
     #[error("LSN {lsn} appears twice: {first} and {second}")]
     DuplicateLsn { lsn: u64, first: PathBuf, second: PathBuf },
+    /// Opening on demand met a damaged checkpoint image (recover_heap then loads whole,
+    /// falling back to the checkpoint before it).
+    #[error("checkpoint image {path}, offset {offset}: {reason}; found while opening on demand")]
+    DamagedOnDemand { path: PathBuf, offset: u64, reason: String },
     /// A record writes beyond the heap capacity given in the options.
     #[error("{path}: record at offset {offset} writes up to byte {needed}, beyond the heap capacity of {capacity} bytes; open with a larger heap_capacity")]
     CapacityTooSmall { path: PathBuf, offset: u64, needed: u64, capacity: u64 },

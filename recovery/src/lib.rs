@@ -8,10 +8,11 @@
 pub mod apply;
 pub mod checkpoint;
 pub mod error;
+pub mod on_demand;
 pub mod replay;
 pub mod scan;
 
-pub use checkpoint::{Fallback, LoadedCheckpoint};
+pub use checkpoint::{Fallback, HeapLoad, LoadedCheckpoint};
 pub use error::{FileKind, RecoveryError};
-pub use replay::{plan, recover, Plan, RecoveryReport};
+pub use replay::{plan, recover, recover_heap, Plan, RecoveryReport};
 pub use scan::TornTail;

@@ -12,7 +12,7 @@ use tusk_storage::layout::{arena_off, ARENAS, BRK_OFF, DATA_START};
 use tusk_storage::Heap;
 
 use crate::apply::{region_bytes, Bucketed, Unappliable};
-use crate::checkpoint::{chunk_lsn, load_checkpoint, newest_manifest, LoadedCheckpoint};
+use crate::checkpoint::{chunk_lsn, load_checkpoint, newest_manifest, HeapLoad, LoadedCheckpoint};
 use tusk_storage::checkpoint_format::Manifest;
 use crate::scan::{scan, RecordRef, Scan, TornTail};
 use tusk_storage::log_files::log_dir;
@@ -62,6 +62,15 @@ pub struct RecoveryReport {
     pub log_pass: Duration,
     /// When set, the caller must append a marker resolving `(from, to]` before new commits.
     pub marker_needed: Option<(u64, u64)>,
+    /// How the checkpoint's images came into the heap: on demand (the heap reads each chunk
+    /// when first used; `chunks_absent` were not read yet when recovery returned), or whole.
+    /// The mode recovery ran in (with no checkpoint, nothing was read either way).
+    pub heap_load: HeapLoad,
+    /// Chunks of the checkpoint not read yet when recovery returned (on demand only).
+    pub chunks_absent: u64,
+    /// Why the heap was loaded whole although on demand was asked for: a damaged image found
+    /// while the store opened (naming it), after which recovery fell back as a whole load does.
+    pub loaded_whole_because: Option<String>,
     /// Wall time of the whole recovery.
     pub elapsed: Duration,
 }
@@ -91,7 +100,7 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
     // The checkpoint's images and the log are independent reads: do both at once.
     let (checkpoint, checkpoint_load, scanned) = std::thread::scope(|s| {
         let log = s.spawn(|| scan(dir, covered));
-        let checkpoint = load_checkpoint(dir, heap);
+        let checkpoint = load_checkpoint(dir, heap, HeapLoad::Whole);
         let checkpoint_load = started.elapsed();
         (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
     });
@@ -238,7 +247,11 @@ fn bucket_early<'a>(scan: &'a Scan, manifest: &Manifest, capacity: u64) -> Optio
 /// see [`crate::apply`]) needs the checkpoint's chunk LSNs, not its images: it runs for the
 /// newest manifest beside the images' load, after the log scan, and is used when that
 /// checkpoint is the one that loads (otherwise it is made again for the one that did).
-pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, RecoveryError> {
+///
+/// With [`HeapLoad::OnDemand`] the images are read as the replay and later accesses reach
+/// them; a damaged one met before recovery returns fails it with
+/// [`RecoveryError::DamagedOnDemand`] ([`recover_heap`] then loads whole instead).
+pub fn recover(dir: &Path, heap: &Heap, repair: bool, load: HeapLoad) -> Result<RecoveryReport, RecoveryError> {
     let started = Instant::now();
     let newest = newest_manifest(dir);
     let covered = newest.as_ref().map_or(0, |m| m.min_lsn());
@@ -252,7 +265,7 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
             let early = newest.as_ref().and_then(|m| bucket_early(scanned, m, heap.capacity()));
             Ok((early, started.elapsed()))
         });
-        let checkpoint = load_checkpoint(dir, Some(heap));
+        let checkpoint = load_checkpoint(dir, Some(heap), load);
         let checkpoint_load = started.elapsed();
         (checkpoint, checkpoint_load, log.join().expect("log scan panicked"))
     });
@@ -283,6 +296,13 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     claim_arenas(heap);
     zero_beyond_brk(heap, written_to);
     zero_arena_tails(heap, written_to);
+    // The superblock's chunk is what the store reads first: bring it in here, so that its
+    // damage, like any the replay met, is listed below.
+    let _ = heap.ready(0, tusk_storage::layout::DATA_START.min(heap.capacity()));
+    if let Some((_, damage)) = heap.damaged_chunks().into_iter().next() {
+        debug_assert!(load == HeapLoad::OnDemand, "a whole load finds its damage before the replay");
+        return Err(RecoveryError::DamagedOnDemand { path: damage.path, offset: damage.offset, reason: damage.reason });
+    }
     if repair {
         for r in &scan.repairs {
             r.apply()?;
@@ -292,8 +312,27 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool) -> Result<RecoveryReport, 
     report.log_pass = log_pass;
     report.checkpoint = checkpoint;
     report.replay = replay_started.elapsed();
+    report.heap_load = load;
+    report.chunks_absent = heap.absent_chunks();
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// Recovers `dir` into a new heap of `capacity` bytes (see [`recover`]). On demand, a damaged
+/// image met while opening makes it start again loading whole, which falls back to the
+/// checkpoint before (the report says why, in `loaded_whole_because`).
+pub fn recover_heap(dir: &Path, capacity: u64, repair: bool, load: HeapLoad) -> Result<(Heap, RecoveryReport), RecoveryError> {
+    let heap = Heap::new(capacity)?;
+    let why = match recover(dir, &heap, repair, load) {
+        Ok(report) => return Ok((heap, report)),
+        Err(e @ RecoveryError::DamagedOnDemand { .. }) => e.to_string(),
+        Err(e) => return Err(e),
+    };
+    drop(heap);
+    let heap = Heap::new(capacity)?;
+    let mut report = recover(dir, &heap, repair, HeapLoad::Whole)?;
+    report.loaded_whole_because = Some(why);
+    Ok((heap, report))
 }
 
 /// Record `i` of `records`: its LSN and writes, read from the scan's segments.

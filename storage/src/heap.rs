@@ -5,11 +5,13 @@
 //! of data races. Byte-granular helpers are built from word operations.
 
 use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
 
+use crate::on_demand::{ChunkDamage, ChunkSource, Claim, DeferredWrite, OnDemand};
 #[cfg(not(loom))]
 use crate::region::AnonRegion;
 use crate::region::AtomicWords;
-use crate::sync::AtomicU64;
+use crate::sync::{AtomicBool, AtomicU64};
 use crate::StorageError;
 
 /// Page ranges this long and longer are scanned for dirty pages by several threads.
@@ -50,6 +52,10 @@ pub struct Heap {
     capacity: u64,
     /// Per page: the dirty epoch of the last commit write-back that touched it.
     epochs: AtomicWords,
+    /// Some chunk is not present yet (see [`crate::on_demand`]): accesses check their chunks
+    /// first. Cleared once every chunk is present, and the check costs one load.
+    pending: AtomicBool,
+    on_demand: OnceLock<OnDemand>,
 }
 
 impl Heap {
@@ -61,7 +67,197 @@ impl Heap {
         #[cfg(loom)]
         let data = AtomicWords::new(capacity / 8)?;
         let epochs = AtomicWords::new(capacity / PAGE_SIZE)?;
-        Ok(Heap { data, capacity, epochs })
+        Ok(Heap { data, capacity, epochs, pending: AtomicBool::new(false), on_demand: OnceLock::new() })
+    }
+
+    /// Leaves the chunks of `[0, chunks × chunk_size)` absent, to be read from `source` when
+    /// first used or by [`Heap::load_run`] (see [`crate::on_demand`]). For a fresh (zero)
+    /// heap that no other thread uses yet; once per heap.
+    pub fn load_on_demand(&self, chunk_size: u64, chunks: u64, source: Box<dyn ChunkSource>) {
+        let chunks = chunks.min(self.capacity.div_ceil(chunk_size));
+        if chunks == 0 {
+            return;
+        }
+        let set = self.on_demand.set(OnDemand::new(chunk_size, chunks, source));
+        assert!(set.is_ok(), "a heap loads on demand once");
+        self.pending.store(true, Ordering::Release);
+    }
+
+    /// Brings the chunks under `[off, off+len)` into the heap where they are still absent:
+    /// afterwards those bytes are the checkpoint's (plus whatever was written since). Fails,
+    /// naming the image, where one of them is damaged; their bytes are then not data and must
+    /// not be used or written. One load when every chunk is present.
+    #[inline]
+    pub fn ready(&self, off: u64, len: u64) -> Result<(), ChunkDamage> {
+        if !self.pending.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.bring_in(off, len)
+    }
+
+    /// The accessors' own check: brings absent chunks in; a damaged chunk reads as zeros
+    /// (callers that must not see them ask [`Heap::ready`] first, as transactions do).
+    #[inline]
+    fn guard(&self, off: u64, len: u64) {
+        #[cfg(not(loom))]
+        if self.pending.load(Ordering::Acquire) {
+            let _ = self.bring_in(off, len);
+        }
+        #[cfg(loom)]
+        let _ = (off, len);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bring_in(&self, off: u64, len: u64) -> Result<(), ChunkDamage> {
+        let Some(od) = self.on_demand.get() else { return Ok(()) };
+        if len == 0 || off / od.chunk_size >= od.chunks() {
+            return Ok(());
+        }
+        let first = off / od.chunk_size;
+        let last = ((off + len - 1) / od.chunk_size).min(od.chunks() - 1);
+        let mut result = Ok(());
+        for chunk in first..=last {
+            loop {
+                match od.claim(chunk) {
+                    Claim::Present => break,
+                    Claim::Damaged => {
+                        if result.is_ok() {
+                            result = Err(od.damage_of(chunk));
+                        }
+                        break;
+                    }
+                    Claim::Won => self.load_claimed(od, &[chunk], &[true]),
+                    // Another thread reads it: a millisecond or so.
+                    Claim::Loading => crate::sync::yield_now(),
+                }
+            }
+        }
+        result
+    }
+
+    /// Reads `run`'s images and settles its `wanted` chunks (claimed by the caller).
+    fn load_claimed(&self, od: &OnDemand, run: &[u64], wanted: &[bool]) {
+        let (mut settled, mut last) = (0, false);
+        od.source().read(run, wanted, &mut |chunk, image| {
+            let deferred = od.take_deferred(chunk);
+            let damage = match image {
+                Ok(bytes) => {
+                    self.fill_absent(chunk * od.chunk_size, bytes);
+                    for write in deferred {
+                        match write {
+                            DeferredWrite::Word { at, value } => self.word_unguarded(at).store(value, Ordering::Relaxed),
+                            DeferredWrite::Bytes { at, bytes } => self.write_bytes_with(at, &bytes, |off| self.word_unguarded(off)),
+                        }
+                    }
+                    None
+                }
+                Err(d) => Some(d),
+            };
+            last |= od.settle(chunk, damage);
+            settled += 1;
+        });
+        // A chunk left loading would hold every thread that reaches it for ever.
+        assert_eq!(settled, wanted.iter().filter(|&&w| w).count(), "the chunk source settles every chunk it was asked for");
+        if last && od.damaged().is_empty() {
+            self.pending.store(false, Ordering::Release);
+        }
+    }
+
+    /// Copies a loaded image into its chunk, which is zero and claimed by this thread (no
+    /// other access reaches it): runs of non-zero lines, so that the zero parts of an image
+    /// leave their pages unbacked.
+    fn fill_absent(&self, off: u64, bytes: &[u8]) {
+        let len = (bytes.len() as u64).min(self.capacity - off);
+        let bytes = &bytes[..len as usize];
+        let zero = |line: &[u8]| line.iter().fold(0u8, |acc, &b| acc | b) == 0;
+        let mut at = 0;
+        while at < bytes.len() {
+            if zero(&bytes[at..(at + 64).min(bytes.len())]) {
+                at += 64;
+                continue;
+            }
+            let start = at;
+            while at < bytes.len() && !zero(&bytes[at..(at + 64).min(bytes.len())]) {
+                at += 64;
+            }
+            let end = at.min(bytes.len());
+            self.copy_in_unguarded(off + start as u64, &bytes[start..end]);
+        }
+    }
+
+    /// Whether the chunk holding `off` is absent: the log's replay then defers its writes
+    /// there ([`Heap::defer_write`]) instead of reading the chunk's image at open.
+    #[inline]
+    pub fn is_absent(&self, off: u64) -> bool {
+        if !self.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        self.on_demand.get().is_some_and(|od| off / od.chunk_size < od.chunks() && od.is_absent(off / od.chunk_size))
+    }
+
+    /// Keeps a write to an absent chunk ([`Heap::is_absent`]) for when the chunk is brought
+    /// in. Only for the log's replay, before anything else uses the heap; the write lies
+    /// within one chunk.
+    pub fn defer_write(&self, write: DeferredWrite) {
+        let od = self.on_demand.get().expect("writes are deferred on a heap that loads on demand");
+        let (at, len) = match &write {
+            DeferredWrite::Word { at, .. } => (*at, 8),
+            DeferredWrite::Bytes { at, bytes } => (*at, bytes.len() as u64),
+        };
+        let chunk = at / od.chunk_size;
+        assert!(len > 0 && (at + len - 1) / od.chunk_size == chunk, "a deferred write lies within one chunk");
+        od.defer(chunk, write);
+    }
+
+    /// Loads the absent chunks of `run` (one of [`Heap::absent_runs`]) with one read of their
+    /// images; chunks already present, loading or damaged are left as they are.
+    pub fn load_run(&self, run: &[u64]) {
+        let Some(od) = self.on_demand.get() else { return };
+        let wanted: Vec<bool> = run.iter().map(|&c| matches!(od.claim(c), Claim::Won)).collect();
+        if wanted.contains(&true) {
+            self.load_claimed(od, run, &wanted);
+        }
+    }
+
+    /// Brings every absent chunk in now, in the source's runs, on this thread (with any
+    /// other thread loading too); fails naming a damaged one. For what cannot wait for a
+    /// chunk later: a forked child has neither the loaders nor the image files.
+    pub fn load_all(&self) -> Result<(), ChunkDamage> {
+        if !self.is_pending() {
+            return Ok(());
+        }
+        for run in self.absent_runs() {
+            self.load_run(&run);
+        }
+        self.ready(0, self.capacity)
+    }
+
+    /// The source's runs of chunks that hold an absent one, in the order one sequential
+    /// read of the files takes them (for background loaders).
+    pub fn absent_runs(&self) -> Vec<Vec<u64>> {
+        let Some(od) = self.on_demand.get() else { return Vec::new() };
+        let mut runs = od.source().runs();
+        runs.retain(|run| run.iter().any(|&c| c < od.chunks() && od.is_absent(c)));
+        for run in &mut runs {
+            run.retain(|&c| c < od.chunks());
+        }
+        runs
+    }
+
+    /// Chunks not brought in yet (0 for a heap loaded whole).
+    pub fn absent_chunks(&self) -> u64 {
+        self.on_demand.get().map_or(0, |od| od.absent())
+    }
+
+    /// Chunks found damaged when brought in, with their images.
+    pub fn damaged_chunks(&self) -> Vec<(u64, ChunkDamage)> {
+        self.on_demand.get().map_or(Vec::new(), |od| od.damaged())
+    }
+
+    /// Whether some chunk is absent or damaged (accesses check their chunks).
+    pub fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
     }
 
     #[inline]
@@ -76,6 +272,12 @@ impl Heap {
 
     #[inline]
     fn word(&self, off: u64) -> &AtomicU64 {
+        self.guard(off, 8);
+        self.word_unguarded(off)
+    }
+
+    #[inline]
+    fn word_unguarded(&self, off: u64) -> &AtomicU64 {
         assert!(off.is_multiple_of(8) && off + 8 <= self.capacity, "heap word {off} out of range");
         #[cfg(loom)]
         return self.data.get(off / 8);
@@ -93,6 +295,7 @@ impl Heap {
     fn words(&self, off: u64, count: usize) -> &[AtomicU64] {
         let end = off.checked_add(8 * count as u64).expect("heap range overflow");
         assert!(off.is_multiple_of(8) && end <= self.capacity, "heap words {off}..{end} out of range");
+        self.guard(off, end - off);
         // SAFETY: in bounds and 8-aligned (checked above); the mapping lives as long as self;
         // AtomicU64 has the same layout as u64 and all access to heap words is atomic.
         unsafe { std::slice::from_raw_parts(self.data.base().add(off as usize) as *const AtomicU64, count) }
@@ -176,6 +379,7 @@ impl Heap {
     /// under the closed gate before anyone reads the copy (txn's consistent page copy).
     pub fn copy_out(&self, off: u64, dst: &mut [u8]) {
         self.check_range(off, dst.len() as u64);
+        self.guard(off, dst.len() as u64);
         #[cfg(not(loom))]
         // SAFETY: the source range lies in the mapping (checked above) and cannot overlap
         // `dst`, which the caller borrows exclusively. The copy reads words other threads may
@@ -199,6 +403,7 @@ impl Heap {
             return self.copy_out(off, dst);
         }
         self.check_range(off, dst.len() as u64);
+        self.guard(off, dst.len() as u64);
         #[cfg(not(loom))]
         // SAFETY: the source range lies in the mapping (checked above), `dst` is borrowed
         // exclusively, and both are line-aligned with a length of whole lines (checked above);
@@ -212,6 +417,11 @@ impl Heap {
     /// atomic store per word). Only for a heap no other thread reads or writes in that range
     /// meanwhile: recovery loading checkpoint images into a fresh heap.
     pub fn copy_in(&self, off: u64, src: &[u8]) {
+        self.guard(off, src.len() as u64);
+        self.copy_in_unguarded(off, src);
+    }
+
+    fn copy_in_unguarded(&self, off: u64, src: &[u8]) {
         self.check_range(off, src.len() as u64);
         #[cfg(not(loom))]
         // SAFETY: the destination range lies in the mapping (checked above) and cannot overlap
@@ -284,6 +494,11 @@ impl Heap {
 
     /// Writes `data` at `off` (single writer per word assumed, see [`Heap::store_word_masked`]).
     pub fn write_bytes(&self, off: u64, data: &[u8]) {
+        self.write_bytes_with(off, data, |at| self.word(at))
+    }
+
+    /// [`Heap::write_bytes`] through `word` (guarded or not).
+    fn write_bytes_with<'w>(&'w self, off: u64, data: &[u8], word: impl Fn(u64) -> &'w AtomicU64) {
         self.check_range(off, data.len() as u64);
         let mut pos = 0usize;
         while pos < data.len() {
@@ -294,7 +509,10 @@ impl Heap {
             let mut bytes = [0u8; 8];
             bytes[skip..skip + take].copy_from_slice(&data[pos..pos + take]);
             let mask = (((1u16 << take) - 1) << skip) as u8;
-            self.store_word_masked(word_off, u64::from_le_bytes(bytes), mask);
+            let bits = mask_bits(mask);
+            let slot = word(word_off);
+            let old = slot.load(Ordering::Relaxed);
+            slot.store((old & !bits) | (u64::from_le_bytes(bytes) & bits), Ordering::Relaxed);
             pos += take;
         }
     }

@@ -18,6 +18,7 @@ pub mod io;
 pub mod layout;
 pub mod line_record;
 pub mod mapped;
+pub mod on_demand;
 #[cfg(not(loom))]
 pub mod process;
 pub mod log_files;
@@ -29,3 +30,4 @@ pub mod workers;
 
 pub use error::StorageError;
 pub use heap::{Heap, HeapPtr, PAGE_SIZE};
+pub use on_demand::{ChunkDamage, ChunkSource, DeferredWrite};

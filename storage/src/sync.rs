@@ -3,7 +3,11 @@
 //! Normal builds get plain re-exports: no wrapper, no cost.
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::AtomicU64;
+pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+#[cfg(not(loom))]
+pub use std::thread::yield_now;
 
 #[cfg(loom)]
-pub use loom::sync::atomic::AtomicU64;
+pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+#[cfg(loom)]
+pub use loom::thread::yield_now;

@@ -205,6 +205,14 @@ impl Checkpointer {
             entries.push(reuse);
         }
         report.rewritten_for_space = self.compact(&mut entries);
+        // A chunk whose image a reopen on demand found damaged holds zeros, not data: its
+        // image stays referenced as it is (and the log it pins stays), never rewritten from
+        // the zeros in its place.
+        for (index, _) in heap.damaged_chunks() {
+            if let (Some(slot), Some(old)) = (entries.get_mut(index as usize), self.last.as_ref().and_then(|m| m.chunks.get(index as usize))) {
+                *slot = Some(*old);
+            }
+        }
         report.reused = entries.iter().filter(|e| e.is_some()).count() as u64;
         let to_write: Vec<u64> = (0..count).filter(|&i| entries[i as usize].is_none()).collect();
 
@@ -290,7 +298,7 @@ impl Checkpointer {
 
         self.previous = self.last.replace(manifest);
         self.clean_through = Some(ended);
-        self.collect_garbage(&mut report, catalog)?;
+        self.collect_garbage(&mut report, catalog, heap.absent_chunks() > 0)?;
         report.log_bytes = catalog.total_bytes();
         report.elapsed = started.elapsed();
         Ok(report)
@@ -395,8 +403,12 @@ impl Checkpointer {
     }
 
     /// Deletes manifests older than the two kept, segments neither references, and the log
-    /// both no longer need.
-    fn collect_garbage(&mut self, report: &mut CheckpointReport, catalog: &crate::log::catalog::SegmentCatalog) -> Result<(), TxnError> {
+    /// both no longer need. While a reopen on demand still reads images (`loading`), no
+    /// segment becomes the spare: a file it reads is never written over, only unlinked (its
+    /// open descriptor keeps the bytes). An image it still needs lies in a segment the newest
+    /// manifest references anyway: its chunk was never written, so no checkpoint since
+    /// rewrote it (a rewrite copies from the heap, which reads the image first).
+    fn collect_garbage(&mut self, report: &mut CheckpointReport, catalog: &crate::log::catalog::SegmentCatalog, loading: bool) -> Result<(), TxnError> {
         let kept: Vec<&Manifest> = self.last.iter().chain(self.previous.iter()).collect();
         let oldest_kept = kept.iter().map(|m| m.epoch).min().unwrap_or(0);
         for (epoch, path) in list_manifests(&self.config.dir).map_err(|e| io_err(&self.config.dir, e))? {
@@ -407,7 +419,7 @@ impl Checkpointer {
         let referenced: HashSet<u64> = kept.iter().flat_map(|m| m.segments()).collect();
         let dir = checkpoint_dir(&self.config.dir);
         let spare = spare_segment_path(&self.config.dir);
-        let mut keep_spare = !spare.exists();
+        let mut keep_spare = !spare.exists() && !loading;
         let mut left = 0;
         // Newest first: the newest unreferenced segment becomes the spare (it is about the
         // size the next checkpoint writes), older ones are deleted.
@@ -466,6 +478,7 @@ fn image_at(buf: &mut AlignedBuf, slot: u64, image: u64) -> &mut [u8] {
 fn copy_chunk(engine: &Engine, index: u64, chunk: u64, out: &mut [u8]) -> Result<u64, TxnError> {
     debug_assert_eq!(out.len(), CHUNK_HEADER_SIZE + chunk as usize);
     let len = chunk.min(engine.heap().capacity() - index * chunk) as usize;
+    engine.heap().ready(index * chunk, len as u64).map_err(TxnError::DamagedChunk)?;
     let body = &mut out[CHUNK_HEADER_SIZE..];
     body[len..].fill(0);
     engine.copy_consistent(index * chunk, &mut body[..len])

@@ -43,4 +43,8 @@ pub enum TxnError {
     InsideInPlaceTransaction,
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A checkpoint image read on demand after the store opened is damaged: the access of its
+    /// chunk failed (see tusk-storage's `on_demand`).
+    #[error("checkpoint image {}, offset {}: {}", .0.path.display(), .0.offset, .0.reason)]
+    DamagedChunk(tusk_storage::ChunkDamage),
 }

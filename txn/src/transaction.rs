@@ -283,6 +283,14 @@ impl<'e> Transaction<'e> {
         Err(TxnError::Conflict)
     }
 
+    /// Brings the heap's chunks under `[off, off+len)` in where a reopen left them absent
+    /// (one load once all are in), and fails on a damaged one: its bytes are not data, and a
+    /// write would let the next checkpoint pass them off as such.
+    #[inline]
+    fn heap_ready(&self, off: u64, len: u64) -> Result<(), TxnError> {
+        self.engine.heap().ready(off, len).map_err(TxnError::DamagedChunk)
+    }
+
     fn check_range(&self, off: u64, len: u64) -> Result<(), TxnError> {
         if self.engine.heap().contains(off, len) {
             Ok(())
@@ -297,6 +305,7 @@ impl<'e> Transaction<'e> {
     #[inline]
     pub fn load(&mut self, off: u64) -> Result<u64, TxnError> {
         debug_assert!(off.is_multiple_of(8));
+        self.heap_ready(off, 8)?;
         if self.in_place.is_some() {
             return self.load_in_place(off);
         }
@@ -327,6 +336,7 @@ impl<'e> Transaction<'e> {
     /// storing them one by one, with one write-set lookup per line.
     pub fn store_words(&mut self, off: u64, values: &[u64]) -> Result<(), TxnError> {
         debug_assert!(off.is_multiple_of(8));
+        self.heap_ready(off, 8 * values.len() as u64)?;
         if self.doomed {
             return Err(TxnError::Conflict);
         }
@@ -352,6 +362,7 @@ impl<'e> Transaction<'e> {
     #[inline]
     fn store_masked(&mut self, off: u64, value: u64, mask: u8) -> Result<(), TxnError> {
         debug_assert!(off.is_multiple_of(8));
+        self.heap_ready(off, 8)?;
         if self.in_place.is_some() {
             return self.store_in_place(off, value, mask);
         }
@@ -380,6 +391,7 @@ impl<'e> Transaction<'e> {
     #[inline]
     pub fn load_words(&mut self, off: u64, out: &mut [u64]) -> Result<(), TxnError> {
         debug_assert!(off.is_multiple_of(8));
+        self.heap_ready(off, 8 * out.len() as u64)?;
         if self.in_place.is_some() {
             return self.load_words_in_place(off, out);
         }
@@ -453,12 +465,12 @@ impl<'e> Transaction<'e> {
     /// commit to validate. Other transactions' commits may make what it returns stale, or tear
     /// it; only for reads whose use is proven otherwise (an index descent's internal nodes,
     /// where the leaf reached proves itself). Returns false, reading nothing, where the words
-    /// leave the heap.
+    /// leave the heap or lie in a damaged chunk (the load that follows reports it).
     #[inline]
     pub fn peek_words(&self, off: u64, out: &mut [u64]) -> bool {
         debug_assert!(off.is_multiple_of(8));
         let heap = self.engine.heap();
-        if !heap.contains(off, 8 * out.len() as u64) {
+        if !heap.contains(off, 8 * out.len() as u64) || heap.ready(off, 8 * out.len() as u64).is_err() {
             return false;
         }
         heap.load_words(off, out);

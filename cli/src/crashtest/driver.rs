@@ -479,7 +479,23 @@ fn bitflip(config: &Config, dir: &Path, log: &CycleLog, baseline: &[u64], rng: &
             let report = store.recovery_report().clone();
             let cut = report.torn_tails.iter().any(|t| t.path == flip.path && t.offset <= flip.offset);
             let fell_back = report.checkpoint.as_ref().and_then(|c| c.fallback.as_ref()).is_some_and(|f| f.path == flip.path);
-            let recovered = words(&store, config.workload)?;
+            let recovered = match words(&store, config.workload) {
+                Ok(words) => words,
+                // Opened on demand, a damaged image is found when its chunk is first read:
+                // that read must fail naming the file (and the store stays open).
+                Err(e @ Error::Corrupt { .. }) if report.heap_load == tusk::HeapLoad::OnDemand => {
+                    if e.to_string().contains(&flip.path.to_string_lossy().into_owned()) {
+                        outcome.corruption_detected = true;
+                        outcome.detail.push_str(": found when its chunk was first read, naming the file");
+                    } else {
+                        outcome.verdict.violations.push(format!("a bit flip in {name} (byte {}) gave an error that does not name it: {e}", flip.offset));
+                    }
+                    drop(store);
+                    let _ = std::fs::remove_dir_all(&copy);
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
             let strictness = if cut { Strictness::Damaged } else { Strictness::Crash };
             let verdict = check(log, baseline, &recovered, &report, config.workload, strictness);
             if cut || fell_back {

@@ -218,6 +218,10 @@ impl Engine {
         drop(closed);
         report.pause += pause.elapsed();
         copied?;
+        // A chunk a reopen on demand found damaged copied as zeros: no snapshot of it.
+        if let Some((_, damage)) = heap.damaged_chunks().into_iter().find(|(_, d)| d.heap.start < extent) {
+            return Err(TxnError::DamagedChunk(damage));
+        }
         report.pages_closed = pages;
         report.extent = extent;
         report.elapsed = started.elapsed();

@@ -32,6 +32,8 @@ mod fork {
             serve: impl Fn(&Heap, &[u8], &mut [u8]) -> usize,
         ) -> Result<(ForkServer, u64, u64, Duration), TxnError> {
             let heap = self.heap();
+            // The child closes the image files and runs no loaders: every chunk first.
+            heap.load_all().map_err(TxnError::DamagedChunk)?;
             let ((server, lsn, epoch), pause) = self.with_gate_closed(|lsn| {
                 let server = ForkServer::spawn(shm_bytes, |req, out| serve(heap, req, out));
                 (server, lsn, self.advance_dirty_epoch())

@@ -1,0 +1,64 @@
+//! The store's `tusk-load` threads: after a reopen on demand (see tusk-storage's
+//! `on_demand`) they read the chunks nobody has used yet, in the large sequential reads of a
+//! whole load, so that the heap is all in memory about as soon as a whole load would have had
+//! it, while transactions run from the first moment. Chunks that a transaction reaches first
+//! are read by that transaction's thread; the loaders skip them.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tusk_txn::Engine;
+
+use crate::Error;
+
+/// Most loader threads: reads of 8 MiB runs keep a disk busy with a few in flight, and
+/// the loaders share the cores with the store's users.
+const MAX_LOADERS: usize = 4;
+
+pub(crate) struct HeapLoader {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl HeapLoader {
+    /// Starts the loaders where the heap has absent chunks (none otherwise, or when not
+    /// `enabled`: chunks then come in only as they are used).
+    pub fn start(engine: &Arc<Engine>, enabled: bool) -> Result<HeapLoader, Error> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let runs = Arc::new(if enabled { engine.heap().absent_runs() } else { Vec::new() });
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let count = cores.clamp(1, MAX_LOADERS).min(runs.len());
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut threads = Vec::with_capacity(count);
+        for i in 0..count {
+            let (engine, stop, runs, next) = (engine.clone(), stop.clone(), runs.clone(), next.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("tusk-load-{i}"))
+                .spawn(move || {
+                    let heap = engine.heap();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
+                        heap.load_run(run);
+                    }
+                })
+                .map_err(|source| Error::Io { path: "tusk-load thread".into(), source })?;
+            threads.push(thread);
+        }
+        Ok(HeapLoader { stop, threads })
+    }
+
+    /// Stops the loaders (each after its current run) and waits for them.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for HeapLoader {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

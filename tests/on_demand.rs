@@ -1,0 +1,278 @@
+//! Reopening on demand (`HeapLoad::OnDemand`, issue 32): the heap a store reopens with reads
+//! each chunk of the checkpoint when first used. It must hold exactly what a whole load
+//! holds, after a close and after a crash; a damaged image met while opening falls back as a
+//! whole load does, and one met later fails only the accesses of its chunk; the checkpointer,
+//! snapshots and writers work while chunks are still absent.
+
+mod common;
+
+use std::path::Path;
+
+use tusk::{Commit, Error, FileKind, HeapLoad, HeapPtr, Options, SnapshotMode, Store};
+
+const CHUNK: u64 = 64 << 10;
+/// 4 MiB of data: 64 chunks.
+const WORDS: u64 = 512 * 1024;
+
+fn options(load: HeapLoad, background: bool) -> Options {
+    Options {
+        heap_capacity: 64 << 20,
+        chunk_size: CHUNK,
+        segment_bytes: 1 << 20,
+        checkpoint_interval: None,
+        heap_load: load,
+        load_in_background: background,
+        ..Options::default()
+    }
+}
+
+fn fill(store: &Store, p: HeapPtr, words: std::ops::Range<u64>, f: impl Fn(u64) -> u64) {
+    let end = words.end;
+    for start in words.step_by(4096) {
+        store
+            .transact(Commit::Async, |tx| {
+                for i in start..(start + 4096).min(end) {
+                    tx.write_u64_at(p, i * 8, f(i))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+fn read_all(store: &Store) -> Vec<u64> {
+    store
+        .transact(Commit::Async, |tx| {
+            let p = tx.root("data")?.expect("root");
+            (0..WORDS).map(|i| tx.read_u64_at(p, i * 8)).collect::<Result<Vec<_>, _>>()
+        })
+        .unwrap()
+        .0
+}
+
+fn expected(i: u64) -> u64 {
+    if i % 1000 == 7 {
+        i ^ 0xABCD
+    } else {
+        i.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+}
+
+/// A store with a checkpoint of every word and a log tail after it that rewrote some.
+fn store_with_tail(dir: &Path) -> (Store, HeapPtr) {
+    let store = Store::open(dir, options(HeapLoad::Whole, true)).unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
+    fill(&store, p, 0..WORDS, |i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    store.checkpoint().unwrap();
+    store
+        .transact(Commit::Sync, |tx| {
+            for i in (7..WORDS).step_by(1000) {
+                tx.write_u64_at(p, i * 8, i ^ 0xABCD)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    (store, p)
+}
+
+/// Copies a closed store's directory (to open it two ways).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else if entry.file_name() != "LOCK" {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_reopen_on_demand_reads_what_a_whole_load_reads_after_a_close_and_after_a_crash() {
+    for crash in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = store_with_tail(dir.path());
+        if crash {
+            store.crash();
+        } else {
+            store.close().unwrap();
+        }
+        let twin = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), twin.path());
+
+        let lazy = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+        let report = lazy.recovery_report();
+        assert_eq!(report.heap_load, HeapLoad::OnDemand);
+        assert!(report.records_replayed > 0, "the log's tail was replayed");
+        let chunks = report.checkpoint.as_ref().unwrap().manifest.chunks.len() as u64;
+        assert!(report.chunks_absent > 0 && report.chunks_absent < chunks, "crash {crash}: {} of {chunks} absent", report.chunks_absent);
+        let whole = Store::open(twin.path(), options(HeapLoad::Whole, true)).unwrap();
+        assert_eq!(whole.recovery_report().heap_load, HeapLoad::Whole);
+        assert_eq!(whole.recovery_report().chunks_absent, 0);
+        let read = read_all(&lazy);
+        assert_eq!(read, read_all(&whole), "crash {crash}");
+        assert!(read.iter().enumerate().all(|(i, &w)| w == expected(i as u64)), "crash {crash}");
+    }
+}
+
+#[test]
+fn background_loaders_bring_every_chunk_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_tail(dir.path());
+    store.close().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, true)).unwrap();
+    let started = std::time::Instant::now();
+    while store.chunks_absent() > 0 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "{} chunks still absent", store.chunks_absent());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(read_all(&store).iter().enumerate().all(|(i, &w)| w == expected(i as u64)));
+}
+
+/// Where the image of the chunk holding word `word` lies in the newest checkpoint.
+fn image_of_word(dir: &Path, p: HeapPtr, word: u64, epoch: u64) -> (std::path::PathBuf, u64) {
+    let (path, offset, _) = common::image_location(dir, epoch, (p.offset() + 8 * word) / CHUNK);
+    (path, offset)
+}
+
+#[test]
+fn damage_found_after_opening_fails_its_chunk_only_and_checkpoints_keep_its_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
+    fill(&store, p, 0..WORDS, expected);
+    let epoch = store.checkpoint().unwrap().epoch;
+    store.close().unwrap();
+    let victim_word = WORDS / 2;
+    let (victim, offset) = image_of_word(dir.path(), p, victim_word, epoch);
+    common::flip_byte(&victim, offset + 4096 + 100, 0x10);
+    let damaged = (p.offset() + 8 * victim_word) / CHUNK * CHUNK..(p.offset() + 8 * victim_word) / CHUNK * CHUNK + CHUNK;
+    let in_damaged = |i: u64| damaged.contains(&(p.offset() + 8 * i));
+
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+    assert_eq!(store.recovery_report().heap_load, HeapLoad::OnDemand, "nothing at open reads that chunk");
+    let err = store.transact(Commit::Async, |tx| tx.read_u64_at(p, victim_word * 8)).unwrap_err();
+    match &err {
+        Error::Corrupt { kind: FileKind::CheckpointImage, path, offset: Some(at), .. } => {
+            assert_eq!(path, &victim);
+            assert_eq!(*at, offset);
+            assert!(err.to_string().contains("the store stays open"), "{err}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // A write there fails too (the next checkpoint would pass the zeros off as data)...
+    assert!(matches!(store.transact(Commit::Sync, |tx| tx.write_u64_at(p, victim_word * 8, 1)), Err(Error::Corrupt { .. })));
+    // ...and everything else reads and writes as before.
+    let outside = (0..WORDS).find(|&i| !in_damaged(i) && !in_damaged(i + 1)).unwrap();
+    store.transact(Commit::Sync, |tx| tx.write_u64_at(p, outside * 8, 42)).unwrap();
+    store
+        .transact(Commit::Async, |tx| {
+            for i in (0..WORDS).filter(|&i| !in_damaged(i)) {
+                let want = if i == outside { 42 } else { expected(i) };
+                assert_eq!(tx.read_u64_at(p, i * 8)?, want, "word {i}");
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(store.snapshot(SnapshotMode::Fork).is_err(), "a fork needs every chunk");
+    // A checkpoint keeps the damaged image as it is, and the store reopens to the same state.
+    let again = store.checkpoint().unwrap();
+    let (still, _) = image_of_word(dir.path(), p, victim_word, again.epoch);
+    assert_eq!(still, victim, "the damaged image stays referenced");
+    store.close().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, true)).unwrap();
+    assert!(matches!(store.transact(Commit::Async, |tx| tx.read_u64_at(p, victim_word * 8)), Err(Error::Corrupt { .. })));
+    assert_eq!(store.transact(Commit::Async, |tx| tx.read_u64_at(p, outside * 8)).unwrap().0, 42);
+}
+
+#[test]
+fn damage_met_while_opening_loads_whole_and_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
+    fill(&store, p, 0..WORDS, |i| i);
+    store.checkpoint().unwrap();
+    fill(&store, p, 1000..2000, |i| i + 1);
+    let second = store.checkpoint().unwrap().epoch;
+    // The log's tail writes into the chunk whose image gets damaged: the replay reads it.
+    fill(&store, p, 1500..1600, |i| i + 2);
+    store.close().unwrap();
+    let (victim, offset) = image_of_word(dir.path(), p, 1500, second);
+    assert!(victim.ends_with(format!("seg-{second:010}.ckpt")));
+    common::flip_byte(&victim, offset + 4096 + 8, 0x01);
+
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, true)).unwrap();
+    let report = store.recovery_report();
+    assert_eq!(report.heap_load, HeapLoad::Whole);
+    let why = report.loaded_whole_because.as_deref().expect("says why it loaded whole");
+    assert!(why.contains(&victim.display().to_string()), "{why}");
+    let loaded = report.checkpoint.as_ref().unwrap();
+    assert_eq!(loaded.manifest.epoch, second - 1, "fell back to the previous checkpoint");
+    assert_eq!(loaded.fallback.as_ref().unwrap().path, victim);
+    let read = read_all(&store);
+    for (i, &w) in read.iter().enumerate().take(4096) {
+        let i = i as u64;
+        let want = match i {
+            1500..1600 => i + 2,
+            1000..2000 => i + 1,
+            _ => i,
+        };
+        assert_eq!(w, want, "word {i}");
+    }
+}
+
+/// While chunks are absent the checkpointer writes what changed, collects garbage and makes
+/// no spare of a segment (a file being read is never written over): every chunk read
+/// afterwards still checks, through three checkpoints and a reopen.
+#[test]
+fn checkpoints_while_chunks_are_absent_overwrite_no_image_still_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = store_with_tail(dir.path());
+    store.checkpoint().unwrap();
+    store.close().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+    let absent_at_open = store.chunks_absent();
+    for round in 0..3u64 {
+        // A few chunks change each round; most stay absent.
+        fill(&store, p, 50_000 + round * 100_000..50_000 + round * 100_000 + 2000, |i| expected(i) + round + 1);
+        let report = store.checkpoint().unwrap();
+        assert_eq!(report.spare_bytes, 0, "round {round}: no segment kept to be written over");
+        assert!(store.chunks_absent() > 0 && store.chunks_absent() < absent_at_open, "round {round}: {} absent of {absent_at_open}; {report:?}", store.chunks_absent());
+    }
+    let want = |i: u64| match (0..3u64).rev().find(|r| (50_000 + r * 100_000..50_000 + r * 100_000 + 2000).contains(&i)) {
+        Some(r) => expected(i) + r + 1,
+        None => expected(i),
+    };
+    assert!(read_all(&store).iter().enumerate().all(|(i, &w)| w == want(i as u64)));
+    store.close().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, true)).unwrap();
+    assert!(read_all(&store).iter().enumerate().all(|(i, &w)| w == want(i as u64)));
+}
+
+#[test]
+fn snapshots_of_a_heap_with_absent_chunks_see_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
+    store
+        .transact(Commit::Sync, |tx| {
+            let mut t = tx.btree("t")?;
+            for k in 0..50_000u64 {
+                t.insert(k * 7, k)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    store.checkpoint().unwrap();
+    store.close().unwrap();
+    for mode in [SnapshotMode::Memcpy, SnapshotMode::Fork] {
+        let store = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+        assert!(store.chunks_absent() > 0);
+        let snap = store.snapshot(mode).unwrap();
+        let tree = snap.btree("t").unwrap();
+        for k in (0..50_000u64).step_by(97) {
+            assert_eq!(tree.get(k * 7).unwrap(), Some(k), "{mode:?}: key {}", k * 7);
+        }
+    }
+}
