@@ -172,9 +172,12 @@ impl<'a> Bucketed<'a> {
                     if region >= regions {
                         return;
                     }
+                    let base = region as u64 * region_bytes;
+                    let mut deferred = Deferred::new(base, chunk_size, region_bytes);
                     for b in buckets {
-                        write_pieces(heap, region as u64 * region_bytes, &b.regions[region], &b.spans);
+                        write_pieces(heap, base, &b.regions[region], &b.spans, &mut deferred);
                     }
+                    deferred.hand_over(heap);
                 });
             }
         });
@@ -261,7 +264,31 @@ where
 /// How many pieces ahead pass 2 prefetches the heap line a piece writes.
 const PREFETCH_AHEAD: usize = 8;
 
-fn write_pieces(heap: &Heap, base: u64, pieces: &[Piece], spans: &[&[u8]]) {
+/// One region's writes to absent chunks (a reopen on demand), per chunk in LSN order, handed
+/// to the heap once the region is done: one lock per chunk, not per piece.
+struct Deferred {
+    base: u64,
+    chunk_size: u64,
+    chunks: Vec<Vec<DeferredWrite>>,
+}
+
+impl Deferred {
+    fn new(base: u64, chunk_size: u64, region_bytes: u64) -> Deferred {
+        Deferred { base, chunk_size, chunks: (0..region_bytes.div_ceil(chunk_size).max(1)).map(|_| Vec::new()).collect() }
+    }
+
+    fn push(&mut self, off: u64, write: DeferredWrite) {
+        self.chunks[((off - self.base) / self.chunk_size) as usize].push(write);
+    }
+
+    fn hand_over(self, heap: &Heap) {
+        for writes in self.chunks.into_iter().filter(|w| !w.is_empty()) {
+            heap.defer_writes(writes);
+        }
+    }
+}
+
+fn write_pieces(heap: &Heap, base: u64, pieces: &[Piece], spans: &[&[u8]], deferred: &mut Deferred) {
     for (i, piece) in pieces.iter().enumerate() {
         if let Some(ahead) = pieces.get(i + PREFETCH_AHEAD) {
             heap.prefetch(base + u64::from(ahead.at & !BYTES));
@@ -271,10 +298,13 @@ fn write_pieces(heap: &Heap, base: u64, pieces: &[Piece], spans: &[&[u8]]) {
         // A chunk a reopen on demand left absent gets its writes when it is brought in: the
         // replay reads no image (pieces lie within one chunk).
         if heap.is_absent(off) {
-            heap.defer_write(match at & BYTES {
-                0 => DeferredWrite::Word { at: off, value },
-                _ => DeferredWrite::Bytes { at: off, bytes: spans[value as usize].into() },
-            });
+            deferred.push(
+                off,
+                match at & BYTES {
+                    0 => DeferredWrite::Word { at: off, value },
+                    _ => DeferredWrite::Bytes { at: off, bytes: spans[value as usize].into() },
+                },
+            );
         } else if at & BYTES == 0 {
             heap.store_word(off, value);
         } else {

@@ -48,25 +48,49 @@ impl ImageSource {
 
 impl ChunkSource for ImageSource {
     fn read(&self, run: &[u64], wanted: &[bool], take: &mut TakeImage<'_>) {
-        let chunk_size = self.manifest.chunk_size;
-        let image = image_size(chunk_size);
+        let image = image_size(self.manifest.chunk_size);
         let first = &self.manifest.chunks[run[0] as usize];
-        let segment = self.segments.binary_search(&first.image_epoch).expect("segments come from the manifest");
-        let (path, file) = &self.files[segment];
         for (k, &chunk) in run.iter().enumerate() {
             let entry = &self.manifest.chunks[chunk as usize];
             assert!(entry.image_epoch == first.image_epoch && entry.offset == first.offset + k as u64 * image, "a run's images lie next to each other");
         }
+        let len = (image * run.len() as u64) as usize;
+        BUFFER.with_borrow_mut(|buf| {
+            if buf.len() < len {
+                buf.clear();
+                buf.extend_zeros(len);
+            }
+            self.check_run(run, wanted, &mut buf.as_mut_slice()[..len], take)
+        });
+    }
+
+    fn runs(&self) -> Vec<Vec<u64>> {
+        plan_runs(&self.manifest, &self.segments).into_iter().map(|r| r.chunks).collect()
+    }
+}
+
+thread_local! {
+    /// Each reading thread's buffer, kept (the largest run it read, 8 MiB at most for a
+    /// background loader, one image for a thread that reached an absent chunk): an
+    /// allocation and its page faults per read cost the background loaders a third of their
+    /// rate.
+    static BUFFER: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new());
+}
+
+impl ImageSource {
+    /// Reads `run`'s images into `bytes` and hands the `wanted` ones to `take`, checked.
+    fn check_run(&self, run: &[u64], wanted: &[bool], bytes: &mut [u8], take: &mut TakeImage<'_>) {
+        let chunk_size = self.manifest.chunk_size;
+        let image = image_size(chunk_size);
+        let first = &self.manifest.chunks[run[0] as usize];
+        let (path, file) = &self.files[self.segments.binary_search(&first.image_epoch).expect("segments come from the manifest")];
         let damage = |chunk: u64, offset: u64, reason: String| ChunkDamage {
             path: path.clone(),
             offset,
             reason,
             heap: chunk * chunk_size..(chunk + 1) * chunk_size,
         };
-        let len = image * run.len() as u64;
-        let mut buf = AlignedBuf::new();
-        buf.extend_zeros(len as usize);
-        let bytes = buf.as_mut_slice();
+        let len = bytes.len();
         let read = match pread_full(file.as_raw_fd(), first.offset, bytes) {
             Ok(got) if got == bytes.len() => Ok(()),
             Ok(got) => Err(format!("short read: {got} of {len} bytes")),
@@ -84,9 +108,5 @@ impl ChunkSource for ImageSource {
             };
             take(chunk, checked);
         }
-    }
-
-    fn runs(&self) -> Vec<Vec<u64>> {
-        plan_runs(&self.manifest, &self.segments).into_iter().map(|r| r.chunks).collect()
     }
 }

@@ -196,18 +196,17 @@ impl Heap {
         self.on_demand.get().is_some_and(|od| off / od.chunk_size < od.chunks() && od.is_absent(off / od.chunk_size))
     }
 
-    /// Keeps a write to an absent chunk ([`Heap::is_absent`]) for when the chunk is brought
-    /// in. Only for the log's replay, before anything else uses the heap; the write lies
-    /// within one chunk.
-    pub fn defer_write(&self, write: DeferredWrite) {
+    /// Keeps writes to one absent chunk ([`Heap::is_absent`]), in LSN order, for when the
+    /// chunk is brought in (after any kept before). Only for the log's replay, before anything
+    /// else uses the heap; every write lies within that chunk.
+    pub fn defer_writes(&self, writes: Vec<DeferredWrite>) {
         let od = self.on_demand.get().expect("writes are deferred on a heap that loads on demand");
-        let (at, len) = match &write {
-            DeferredWrite::Word { at, .. } => (*at, 8),
-            DeferredWrite::Bytes { at, bytes } => (*at, bytes.len() as u64),
-        };
-        let chunk = at / od.chunk_size;
-        assert!(len > 0 && (at + len - 1) / od.chunk_size == chunk, "a deferred write lies within one chunk");
-        od.defer(chunk, write);
+        let Some(first) = writes.first() else { return };
+        let chunk = first.at() / od.chunk_size;
+        for w in &writes {
+            assert!(w.at() / od.chunk_size == chunk && (w.end() - 1) / od.chunk_size == chunk, "deferred writes lie within one chunk");
+        }
+        od.defer(chunk, writes);
     }
 
     /// Loads the absent chunks of `run` (one of [`Heap::absent_runs`]) with one read of their

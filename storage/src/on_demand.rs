@@ -52,6 +52,23 @@ pub enum DeferredWrite {
     Bytes { at: u64, bytes: Box<[u8]> },
 }
 
+impl DeferredWrite {
+    /// Where the write starts.
+    pub fn at(&self) -> u64 {
+        match self {
+            DeferredWrite::Word { at, .. } | DeferredWrite::Bytes { at, .. } => *at,
+        }
+    }
+
+    /// Where it ends (exclusive).
+    pub fn end(&self) -> u64 {
+        match self {
+            DeferredWrite::Word { at, .. } => at + 8,
+            DeferredWrite::Bytes { at, bytes } => at + bytes.len().max(1) as u64,
+        }
+    }
+}
+
 const ABSENT: u8 = 0;
 const LOADING: u8 = 1;
 const PRESENT: u8 = 2;
@@ -145,10 +162,15 @@ impl OnDemand {
         self.states[chunk as usize].load(Ordering::Acquire) == ABSENT
     }
 
-    /// Keeps `write` for `chunk`, absent: the caller is the replay, before anything loads.
-    pub(crate) fn defer(&self, chunk: u64, write: DeferredWrite) {
+    /// Keeps `writes` for `chunk`, absent: the caller is the replay, before anything loads.
+    pub(crate) fn defer(&self, chunk: u64, writes: Vec<DeferredWrite>) {
         debug_assert!(self.is_absent(chunk), "writes are deferred only for absent chunks");
-        self.deferred[chunk as usize].lock().expect("deferred writes").push(write);
+        let mut kept = self.deferred[chunk as usize].lock().expect("deferred writes");
+        if kept.is_empty() {
+            *kept = writes;
+        } else {
+            kept.extend(writes);
+        }
     }
 
     /// Takes `chunk`'s deferred writes (its loader applies them).
@@ -226,8 +248,8 @@ mod tests {
             let deferred = |c: u64| c * PAGE_SIZE + 8 * (c % 7);
             for c in (0..CHUNKS).step_by(2) {
                 assert!(heap.is_absent(deferred(c)));
-                heap.defer_write(DeferredWrite::Word { at: deferred(c), value: 1000 + c });
-                heap.defer_write(DeferredWrite::Bytes { at: deferred(c) + 3, bytes: vec![0xEE; 2].into() });
+                heap.defer_writes(vec![DeferredWrite::Word { at: deferred(c), value: 1000 + c }]);
+                heap.defer_writes(vec![DeferredWrite::Bytes { at: deferred(c) + 3, bytes: vec![0xEE; 2].into() }]);
             }
             let want = |off: u64| {
                 let (c, w) = (off / PAGE_SIZE, off % PAGE_SIZE / 8);
@@ -280,7 +302,7 @@ mod tests {
     fn loom_a_chunk_is_read_once_and_seen_whole_by_whoever_waits_for_it() {
         loom::model(|| {
             let (heap, reads) = heap_on_demand(2, None);
-            heap.defer_write(DeferredWrite::Word { at: 8, value: 5 });
+            heap.defer_writes(vec![DeferredWrite::Word { at: 8, value: 5 }]);
             let heap = std::sync::Arc::new(heap);
             let loader = {
                 let heap = heap.clone();
