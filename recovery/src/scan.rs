@@ -222,6 +222,32 @@ fn first_lsn(path: &Path) -> Option<u64> {
     }
 }
 
+/// The segments of a partition (ascending) wholly at or below `covered`, a prefix: segment i
+/// is when segment i + 1 starts at or below `covered + 1`. For each, the next one's first LSN.
+fn below_checkpoint_prefix(segments: &[(u64, PathBuf)], covered: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    while covered > 0 && out.len() + 1 < segments.len() {
+        let Some(next_first) = first_lsn(&segments[out.len() + 1].1).filter(|&f| f <= covered.saturating_add(1)) else { break };
+        out.push(next_first);
+    }
+    out
+}
+
+/// Bytes of the log segments a scan for `covered` reads (those not wholly at or below it):
+/// the log's tail after a checkpoint, from file sizes and a peek at each segment's first
+/// record, without reading the tail.
+pub fn log_bytes_after(dir: &Path, covered: u64) -> Result<u64, RecoveryError> {
+    let mut bytes = 0;
+    for partition in list_partitions(dir)? {
+        let segments = list_segments(dir, partition)?;
+        let skipped = below_checkpoint_prefix(&segments, covered).len();
+        for (_, path) in &segments[skipped..] {
+            bytes += std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?.len();
+        }
+    }
+    Ok(bytes)
+}
+
 /// Cuts a segment's file at `len`, durably.
 fn cut(path: &Path, len: usize) -> Result<(), RecoveryError> {
     let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| StorageError::io(path, e))?;
@@ -246,8 +272,7 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, Reco
         // (the one before it gave it otherwise).
         let mut first: Option<u64> = None;
         let mut skip = 0;
-        while covered > 0 && skip + 1 < segments.len() {
-            let Some(next_first) = first_lsn(&segments[skip + 1].1).filter(|&f| f <= covered.saturating_add(1)) else { break };
+        for next_first in below_checkpoint_prefix(&segments, covered) {
             let (seq, path) = &segments[skip];
             let bytes = std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?.len();
             out.infos.push(SegmentInfo {
