@@ -230,7 +230,7 @@ pub fn speed_after_reopen(dir: &Path, heap_mib: u64, threads: usize, seconds: f6
     // a busy machine single windows dip).
     let second = (1.0 / SAMPLE.as_secs_f64()) as usize;
     let fast = |rate: f64| rate >= 0.9 * warm_txn_per_s;
-    let full_speed_s = (0..samples.len().saturating_sub(second))
+    let full_speed_s = (0..=samples.len().saturating_sub(second))
         .find(|&i| fast(samples[i].1) && fast(median(&samples[i..i + second].iter().map(|s| s.1).collect::<Vec<_>>())))
         .map(|i| samples[i].0 - SAMPLE.as_secs_f64());
     let store = Arc::try_unwrap(store).map_err(|_| "store still shared")?;
