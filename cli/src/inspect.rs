@@ -101,6 +101,7 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         })
     });
     let base = plan.checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
+    let (reopen, reopen_whole_because) = tusk_recovery::reopen_load(&args.dir)?;
     let torn: Vec<serde_json::Value> = r
         .torn_tails
         .iter()
@@ -124,6 +125,8 @@ pub fn inspect(args: InspectArgs) -> CliResult {
         "partition_records_after_gap": r.partition_records_after_gap,
         "lost_after_gap": r.lost_after_gap,
         "torn_tails": torn,
+        "reopen": if reopen == tusk::HeapLoad::OnDemand { "on-demand" } else { "whole" },
+        "reopen_whole_because": reopen_whole_because,
         "indexes": indexes.as_ref().map(|list| list.iter().map(|i| match &i.summary {
             Ok(s) => serde_json::json!({"root": i.root, "kind": s.kind, "keys": s.keys, "nodes": s.nodes, "leaves": s.leaves, "bytes": s.bytes, "depth": s.depth}),
             Err(e) => serde_json::json!({"root": i.root, "error": e}),
@@ -168,6 +171,13 @@ pub fn inspect(args: InspectArgs) -> CliResult {
             ("partition records after gap", r.partition_records_after_gap.to_string()),
             ("lost after gap", r.lost_after_gap.to_string()),
             ("torn tails (would be cut)", r.torn_tails.len().to_string()),
+            (
+                "reopen (default options)",
+                match (&reopen, &reopen_whole_because) {
+                    (_, Some(why)) => format!("whole: {why}"),
+                    _ => "on demand: no image read at open; each chunk read when first used or by the background loaders".into(),
+                },
+            ),
         ],
     );
     outln!();

@@ -217,6 +217,36 @@ fn bench_recovery_prepare_only_leaves_a_recoverable_store_in_the_dir() {
     // Its newest checkpoint loaded: the replay's first pass ran beside the load, timed there.
     assert_eq!(v["first_pass_beside_load"], true, "{v}");
     assert!(v["log_pass_s"].as_f64().is_some_and(|s| s > 0.0), "{v}");
+    // Opened on demand (its log is short): chunks were left to be read; `--whole` reads all.
+    assert_eq!(v["heap_load"], "on-demand", "{v}");
+    assert!(v["chunks_absent"].as_u64().is_some_and(|n| n > 0), "{v}");
+    let (ok, out, err) = tusk(&["recover", store.to_str().unwrap(), "--json", "--heap-mib", "64", "--whole"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!((v["heap_load"].as_str(), v["chunks_absent"].as_u64()), (Some("whole"), Some(0)), "{v}");
+    let (ok, out, err) = tusk(&["inspect", store.to_str().unwrap(), "--json", "--no-indexes"]);
+    assert!(ok, "{err}");
+    assert_eq!(json(&out)["reopen"], "on-demand");
+}
+
+/// `bench recovery`'s reopen rows: per size, every (load, cache) pair timed to the first read
+/// and to all chunks in, and the Hathi workload's speed after a cold reopen on demand.
+#[test]
+fn bench_recovery_reports_reopens_against_heap_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["bench", "recovery", "--heap-mib", "8", "--log-mib", "1", "--rounds", "1", "--reopen-mib", "8,16", "--reopen-log-mib", "1"];
+    let (ok, out, err) = tusk(&[&args[..], &["--reopen-seconds", "0.3", "--json", "--dir", dir.path().to_str().unwrap()]].concat());
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let reopens = v["reopens"].as_array().unwrap();
+    assert_eq!(reopens.len(), 2 * 4, "{v}");
+    for r in reopens {
+        let (open, first, all) = (r["open_s"].as_f64().unwrap(), r["first_read_s"].as_f64().unwrap(), r["all_in_s"].as_f64().unwrap());
+        assert!(0.0 < open && open <= first && first <= all, "{r}");
+    }
+    let speeds = v["speed_after_reopen"].as_array().unwrap();
+    assert_eq!(speeds.len(), 2, "{v}");
+    assert!(speeds.iter().all(|s| s["warm_txn_per_s"].as_f64().unwrap() > 0.0 && !s["samples"].as_array().unwrap().is_empty()), "{v}");
 }
 
 /// A mode that waits for the disk reports both floors: the append probe and the overwrite

@@ -14,5 +14,5 @@ pub mod scan;
 
 pub use checkpoint::{Fallback, HeapLoad, LoadedCheckpoint};
 pub use error::{FileKind, RecoveryError};
-pub use replay::{plan, recover, recover_heap, Plan, RecoveryReport};
+pub use replay::{plan, recover, recover_heap, reopen_load, Plan, RecoveryReport};
 pub use scan::TornTail;

@@ -353,6 +353,15 @@ fn on_demand_or_whole(dir: &Path, manifest: &Manifest) -> Result<(HeapLoad, Opti
     ))
 }
 
+/// How a reopen of `dir` on demand would bring its newest checkpoint in (for `tusk inspect`):
+/// on demand, or whole and why (see [`ON_DEMAND_LOG_SHARE`]).
+pub fn reopen_load(dir: &Path) -> Result<(HeapLoad, Option<String>), RecoveryError> {
+    match newest_manifest(dir) {
+        Some(manifest) => on_demand_or_whole(dir, &manifest),
+        None => Ok((HeapLoad::OnDemand, None)),
+    }
+}
+
 /// Recovers `dir` into a new heap of `capacity` bytes (see [`recover`]). On demand, a damaged
 /// image met while opening makes it start again loading whole, which falls back to the
 /// checkpoint before (the report says why, in `loaded_whole_because`).
