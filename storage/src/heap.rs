@@ -188,7 +188,7 @@ impl Heap {
     }
 
     /// Whether the chunk holding `off` is absent: the log's replay then defers its writes
-    /// there ([`Heap::defer_write`]) instead of reading the chunk's image at open.
+    /// there ([`Heap::defer_writes`]) instead of reading the chunk's image at open.
     #[inline]
     pub fn is_absent(&self, off: u64) -> bool {
         if !self.pending.load(Ordering::Acquire) {
