@@ -36,6 +36,16 @@ pub struct Reopen {
     pub first_read_s: f64,
     /// Every chunk in memory (from the open's start; the open itself for a whole load).
     pub all_in_s: f64,
+    /// The process's resident memory after the first read and once every chunk is in, MiB.
+    pub rss_first_read_mib: f64,
+    pub rss_all_in_mib: f64,
+}
+
+/// The process's resident memory (`VmRSS`), MiB; NaN where /proc does not say.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok());
+    kib.map_or(f64::NAN, |k| k / 1024.0)
 }
 
 /// Builds the store for `heap_mib` in `dir`: the array, the tree, a checkpoint, then
@@ -80,6 +90,7 @@ pub fn reopen(dir: &Path, heap_mib: u64, load: HeapLoad, cold: bool) -> Result<R
     let open_s = started.elapsed().as_secs_f64();
     let (value, _) = store.transact(Commit::Async, |tx| tx.btree("t")?.get(KEY_READ * 7))?;
     let first_read_s = started.elapsed().as_secs_f64();
+    let rss_first_read_mib = rss_mib();
     if value != Some(KEY_READ) {
         return Err(format!("{}: key {} reads {value:?} after the reopen, not {KEY_READ}", dir.display(), KEY_READ * 7).into());
     }
@@ -87,12 +98,13 @@ pub fn reopen(dir: &Path, heap_mib: u64, load: HeapLoad, cold: bool) -> Result<R
         std::thread::sleep(Duration::from_micros(500));
     }
     let all_in_s = started.elapsed().as_secs_f64();
+    let rss_all_in_mib = rss_mib();
     store.close()?;
     let load = match load {
         HeapLoad::OnDemand => "on-demand",
         HeapLoad::Whole => "whole",
     };
-    Ok(Reopen { heap_mib, load, cold, open_s, first_read_s, all_in_s })
+    Ok(Reopen { heap_mib, load, cold, open_s, first_read_s, all_in_s, rss_first_read_mib, rss_all_in_mib })
 }
 
 /// `rounds` interleaved rounds over every (load, cache) pair for each size; every reopen.
@@ -139,6 +151,8 @@ impl Reopen {
             "open_s": self.open_s,
             "first_read_s": self.first_read_s,
             "all_in_s": self.all_in_s,
+            "rss_first_read_mib": self.rss_first_read_mib,
+            "rss_all_in_mib": self.rss_all_in_mib,
         })
     }
 }

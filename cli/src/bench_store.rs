@@ -278,11 +278,15 @@ pub fn recovery(args: RecoveryArgs) -> CliResult {
             rows.push((
                 format!("reopen {mib} MiB + {} MiB log, {}", args.reopen_log_mib, if cold { "cold" } else { "warm" }),
                 format!(
-                    "first read: on demand {:.1} ms, whole {:.1} ms; all in: {:.3} s / {:.3} s",
+                    "first read: on demand {:.1} ms, whole {:.1} ms; all in: {:.3} s / {:.3} s; RSS at the first read {:.0} / {:.0} MiB, all in {:.0} / {:.0} MiB",
                     1e3 * m("on-demand", |x| x.first_read_s),
                     1e3 * m("whole", |x| x.first_read_s),
                     m("on-demand", |x| x.all_in_s),
-                    m("whole", |x| x.all_in_s)
+                    m("whole", |x| x.all_in_s),
+                    m("on-demand", |x| x.rss_first_read_mib),
+                    m("whole", |x| x.rss_first_read_mib),
+                    m("on-demand", |x| x.rss_all_in_mib),
+                    m("whole", |x| x.rss_all_in_mib)
                 ),
             ));
         }

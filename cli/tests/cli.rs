@@ -243,6 +243,7 @@ fn bench_recovery_reports_reopens_against_heap_size() {
     for r in reopens {
         let (open, first, all) = (r["open_s"].as_f64().unwrap(), r["first_read_s"].as_f64().unwrap(), r["all_in_s"].as_f64().unwrap());
         assert!(0.0 < open && open <= first && first <= all, "{r}");
+        assert!(r["rss_all_in_mib"].as_f64().unwrap() > 0.0, "{r}");
     }
     let speeds = v["speed_after_reopen"].as_array().unwrap();
     assert_eq!(speeds.len(), 2, "{v}");
