@@ -19,16 +19,7 @@ fn options() -> Options {
 
 /// Fills `words` u64s at `p` with `f(i)` in transactions of 512 words.
 fn fill(store: &Store, p: HeapPtr, words: u64, f: impl Fn(u64) -> u64) {
-    for start in (0..words).step_by(512) {
-        store
-            .transact(Commit::Async, |tx| {
-                for i in start..(start + 512).min(words) {
-                    tx.write_u64_at(p, i * 8, f(i))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    common::fill_words(store, p, 0..words, 512, f)
 }
 
 fn check(store: &Store, words: u64, f: impl Fn(u64) -> u64) {

@@ -27,17 +27,7 @@ fn options(load: HeapLoad, background: bool) -> Options {
 }
 
 fn fill(store: &Store, p: HeapPtr, words: std::ops::Range<u64>, f: impl Fn(u64) -> u64) {
-    let end = words.end;
-    for start in words.step_by(4096) {
-        store
-            .transact(Commit::Async, |tx| {
-                for i in start..(start + 4096).min(end) {
-                    tx.write_u64_at(p, i * 8, f(i))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    common::fill_words(store, p, words, 4096, f)
 }
 
 fn read_all(store: &Store) -> Vec<u64> {

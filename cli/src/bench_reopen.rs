@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tusk::{Commit, HeapLoad, Options, Store};
 
-use super::bench_store::{drop_cached, hathi, join, make_array, read_sequentially};
+use super::bench_store::{drop_cached, hathi, hathi_counted, join, make_array, read_sequentially};
 use super::report::median;
 use super::store_files;
 
@@ -194,27 +194,7 @@ pub fn speed_after_reopen(dir: &Path, heap_mib: u64, threads: usize, seconds: f6
     let array = store.transact(Commit::Async, |tx| tx.root("bench"))?.0.ok_or("the reopen store has no bench array")?;
     let words = (heap_mib << 20) / 8;
     let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let workers: Vec<_> = (0..threads)
-        .map(|t| {
-            let (store, stop, done) = (store.clone(), stop.clone(), done.clone());
-            std::thread::spawn(move || -> Result<(), tusk::Error> {
-                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
-                while !stop.load(Ordering::Relaxed) {
-                    store.transact(Commit::Async, |tx| {
-                        for _ in 0..6 {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                            let off = (x >> 16) % words * 8;
-                            let v = tx.read_u64_at(array, off)?;
-                            tx.write_u64_at(array, off, v + 1)?;
-                        }
-                        Ok(())
-                    })?;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            })
-        })
-        .collect();
+    let workers = hathi_counted(&store, array, words, threads, None, &stop, Some(&done));
     let mut samples = Vec::new();
     let (mut last, mut all_in_s, mut warm_from) = (0, None, None);
     loop {
@@ -235,9 +215,7 @@ pub fn speed_after_reopen(dir: &Path, heap_mib: u64, threads: usize, seconds: f6
         }
     }
     stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        w.join().map_err(|_| "workload thread panicked")??;
-    }
+    join(workers)?;
     let warm_from = warm_from.expect("the loop ends in the warm second");
     let warm_txn_per_s = median(&samples[warm_from..].iter().map(|s| s.1).collect::<Vec<_>>());
     // From the first window at ≥ 0.9 of warm whose next second does so too (as a median: on

@@ -103,9 +103,22 @@ pub(super) fn make_array(store: &Store, heap_mib: u64) -> Result<HeapPtr, tusk::
 /// Hathi transactions (6 random words read and written, async commit) on `threads` threads
 /// until `stop`; with `hot`, 90% of the words fall in the first `hot` words of the array.
 pub(super) fn hathi(store: &Arc<Store>, array: HeapPtr, words: u64, threads: usize, hot: Option<u64>, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>> {
+    hathi_counted(store, array, words, threads, hot, stop, None)
+}
+
+/// [`hathi`], adding each commit to `progress` as it goes (for throughput against time).
+pub(super) fn hathi_counted(
+    store: &Arc<Store>,
+    array: HeapPtr,
+    words: u64,
+    threads: usize,
+    hot: Option<u64>,
+    stop: &Arc<AtomicBool>,
+    progress: Option<&Arc<AtomicU64>>,
+) -> Vec<std::thread::JoinHandle<Result<u64, tusk::Error>>> {
     (0..threads)
         .map(|t| {
-            let (store, stop) = (store.clone(), stop.clone());
+            let (store, stop, progress) = (store.clone(), stop.clone(), progress.cloned());
             std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(99 + t as u64);
                 let mut commits = 0u64;
@@ -126,6 +139,9 @@ pub(super) fn hathi(store: &Arc<Store>, array: HeapPtr, words: u64, threads: usi
                         Ok(())
                     })?;
                     commits += 1;
+                    if let Some(p) = &progress {
+                        p.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 Ok(commits)
             })

@@ -31,12 +31,16 @@ impl ImageSource {
     pub fn open(dir: &Path, manifest: &Manifest) -> Result<ImageSource, (PathBuf, String)> {
         let segments = manifest.segments();
         let image = image_size(manifest.chunk_size);
+        let mut needed = vec![0u64; segments.len()];
+        for c in &manifest.chunks {
+            let s = segments.binary_search(&c.image_epoch).expect("segments come from the manifest");
+            needed[s] = needed[s].max(c.offset + image);
+        }
         let mut files = Vec::with_capacity(segments.len());
-        for &epoch in &segments {
+        for (&epoch, &needed) in segments.iter().zip(&needed) {
             let path = image_segment_path(dir, epoch);
             let file = open_direct_read(&path).map_err(|e| (path.clone(), format!("cannot open: {e}")))?;
             let len = file.metadata().map_err(|e| (path.clone(), format!("cannot stat: {e}")))?.len();
-            let needed = manifest.chunks.iter().filter(|c| c.image_epoch == epoch).map(|c| c.offset + image).max().unwrap_or(0);
             if needed > len {
                 return Err((path, format!("segment of {len} bytes ends before the images up to {needed}")));
             }

@@ -340,9 +340,7 @@ impl Heap {
             self.store_word(off, value);
             return;
         }
-        let bits = mask_bits(mask);
-        let old = self.load_word(off);
-        self.store_word(off, (old & !bits) | (value & bits));
+        merge_masked(self.word(off), value, mask);
     }
 
     /// Copies `buf.len()` bytes at `off` into `buf` (no transactional guarantees).
@@ -509,10 +507,7 @@ impl Heap {
             let mut bytes = [0u8; 8];
             bytes[skip..skip + take].copy_from_slice(&data[pos..pos + take]);
             let mask = (((1u16 << take) - 1) << skip) as u8;
-            let bits = mask_bits(mask);
-            let slot = word(word_off);
-            let old = slot.load(Ordering::Relaxed);
-            slot.store((old & !bits) | (u64::from_le_bytes(bytes) & bits), Ordering::Relaxed);
+            merge_masked(word(word_off), u64::from_le_bytes(bytes), mask);
             pos += take;
         }
     }
@@ -618,6 +613,15 @@ impl Heap {
     pub fn pages(&self) -> u64 {
         self.capacity / PAGE_SIZE
     }
+}
+
+/// Stores the bytes of `value` that `mask` selects into `slot`, keeping the others (one
+/// writer per word, see [`Heap::store_word_masked`]).
+#[inline]
+fn merge_masked(slot: &AtomicU64, value: u64, mask: u8) {
+    let bits = mask_bits(mask);
+    let old = slot.load(Ordering::Relaxed);
+    slot.store((old & !bits) | (value & bits), Ordering::Relaxed);
 }
 
 /// [`mask_bits`] of every byte mask. A transaction's reads overlay its buffered writes word

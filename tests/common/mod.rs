@@ -123,3 +123,19 @@ pub fn flip_byte(path: &Path, at: u64, mask: u8) {
     bytes[at as usize] ^= mask;
     std::fs::write(path, bytes).unwrap();
 }
+
+/// Writes `f(i)` into word `i` at `p` for every `i` of `words`, `per_txn` words to an `Async`
+/// transaction.
+pub fn fill_words(store: &Store, p: HeapPtr, words: std::ops::Range<u64>, per_txn: u64, f: impl Fn(u64) -> u64) {
+    let end = words.end;
+    for start in words.step_by(per_txn as usize) {
+        store
+            .transact(Commit::Async, |tx| {
+                for i in start..(start + per_txn).min(end) {
+                    tx.write_u64_at(p, i * 8, f(i))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
