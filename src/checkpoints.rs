@@ -20,6 +20,9 @@ pub(crate) struct Status {
 }
 
 pub(crate) struct CheckpointService {
+    /// Checkpoints are taken in the background (`checkpoint_interval` is set), and so at
+    /// close too.
+    automatic: bool,
     checkpointer: Arc<Mutex<Checkpointer>>,
     status: Arc<Mutex<Status>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -34,6 +37,7 @@ impl CheckpointService {
         let checkpointer = Arc::new(Mutex::new(checkpointer));
         let status = Arc::new(Mutex::new(Status::default()));
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let automatic = interval.is_some();
         let thread = match interval {
             None => None,
             Some(interval) => {
@@ -71,7 +75,7 @@ impl CheckpointService {
                 Some(handle)
             }
         };
-        Ok(CheckpointService { checkpointer, status, stop, thread })
+        Ok(CheckpointService { automatic, checkpointer, status, stop, thread })
     }
 
     /// Takes a checkpoint now (waits for a running one first).
@@ -79,6 +83,26 @@ impl CheckpointService {
         let result = self.checkpointer.lock().unwrap_or_else(|e| e.into_inner()).run(engine).map_err(Error::from);
         record(&self.status, result.as_ref().map(|r| r.clone()).map_err(|e| Error::LogFailed(e.to_string())));
         result
+    }
+
+    /// Stops the background thread; then, where checkpoints are automatic and a reopen
+    /// would replay more than `replay_above` bytes of log, takes one last checkpoint, so that
+    /// the next open replays (almost) nothing. Call while the log still takes records.
+    pub fn finish(&mut self, engine: &Engine, replay_above: u64) -> Result<(), Error> {
+        self.stop();
+        if !self.automatic {
+            return Ok(());
+        }
+        // Flushed first, so that the catalog counts what the partitions still buffer.
+        engine.is_stable(engine.last_lsn(), true);
+        let to_replay = {
+            let checkpointer = self.checkpointer.lock().unwrap_or_else(|e| e.into_inner());
+            log_to_replay(engine, &checkpointer)
+        };
+        if to_replay > replay_above {
+            self.run_now(engine)?;
+        }
+        Ok(())
     }
 
     pub fn status(&self) -> (Option<CheckpointReport>, Option<String>, u64) {
@@ -97,6 +121,13 @@ impl CheckpointService {
             let _ = t.join();
         }
     }
+}
+
+/// Bytes of log a reopen would read: the segments holding records after the oldest chunk
+/// LSN of the newest checkpoint (all of the log where there is none yet).
+fn log_to_replay(engine: &Engine, checkpointer: &Checkpointer) -> u64 {
+    let after = checkpointer.last().map_or(0, |m| m.min_lsn());
+    engine.log().map_or(0, |log| log.catalog().bytes_needed_after(after))
 }
 
 fn record(status: &Mutex<Status>, result: Result<CheckpointReport, Error>) {

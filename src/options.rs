@@ -46,6 +46,10 @@ pub struct Options {
     /// A checkpoint is taken this often in the background (default 10 s; `None`: only on
     /// [`crate::Store::checkpoint`]).
     pub checkpoint_interval: Option<Duration>,
+    /// Closing the store takes a checkpoint when a reopen would otherwise replay more than
+    /// this many bytes of log (default 1 MiB; `u64::MAX`: never). Only where checkpoints are
+    /// automatic (`checkpoint_interval` set).
+    pub close_checkpoint_above: u64,
     /// Checkpoints copy and write the heap in chunks of this many bytes (default 1 MiB).
     pub chunk_size: u64,
     /// Log space the checkpointer aims to stay under: clean chunks whose image would pin more
@@ -86,6 +90,7 @@ impl Default for Options {
             segment_bytes: 64 << 20,
             stripes_log2: 24,
             checkpoint_interval: Some(Duration::from_secs(10)),
+            close_checkpoint_above: 1 << 20,
             chunk_size: 1 << 20,
             max_log_bytes: 1 << 30,
             stream_records_from: 256 << 20,

@@ -53,6 +53,7 @@ pub struct Store {
     loader: HeapLoader,
     dir: PathBuf,
     recovery: RecoveryReport,
+    close_checkpoint_above: u64,
     _lock: File,
 }
 
@@ -161,7 +162,7 @@ impl Store {
         };
         let prefault = PrefaultService::start(engine.clone(), options.prefault_ahead)?;
         let loader = HeapLoader::start(&engine, options.load_in_background)?;
-        let store = Store { engine, checkpoints, _prefault: prefault, loader, dir, recovery, _lock: lock };
+        let store = Store { engine, checkpoints, _prefault: prefault, loader, dir, recovery, close_checkpoint_above: options.close_checkpoint_above, _lock: lock };
         if fresh {
             store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
         }
@@ -278,12 +279,22 @@ impl Store {
     }
 
     /// Makes everything committed durable and closes the store.
+    ///
+    /// Where checkpoints are automatic (`checkpoint_interval` set) and more than
+    /// `close_checkpoint_above` bytes of log lie after the last checkpoint, closing takes a
+    /// checkpoint first, so that the next open does not replay them.
     pub fn close(mut self) -> Result<(), Error> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> Result<(), Error> {
         self.loader.stop();
-        if let Some(mut c) = self.checkpoints.take() {
-            c.stop();
-        }
-        Ok(self.engine.close()?)
+        let checkpoint = match self.checkpoints.take() {
+            Some(mut c) => c.finish(&self.engine, self.close_checkpoint_above),
+            None => Ok(()),
+        };
+        self.engine.close()?;
+        checkpoint
     }
 
     /// Stops the store as a crash would: what is not yet durable is lost. For tests.
@@ -299,11 +310,8 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        self.loader.stop();
-        if let Some(mut c) = self.checkpoints.take() {
-            c.stop();
-        }
-        let _ = self.engine.close();
+        // Nothing committed is lost if this fails: the log holds it.
+        let _ = self.shut_down();
     }
 }
 

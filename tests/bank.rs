@@ -179,7 +179,8 @@ fn transfers_conserve_the_total_across_close_and_reopen() {
 
     let store = Store::open(dir.path(), opts()).unwrap();
     let report = store.recovery_report().clone();
-    assert_eq!(report.recovered_lsn, last, "{report:?}");
+    // A close's checkpoint draws LSNs of its own (one empty record per chunk copied).
+    assert!(report.recovered_lsn >= last && report.recovered_lsn == report.max_lsn, "{report:?}");
     assert_eq!(report.gap_at, None);
     assert!(report.torn_tails.is_empty());
     let after = balances(&store);

@@ -402,8 +402,9 @@ fn log_ending_below_the_checkpoint_is_refused_naming_both_lsns() {
     let (min, max) = (manifest.min_lsn(), manifest.max_lsn());
     assert!(min < max, "the incremental checkpoint's chunks are of different LSNs: {min}..={max}");
     let log = dir.path().join("log");
-    for partition in std::fs::read_dir(&log).unwrap() {
-        for segment in std::fs::read_dir(partition.unwrap().path()).unwrap() {
+    // The partitions' folders (beside them, a clean close's seal).
+    for partition in std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()) {
+        for segment in std::fs::read_dir(partition).unwrap() {
             std::fs::remove_file(segment.unwrap().path()).unwrap();
         }
     }

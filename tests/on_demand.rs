@@ -65,20 +65,6 @@ fn store_with_tail(dir: &Path) -> (Store, HeapPtr) {
     (store, p)
 }
 
-/// Copies a closed store's directory (to open it two ways).
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else if entry.file_name() != "LOCK" {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 #[test]
 fn a_reopen_on_demand_reads_what_a_whole_load_reads_after_a_close_and_after_a_crash() {
     for crash in [false, true] {
@@ -90,7 +76,7 @@ fn a_reopen_on_demand_reads_what_a_whole_load_reads_after_a_close_and_after_a_cr
             store.close().unwrap();
         }
         let twin = tempfile::tempdir().unwrap();
-        copy_dir(dir.path(), twin.path());
+        common::copy_dir(dir.path(), twin.path());
 
         let lazy = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
         let report = lazy.recovery_report();

@@ -141,6 +141,10 @@ pub fn load_checkpoint(dir: &Path, heap: Option<&Heap>, load: HeapLoad) -> Resul
         let loaded = match (heap, load) {
             (Some(heap), HeapLoad::OnDemand) => crate::on_demand::ImageSource::open(dir, &manifest).map(|source| {
                 heap.load_on_demand(manifest.chunk_size, manifest.chunks.len() as u64, Box::new(source));
+                // The superblock's chunk, which the replay's end and every open read first,
+                // comes in here, while the log's scan runs on its own thread. Its damage is
+                // found where recovery checks the chunks read.
+                let _ = heap.ready(0, tusk_storage::layout::DATA_START.min(heap.capacity()));
             }),
             _ => load_images(dir, &manifest, heap),
         };

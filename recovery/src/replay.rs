@@ -118,7 +118,8 @@ pub fn plan(dir: &Path, heap: Option<&Heap>) -> Result<Plan, RecoveryError> {
 /// scan that keeps the records the first one left out: that scan, else `None`.
 fn rescan_for(dir: &Path, checkpoint: &Option<LoadedCheckpoint>, covered: u64, scanned: &Scan) -> Result<Option<Scan>, RecoveryError> {
     let base = checkpoint.as_ref().map_or(0, |c| c.manifest.min_lsn());
-    if base < covered && !scanned.below_checkpoint.is_empty() {
+    // Whole segments skipped, or the start of a sealed one (see tusk-storage's `log_seal`).
+    if base < covered && scanned.below_checkpoint_bytes > 0 {
         return crate::scan::scan(dir, base).map(Some);
     }
     Ok(None)

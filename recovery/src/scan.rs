@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use tusk_storage::log_files::{list_partitions, list_segments, SegmentInfo};
+use tusk_storage::log_seal::{self, file_tail_crc, tail_crc, SegmentSeal};
 use tusk_storage::log_format::{later_flush_after, scan_frame, Frame, SegmentHeader, FLAG_MARKER, FLAG_PARTITION, SEGMENT_HEADER_SIZE};
 use tusk_storage::mapped::MappedFile;
 use tusk_storage::StorageError;
@@ -178,8 +179,15 @@ fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> RecoveryError
 /// what is recovered. Pass 0 to read everything.
 pub fn scan(dir: &Path, covered: u64) -> Result<Scan, RecoveryError> {
     let partitions = list_partitions(dir)?;
+    let seals = log_seal::read(dir);
     let scans: Vec<Result<Scan, RecoveryError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = partitions.iter().map(|&p| s.spawn(move || scan_partition(dir, p, covered))).collect();
+        let handles: Vec<_> = partitions
+            .iter()
+            .map(|&p| {
+                let seal = seals.iter().find(|s| s.partition == p);
+                s.spawn(move || scan_partition(dir, p, covered, seal))
+            })
+            .collect();
         handles.into_iter().map(|h| h.join().expect("log scan thread panicked")).collect()
     });
     let mut out = Scan::default();
@@ -238,11 +246,18 @@ fn below_checkpoint_prefix(segments: &[(u64, PathBuf)], covered: u64) -> Vec<u64
 /// record, without reading the tail.
 pub fn log_bytes_after(dir: &Path, covered: u64) -> Result<u64, RecoveryError> {
     let mut bytes = 0;
+    let seals = log_seal::read(dir);
     for partition in list_partitions(dir)? {
         let segments = list_segments(dir, partition)?;
         let skipped = below_checkpoint_prefix(&segments, covered).len();
-        for (_, path) in &segments[skipped..] {
-            bytes += std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?.len();
+        for (i, (seq, path)) in segments.iter().enumerate().skip(skipped) {
+            let len = std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?.len();
+            let seal = seals.iter().find(|s| s.partition == partition).filter(|_| i + 1 == segments.len());
+            let start = match seal {
+                Some(seal) => seal.start_for(*seq, len, file_tail_crc(path, len)?, covered).map_or(0, |(_, at)| at),
+                None => 0,
+            };
+            bytes += len - start;
         }
     }
     Ok(bytes)
@@ -259,7 +274,11 @@ fn cut(path: &Path, len: usize) -> Result<(), RecoveryError> {
 /// The smallest framed record: a frame header and the fixed payload, padded to 8 bytes.
 const MIN_FRAMED_RECORD: u64 = 32;
 
-fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, RecoveryError> {
+/// A partition's segments as [`scan`] reads them; its last segment from the last mark of
+/// `seal` at or below `covered + 1` on, where the seal fits the file (see tusk-storage's
+/// `log_seal`).
+fn scan_partition(dir: &Path, partition: u32, covered: u64, seal: Option<&SegmentSeal>) -> Result<Scan, RecoveryError> {
+
     let mut out = Scan::default();
     let mut records = Vec::new();
     let mut last_lsn = 0u64;
@@ -298,9 +317,18 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, Reco
         records.reserve_exact(most as usize);
         for (i, (seq, path)) in segments.into_iter().enumerate() {
             let is_last = i + 1 == count;
-            let map = MappedFile::open(&path)?;
+            let map = MappedFile::map(&path)?;
             let data = map.as_slice();
-            out.log_bytes += data.len() as u64;
+            // Records before the mark are all at or below `covered`: not read (they would
+            // only be skipped by the replay).
+            let sealed = seal
+                .filter(|_| is_last)
+                .and_then(|s| s.start_for(seq, data.len() as u64, tail_crc(data), covered))
+                .filter(|&(_, at)| at as usize > SEGMENT_HEADER_SIZE);
+            let skipped = sealed.map_or(0, |(_, at)| at - SEGMENT_HEADER_SIZE as u64);
+            map.will_need(SEGMENT_HEADER_SIZE + skipped as usize);
+            out.log_bytes += data.len() as u64 - skipped;
+            out.below_checkpoint_bytes += skipped;
             let header = SegmentHeader::decode(data);
             let header = match header {
                 Ok(h) => h,
@@ -326,6 +354,10 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, Reco
             let segment_index = out.segments.len() as u32;
             let first_record = records.len();
             let mut at = SEGMENT_HEADER_SIZE;
+            if let Some((lsn, mark)) = sealed {
+                at = mark as usize;
+                last_lsn = last_lsn.max(lsn - 1);
+            }
             let end = loop {
                 match scan_frame(data, at) {
                     Frame::Record(view, next) => {
@@ -374,7 +406,7 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64) -> Result<Scan, Reco
                 partition,
                 seq,
                 path: path.clone(),
-                min_lsn: mine.first().map_or(0, |r| r.lsn),
+                min_lsn: sealed.and(seal).and_then(|s| s.marks.first()).map(|&(lsn, _)| lsn).or(mine.first().map(|r| r.lsn)).unwrap_or(0),
                 max_lsn: mine.last().map_or(0, |r| r.lsn),
                 bytes: end as u64,
                 open: false,

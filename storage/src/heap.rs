@@ -127,7 +127,10 @@ impl Heap {
                         }
                         break;
                     }
-                    Claim::Won => self.load_claimed(od, &[chunk], &[true]),
+                    Claim::Won => {
+                        let _waited_for = od.access_load();
+                        self.load_claimed(od, &[chunk], &[true]);
+                    }
                     // Another thread reads it: a millisecond or so.
                     Claim::Loading => crate::sync::yield_now(),
                 }
@@ -170,8 +173,7 @@ impl Heap {
     fn fill_absent(&self, off: u64, bytes: &[u8]) {
         let len = (bytes.len() as u64).min(self.capacity - off);
         let bytes = &bytes[..len as usize];
-        // Short-circuits at a line's first non-zero byte: dense images cost a byte a line.
-        let zero = |line: &[u8]| line.iter().all(|&b| b == 0);
+        let zero = crate::zeros::all_zero;
         let mut at = 0;
         while at < bytes.len() {
             if zero(&bytes[at..(at + 64).min(bytes.len())]) {
@@ -243,6 +245,12 @@ impl Heap {
             run.retain(|&c| c < od.chunks());
         }
         runs
+    }
+
+    /// Loads of chunks under way that accesses wait for (the background loaders let these
+    /// go first).
+    pub fn access_loads(&self) -> u64 {
+        self.on_demand.get().map_or(0, |od| od.access_loads())
     }
 
     /// Chunks not brought in yet (0 for a heap loaded whole).

@@ -22,11 +22,13 @@ pub mod on_demand;
 #[cfg(not(loom))]
 pub mod process;
 pub mod log_files;
+pub mod log_seal;
 pub mod log_format;
 pub mod region;
 pub mod sched;
 pub mod sync;
 pub mod workers;
+pub mod zeros;
 
 pub use error::StorageError;
 pub use heap::{Heap, HeapPtr, PAGE_SIZE};

@@ -381,7 +381,7 @@ fn decode_frame_with(data: &[u8], at: usize, walk_writes: bool) -> Frame<'_> {
     }
     // Neither magic starts with a zero byte, so only a frame that is invalid anyway pays
     // for the scan.
-    if data[at] == 0 && data[at..].iter().all(|&b| b == 0) {
+    if data[at] == 0 && crate::zeros::all_zero(&data[at..]) {
         return Frame::Zeros;
     }
     if data.len() - at >= 8 && data[at..at + 4] == PAD_MAGIC.to_le_bytes() {
@@ -390,7 +390,7 @@ fn decode_frame_with(data: &[u8], at: usize, walk_writes: bool) -> Frame<'_> {
         let valid = (8..=FLUSH_ALIGN as usize).contains(&len)
             && (end as u64).is_multiple_of(FLUSH_ALIGN)
             && end <= data.len()
-            && data[at + 8..end].iter().all(|&b| b == 0);
+            && crate::zeros::all_zero(&data[at + 8..end]);
         return if valid { Frame::Pad(end) } else { Frame::Invalid("damaged pad frame".into()) };
     }
     if data.len() - at < FRAME_HEADER_SIZE {

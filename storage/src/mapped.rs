@@ -21,6 +21,13 @@ impl MappedFile {
     /// Maps all of `path`. The file must not shrink while mapped (recovery truncates torn
     /// tails only past the last byte it will read).
     pub fn open(path: &Path) -> Result<MappedFile, StorageError> {
+        let map = MappedFile::map(path)?;
+        map.will_need(0);
+        Ok(map)
+    }
+
+    /// Maps all of `path`, reading nothing ahead (see [`MappedFile::will_need`]).
+    pub fn map(path: &Path) -> Result<MappedFile, StorageError> {
         let file = File::open(path).map_err(|e| StorageError::io(path, e))?;
         let len = file.metadata().map_err(|e| StorageError::io(path, e))?.len() as usize;
         if len == 0 {
@@ -31,12 +38,18 @@ impl MappedFile {
         if ptr == libc::MAP_FAILED {
             return Err(StorageError::io(path, std::io::Error::last_os_error()));
         }
-        // Read-ahead of the whole file now. Not MADV_SEQUENTIAL: that frees pages soon after
-        // they are read, and recovery reads every record twice (scan, then replay), so a
-        // cold log was read from disk twice.
-        // SAFETY: advice on our own mapping; it changes no contents.
-        unsafe { libc::madvise(ptr, len, libc::MADV_WILLNEED) };
         Ok(MappedFile { ptr: ptr as *const u8, len })
+    }
+
+    /// Reads the file from `from` (rounded down to a page) to its end ahead, now. Not
+    /// MADV_SEQUENTIAL: that frees pages soon after they are read, and recovery reads every
+    /// record twice (scan, then replay), so a cold log was read from disk twice.
+    pub fn will_need(&self, from: usize) {
+        let from = from.min(self.len) / crate::PAGE_SIZE as usize * crate::PAGE_SIZE as usize;
+        if from < self.len {
+            // SAFETY: advice on a page-aligned part of our own mapping; it changes no contents.
+            unsafe { libc::madvise(self.ptr.add(from) as *mut libc::c_void, self.len - from, libc::MADV_WILLNEED) };
+        }
     }
 
     pub fn as_slice(&self) -> &[u8] {

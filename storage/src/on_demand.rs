@@ -84,6 +84,19 @@ pub(crate) struct OnDemand {
     source: Box<dyn ChunkSource>,
     /// Per chunk, the replay's writes to it in LSN order, while it is absent.
     deferred: Box<[Mutex<Vec<DeferredWrite>>]>,
+    /// Loads under way that an access waits for: background loaders hold their next read
+    /// back while there are any. A hint for scheduling only, which nothing's correctness
+    /// rests on.
+    access_loads: AtomicU64,
+}
+
+/// An access's load of a chunk under way (see [`OnDemand::access_load`]).
+pub(crate) struct AccessLoad<'a>(&'a AtomicU64);
+
+impl Drop for AccessLoad<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What a claim of a chunk found.
@@ -107,7 +120,18 @@ impl OnDemand {
             damage: Mutex::new(Vec::new()),
             source,
             deferred: (0..chunks).map(|_| Mutex::new(Vec::new())).collect(),
+            access_loads: AtomicU64::new(0),
         }
+    }
+
+    /// Marks a load that an access waits for as under way, until the guard drops.
+    pub(crate) fn access_load(&self) -> AccessLoad<'_> {
+        self.access_loads.fetch_add(1, Ordering::Relaxed);
+        AccessLoad(&self.access_loads)
+    }
+
+    pub(crate) fn access_loads(&self) -> u64 {
+        self.access_loads.load(Ordering::Relaxed)
     }
 
     pub(crate) fn chunks(&self) -> u64 {

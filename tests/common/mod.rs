@@ -139,3 +139,17 @@ pub fn fill_words(store: &Store, p: HeapPtr, words: std::ops::Range<u64>, per_tx
             .unwrap();
     }
 }
+
+/// Copies a closed store's directory, its lock file left out (to open it two ways).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else if entry.file_name() != "LOCK" {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

@@ -200,10 +200,20 @@ impl LogManager {
         let flushed = if group.failure().is_none() && !group.is_stopped() { group.wait_durable(target, || self.shared.kick()) } else { Ok(()) };
         self.stop_flushing();
         flushed?;
-        match group.failure() {
-            Some(why) => Err(TxnError::LogFailed(why)),
-            None => Ok(()),
+        if let Some(why) = group.failure() {
+            return Err(TxnError::LogFailed(why));
         }
+        let mut seals = Vec::new();
+        group.each_slot(|writer| {
+            seals.extend(writer.close()?);
+            Ok(())
+        })?;
+        // A partition that wrote nothing since the store opened keeps its earlier seal (a
+        // scan checks that it still fits the file).
+        let dir = &self.shared.config.dir;
+        let kept: Vec<_> = tusk_storage::log_seal::read(dir).into_iter().filter(|old| !seals.iter().any(|new| new.partition == old.partition)).collect();
+        seals.extend(kept);
+        Ok(tusk_storage::log_seal::write(dir, &seals)?)
     }
 
     /// Stops flushing without writing what is buffered: what a crash would leave. A flush

@@ -335,6 +335,12 @@ impl<S> FlushGroup<S> {
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
+
+    /// Runs `f` on every partition's slot in turn, once flushing has stopped.
+    pub fn each_slot(&self, mut f: impl FnMut(&mut S) -> Result<(), TxnError>) -> Result<(), TxnError> {
+        assert!(self.is_stopped(), "slots are taken in turn only once no flush can claim one");
+        self.slots.iter().try_for_each(|slot| f(&mut slot.lock()))
+    }
 }
 
 /// Loom models of the pipelined group commit (run by .ci/loom): the real [`FlushGroup`],

@@ -17,6 +17,7 @@ use super::catalog::SegmentCatalog;
 use super::partition::Taken;
 use super::progress::{Flush, Streamed};
 use super::segments::SegmentFile;
+use tusk_storage::log_seal::SegmentSeal;
 use super::Shared;
 use crate::TxnError;
 
@@ -38,6 +39,12 @@ impl PartitionWriter {
 
     pub fn backend_name(&self) -> String {
         self.backend.name()
+    }
+
+    /// Closes the partition's open segment (a clean close, every flush done); returns the
+    /// seal of its last segment.
+    pub fn close(&mut self) -> Result<Option<SegmentSeal>, TxnError> {
+        Ok(self.file.close(&self.catalog)?)
     }
 }
 
@@ -146,7 +153,7 @@ impl Flush for PartitionWriter {
         out.push(&pad);
         out.push_zeros(zeros);
         out.finish().map_err(|e| format!("{}: {e}", self.file.path().display()))?;
-        self.file.advance(len, zeros);
+        self.file.advance(len, zeros, taken.first, offset + header.len() as u64);
         self.catalog.flushed(self.partition, taken.first, taken.last, len as u64, started.elapsed());
         self.file.close_if_full(&self.catalog).map_err(|e| e.to_string())
     }
