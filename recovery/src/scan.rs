@@ -278,7 +278,6 @@ const MIN_FRAMED_RECORD: u64 = 32;
 /// `seal` at or below `covered + 1` on, where the seal fits the file (see tusk-storage's
 /// `log_seal`).
 fn scan_partition(dir: &Path, partition: u32, covered: u64, seal: Option<&SegmentSeal>) -> Result<Scan, RecoveryError> {
-
     let mut out = Scan::default();
     let mut records = Vec::new();
     let mut last_lsn = 0u64;

@@ -130,7 +130,13 @@ impl SegmentFile {
             catalog.closed(self.partition);
         }
         let Some(mut seal) = self.closed.clone() else { return Ok(None) };
-        seal.tail_crc = file_tail_crc(&segment_path(&self.dir, self.partition, seal.seq), seal.len)?;
+        // A segment closed when full may have been trimmed since (a checkpoint covered it):
+        // the partition then has no segment to seal.
+        match file_tail_crc(&segment_path(&self.dir, self.partition, seal.seq), seal.len) {
+            Ok(crc) => seal.tail_crc = crc,
+            Err(StorageError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        }
         Ok(Some(seal))
     }
 
