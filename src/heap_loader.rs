@@ -36,6 +36,14 @@ const MAX_HOLD: Duration = Duration::from_millis(20);
 /// milliseconds of the seconds that bringing a heap in takes.
 const START_GRACE: Duration = Duration::from_millis(10);
 
+/// Sleeps while `busy` says so, for at most `most`, or until the loaders stop.
+fn hold(stop: &AtomicBool, most: Duration, busy: impl Fn() -> bool) {
+    let since = Instant::now();
+    while busy() && since.elapsed() < most && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(HOLD_POLL);
+    }
+}
+
 pub(crate) struct HeapLoader {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -57,21 +65,16 @@ impl HeapLoader {
             let thread = std::thread::Builder::new()
                 .name(format!("tusk-load-{i}"))
                 .spawn(move || {
-                    // At the users' priority and without pauses for their reads: a workload
-                    // spread over the heap runs at full speed only once every chunk is in
-                    // (on 2 cores, loaders at nice 10 or holding back while users read took
-                    // 1.5x as long to bring a 4 GiB heap in beside the Hathi workload).
+                    // At the users' priority, pausing only while an access's own load is
+                    // under way: a workload spread over the heap runs at full speed only once
+                    // every chunk is in (on 2 cores, loaders at nice 10 or holding back
+                    // whenever users read took 1.5x as long to bring a 4 GiB heap in beside
+                    // the Hathi workload).
                     let heap = engine.heap();
-                    let started = Instant::now();
-                    while started.elapsed() < START_GRACE && !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(HOLD_POLL);
-                    }
+                    hold(&stop, START_GRACE, || true);
                     while !stop.load(Ordering::Relaxed) {
                         let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
-                        let held_since = Instant::now();
-                        while heap.access_loads() > 0 && held_since.elapsed() < MAX_HOLD && !stop.load(Ordering::Relaxed) {
-                            std::thread::sleep(HOLD_POLL);
-                        }
+                        hold(&stop, MAX_HOLD, || heap.access_loads() > 0);
                         heap.load_run(run);
                     }
                 })

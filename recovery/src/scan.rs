@@ -184,7 +184,7 @@ pub fn scan(dir: &Path, covered: u64) -> Result<Scan, RecoveryError> {
         let handles: Vec<_> = partitions
             .iter()
             .map(|&p| {
-                let seal = seals.iter().find(|s| s.partition == p);
+                let seal = log_seal::of_partition(&seals, p);
                 s.spawn(move || scan_partition(dir, p, covered, seal))
             })
             .collect();
@@ -252,7 +252,7 @@ pub fn log_bytes_after(dir: &Path, covered: u64) -> Result<u64, RecoveryError> {
         let skipped = below_checkpoint_prefix(&segments, covered).len();
         for (i, (seq, path)) in segments.iter().enumerate().skip(skipped) {
             let len = std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?.len();
-            let seal = seals.iter().find(|s| s.partition == partition).filter(|_| i + 1 == segments.len());
+            let seal = log_seal::of_partition(&seals, partition).filter(|_| i + 1 == segments.len());
             let start = match seal {
                 Some(seal) => seal.start_for(*seq, len, file_tail_crc(path, len)?, covered).map_or(0, |(_, at)| at),
                 None => 0,
@@ -405,7 +405,8 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64, seal: Option<&Segmen
                 partition,
                 seq,
                 path: path.clone(),
-                min_lsn: sealed.and(seal).and_then(|s| s.marks.first()).map(|&(lsn, _)| lsn).or(mine.first().map(|r| r.lsn)).unwrap_or(0),
+                // A sealed segment read from a mark on starts at its seal's first mark.
+                min_lsn: sealed.and(seal).map_or(mine.first().map(|r| r.lsn), |s| s.marks.first().map(|&(lsn, _)| lsn)).unwrap_or(0),
                 max_lsn: mine.last().map_or(0, |r| r.lsn),
                 bytes: end as u64,
                 open: false,

@@ -71,6 +71,11 @@ impl SegmentSeal {
     }
 }
 
+/// The seal of `partition`'s last segment among `seals`.
+pub fn of_partition(seals: &[SegmentSeal], partition: u32) -> Option<&SegmentSeal> {
+    seals.iter().find(|s| s.partition == partition)
+}
+
 pub fn seal_path(store_dir: &Path) -> PathBuf {
     log_dir(store_dir).join("sealed")
 }

@@ -20,13 +20,7 @@ unsafe impl Sync for MappedFile {}
 impl MappedFile {
     /// Maps all of `path`. The file must not shrink while mapped (recovery truncates torn
     /// tails only past the last byte it will read).
-    pub fn open(path: &Path) -> Result<MappedFile, StorageError> {
-        let map = MappedFile::map(path)?;
-        map.will_need(0);
-        Ok(map)
-    }
-
-    /// Maps all of `path`, reading nothing ahead (see [`MappedFile::will_need`]).
+    /// Nothing is read ahead until [`MappedFile::will_need`] says from where.
     pub fn map(path: &Path) -> Result<MappedFile, StorageError> {
         let file = File::open(path).map_err(|e| StorageError::io(path, e))?;
         let len = file.metadata().map_err(|e| StorageError::io(path, e))?.len() as usize;
