@@ -24,6 +24,7 @@ pub fn store_options() -> tusk::Options {
         chunk_size: 4096,
         max_log_bytes: 64 << 20,
         checkpoint_faults: None,
+        ..tusk::Options::default()
     }
 }
 
@@ -222,12 +223,25 @@ fn images(bytes: &[u8]) -> Vec<(usize, usize)> {
     out
 }
 
-/// Chunk data CRC and header CRC of one image (header at the start of `bytes`).
+/// Chunk data CRC (version 2) or block CRCs and their table's CRC (version 3, where its
+/// block size fits), then the header CRC of one image (header at the start of `bytes`).
 pub fn repair_chunk(bytes: &mut [u8]) {
+    use tusk_storage::checkpoint_format::{BlockTable, BLOCK_TABLE_AT, IMAGE_VERSION_BLOCKS, MAX_BLOCKS};
     if bytes.len() < CHUNK_HEADER_SIZE {
         return;
     }
-    let crc = crc32fast::hash(&bytes[CHUNK_HEADER_SIZE..]);
+    let (header, data) = bytes.split_at_mut(CHUNK_HEADER_SIZE);
+    let block = u64::from(u32::from_le_bytes(header[12..16].try_into().unwrap())) * 4096;
+    let blocks = u32::from_le_bytes(header[8..12].try_into().unwrap()) == IMAGE_VERSION_BLOCKS && block > 0 && (data.len() as u64).div_ceil(block) <= MAX_BLOCKS;
+    let crc = if blocks {
+        let table = BlockTable::of(data, block);
+        for (i, c) in table.crcs.iter().enumerate() {
+            put_crc(header, BLOCK_TABLE_AT + 4 * i, *c);
+        }
+        table.crc()
+    } else {
+        crc32fast::hash(data)
+    };
     put_crc(bytes, 48, crc);
     let hcrc = crc32fast::hash(&bytes[0..52]);
     put_crc(bytes, 52, hcrc);

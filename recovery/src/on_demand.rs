@@ -3,19 +3,24 @@
 //! sequential reads of a whole load (see tusk-storage's `on_demand`).
 //!
 //! Opening checks only what costs no image read: every segment the manifest names opens and
-//! is long enough for its images. Each image's header and checksum are checked when it is
-//! read, before its bytes reach the heap.
+//! is long enough for its images. Each image's header is checked when it is read, and each
+//! block against its checksum before its bytes reach the heap (an image of version 2, without
+//! block checksums, is read and checked whole). A block read alone costs two 4 KiB reads the
+//! first time in its chunk (the header, kept, then the block), one after.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use tusk_storage::checkpoint_format::{image_segment_path, image_size, Manifest};
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use tusk_storage::checkpoint_format::{block_size, image_segment_path, image_size, ChunkEntry, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
 use tusk_storage::io::sync::pread_full;
 use tusk_storage::io::{open_direct_read, AlignedBuf};
-use tusk_storage::on_demand::TakeImage;
+use tusk_storage::on_demand::{Image, TakeImage};
 use tusk_storage::{ChunkDamage, ChunkSource};
 
-use crate::checkpoint::{check_image, plan_runs};
+use crate::checkpoint::{check_header, plan_runs};
 
 /// The image segments of one manifest, open.
 pub struct ImageSource {
@@ -23,6 +28,8 @@ pub struct ImageSource {
     /// The manifest's segments (ascending epochs) and their files.
     segments: Vec<u64>,
     files: Vec<(PathBuf, std::fs::File)>,
+    /// Per chunk, its image's header once a block of it was read alone (or why it is unusable).
+    headers: Box<[OnceLock<Result<ChunkHeader, ChunkDamage>>]>,
 }
 
 impl ImageSource {
@@ -46,12 +53,13 @@ impl ImageSource {
             }
             files.push((path, file));
         }
-        Ok(ImageSource { manifest: manifest.clone(), segments, files })
+        let headers = manifest.chunks.iter().map(|_| OnceLock::new()).collect();
+        Ok(ImageSource { manifest: manifest.clone(), segments, files, headers })
     }
 }
 
 impl ChunkSource for ImageSource {
-    fn read(&self, run: &[u64], wanted: &[bool], take: &mut TakeImage<'_>) {
+    fn read(&self, run: &[u64], take: &mut TakeImage<'_>) {
         let image = image_size(self.manifest.chunk_size);
         let first = &self.manifest.chunks[run[0] as usize];
         for (k, &chunk) in run.iter().enumerate() {
@@ -59,12 +67,24 @@ impl ChunkSource for ImageSource {
             assert!(entry.image_epoch == first.image_epoch && entry.offset == first.offset + k as u64 * image, "a run's images lie next to each other");
         }
         let len = (image * run.len() as u64) as usize;
-        BUFFER.with_borrow_mut(|buf| {
-            if buf.len() < len {
-                buf.clear();
-                buf.extend_zeros(len);
-            }
-            self.check_run(run, wanted, &mut buf.as_mut_slice()[..len], take)
+        with_buffer(len, |bytes| self.check_run(run, bytes, take));
+    }
+
+    fn read_blocks(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) {
+        let entry = &self.manifest.chunks[chunk as usize];
+        let (path, file) = self.file_of(entry);
+        let header = self.headers[chunk as usize].get_or_init(|| self.read_header(chunk));
+        let blocks = match header {
+            Err(damage) => return take(chunk, Err(damage.clone())),
+            // No block checksums: read and check it whole.
+            Ok(h) if h.blocks.is_none() => return self.read(&[chunk], take),
+            Ok(h) => h.blocks.as_ref().expect("checked above"),
+        };
+        let data_offset = entry.offset + CHUNK_HEADER_SIZE as u64;
+        let end = range.end.min(self.manifest.chunk_size);
+        with_buffer((end - range.start) as usize, |bytes| match read_exact(file, data_offset + range.start, bytes) {
+            Ok(()) => take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset })),
+            Err(reason) => take(chunk, Err(self.damage(chunk, data_offset + range.start, reason))),
         });
     }
 
@@ -75,42 +95,89 @@ impl ChunkSource for ImageSource {
 
 thread_local! {
     /// Each reading thread's buffer, kept (the largest run it read, 8 MiB at most for a
-    /// background loader, one image for a thread that reached an absent chunk): an
-    /// allocation and its page faults per read cost the background loaders a third of their
-    /// rate.
+    /// background loader, a few blocks or an image for a thread that reached an absent
+    /// block): an allocation and its page faults per read cost the background loaders a
+    /// third of their rate.
     static BUFFER: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new());
 }
 
+/// Runs `f` on this thread's read buffer, `len` bytes long.
+fn with_buffer<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    BUFFER.with_borrow_mut(|buf| {
+        if buf.len() < len {
+            buf.clear();
+            buf.extend_zeros(len);
+        }
+        f(&mut buf.as_mut_slice()[..len])
+    })
+}
+
+/// Fills `bytes` from `offset` of `file`, or says why not.
+fn read_exact(file: &std::fs::File, offset: u64, bytes: &mut [u8]) -> Result<(), String> {
+    match pread_full(file.as_raw_fd(), offset, bytes) {
+        Ok(got) if got == bytes.len() => Ok(()),
+        Ok(got) => Err(format!("short read: {got} of {} bytes", bytes.len())),
+        Err(e) => Err(format!("cannot read: {e}")),
+    }
+}
+
 impl ImageSource {
-    /// Reads `run`'s images into `bytes` and hands the `wanted` ones to `take`, checked.
-    fn check_run(&self, run: &[u64], wanted: &[bool], bytes: &mut [u8], take: &mut TakeImage<'_>) {
+    fn file_of(&self, entry: &ChunkEntry) -> (&Path, &std::fs::File) {
+        let (path, file) = &self.files[self.segments.binary_search(&entry.image_epoch).expect("segments come from the manifest")];
+        (path, file)
+    }
+
+    /// The damage of `chunk`'s image found at `offset` of its file.
+    fn damage(&self, chunk: u64, offset: u64, reason: String) -> ChunkDamage {
+        let entry = &self.manifest.chunks[chunk as usize];
+        let chunk_size = self.manifest.chunk_size;
+        ChunkDamage { path: self.file_of(entry).0.to_path_buf(), offset, reason, heap: chunk * chunk_size..(chunk + 1) * chunk_size }
+    }
+
+    /// Reads and checks `chunk`'s image header alone (a block's first read in that chunk).
+    fn read_header(&self, chunk: u64) -> Result<ChunkHeader, ChunkDamage> {
+        let entry = &self.manifest.chunks[chunk as usize];
+        let (_, file) = self.file_of(entry);
+        with_buffer(CHUNK_HEADER_SIZE, |bytes| {
+            read_exact(file, entry.offset, bytes)
+                .and_then(|()| check_header(bytes, chunk, entry, self.manifest.chunk_size))
+                .and_then(|h| match &h.blocks {
+                    Some(t) if t.block_size != block_size(self.manifest.chunk_size) => {
+                        Err(format!("blocks of {} bytes, this build reads blocks of {}", t.block_size, block_size(self.manifest.chunk_size)))
+                    }
+                    _ => Ok(h),
+                })
+                .map_err(|reason| self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}")))
+        })
+    }
+
+    /// Reads `run`'s images into `bytes` and hands each to `take`, its header checked (and
+    /// all its data, where it has no block checksums).
+    fn check_run(&self, run: &[u64], bytes: &mut [u8], take: &mut TakeImage<'_>) {
         let chunk_size = self.manifest.chunk_size;
         let image = image_size(chunk_size);
         let first = &self.manifest.chunks[run[0] as usize];
-        let (path, file) = &self.files[self.segments.binary_search(&first.image_epoch).expect("segments come from the manifest")];
-        let damage = |chunk: u64, offset: u64, reason: String| ChunkDamage {
-            path: path.clone(),
-            offset,
-            reason,
-            heap: chunk * chunk_size..(chunk + 1) * chunk_size,
-        };
-        let len = bytes.len();
-        let read = match pread_full(file.as_raw_fd(), first.offset, bytes) {
-            Ok(got) if got == bytes.len() => Ok(()),
-            Ok(got) => Err(format!("short read: {got} of {len} bytes")),
-            Err(e) => Err(format!("cannot read: {e}")),
-        };
-        for (k, (&chunk, _)) in run.iter().zip(wanted).enumerate().filter(|(_, (_, &w))| w) {
+        let (path, file) = self.file_of(first);
+        let read = read_exact(file, first.offset, bytes);
+        for (k, &chunk) in run.iter().enumerate() {
             let offset = first.offset + k as u64 * image;
-            let checked = match &read {
-                Ok(()) => {
-                    let at = k * image as usize;
-                    check_image(&bytes[at..at + image as usize], chunk, &self.manifest.chunks[chunk as usize], chunk_size)
-                        .map_err(|reason| damage(chunk, offset, format!("chunk {chunk}: {reason}")))
+            let at = k * image as usize;
+            let checked = read.clone().and_then(|()| {
+                let image = &bytes[at..at + image as usize];
+                let header = check_header(image, chunk, &self.manifest.chunks[chunk as usize], chunk_size)?;
+                let data = &image[CHUNK_HEADER_SIZE..];
+                if header.blocks.is_none() {
+                    header.check_data(data)?;
                 }
-                Err(reason) => Err(damage(chunk, offset, reason.clone())),
-            };
-            take(chunk, checked);
+                Ok((header, data))
+            });
+            match checked {
+                Ok((header, data)) => {
+                    let data_offset = offset + CHUNK_HEADER_SIZE as u64;
+                    take(chunk, Ok(Image { from: 0, bytes: data, blocks: header.blocks.as_ref(), path, data_offset }))
+                }
+                Err(reason) => take(chunk, Err(self.damage(chunk, offset, format!("chunk {chunk}: {reason}")))),
+            }
         }
     }
 }

@@ -70,17 +70,75 @@ pub fn parse_manifest_name(name: &str) -> Option<u64> {
     name.strip_prefix("MANIFEST-")?.parse().ok()
 }
 
+/// Chunk image versions: version 2 checks an image's data with one checksum; version 3, which
+/// this build writes, with one per block ([`block_size`]), listed in the header, so that a
+/// reopen on demand can read and check a single block of a chunk (issue 32). Both are read.
+pub const IMAGE_VERSION_WHOLE: u32 = 2;
+pub const IMAGE_VERSION_BLOCKS: u32 = 3;
+/// Where a version 3 header's table of block checksums starts, and the most blocks it holds.
+pub const BLOCK_TABLE_AT: usize = 64;
+pub const MAX_BLOCKS: u64 = ((CHUNK_HEADER_SIZE - BLOCK_TABLE_AT) / 4) as u64;
+
+/// The block of a chunk of `chunk_size` bytes (a multiple of 4096) that a reopen on demand
+/// reads and checks alone: a page, or as many pages as keep a chunk's blocks within
+/// [`MAX_BLOCKS`] (chunks over 4 MiB).
+pub fn block_size(chunk_size: u64) -> u64 {
+    const PAGE: u64 = crate::PAGE_SIZE;
+    chunk_size.div_ceil(PAGE).div_ceil(MAX_BLOCKS).max(1) * PAGE
+}
+
 /// The header of a chunk image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkHeader {
     pub index: u64,
     pub epoch: u64,
     pub lsn: u64,
     pub len: u64,
+    /// The data's checksum (version 2), or the block table's (version 3); a manifest entry
+    /// repeats it.
     pub crc: u32,
+    /// Version 3: the block size and each block's checksum.
+    pub blocks: Option<BlockTable>,
+}
+
+/// The checksums of an image's blocks, in order; the last block may be short.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockTable {
+    pub block_size: u64,
+    pub crcs: Vec<u32>,
+}
+
+impl BlockTable {
+    /// The table of `data` in blocks of `block_size`.
+    pub fn of(data: &[u8], block_size: u64) -> BlockTable {
+        BlockTable { block_size, crcs: data.chunks(block_size as usize).map(crc32fast::hash).collect() }
+    }
+
+    /// The table's own checksum (the header's `crc`).
+    pub fn crc(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        self.crcs.iter().for_each(|c| h.update(&c.to_le_bytes()));
+        h.finalize()
+    }
+
+    /// Whether `bytes` are block `block`'s (all of it, or up to the data's end).
+    pub fn holds(&self, block: usize, bytes: &[u8]) -> bool {
+        self.crcs.get(block) == Some(&crc32fast::hash(bytes))
+    }
+
+    /// The first block of `data` (blocks from `first` on) that fails its checksum.
+    pub fn first_bad(&self, first: usize, data: &[u8]) -> Option<usize> {
+        data.chunks(self.block_size as usize).enumerate().find(|&(i, b)| !self.holds(first + i, b)).map(|(i, _)| first + i)
+    }
 }
 
 impl ChunkHeader {
+    /// The version 3 header of an image of `data`.
+    pub fn of(index: u64, epoch: u64, lsn: u64, data: &[u8]) -> ChunkHeader {
+        let table = BlockTable::of(data, block_size(data.len() as u64));
+        ChunkHeader { index, epoch, lsn, len: data.len() as u64, crc: table.crc(), blocks: Some(table) }
+    }
+
     pub fn encode(&self) -> [u8; CHUNK_HEADER_SIZE] {
         let mut b = [0u8; CHUNK_HEADER_SIZE];
         self.encode_into(&mut b);
@@ -92,7 +150,15 @@ impl ChunkHeader {
         let b = &mut b[..CHUNK_HEADER_SIZE];
         b.fill(0);
         b[0..8].copy_from_slice(&CHUNK_MAGIC);
-        b[8..12].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+        let version = if self.blocks.is_some() { IMAGE_VERSION_BLOCKS } else { IMAGE_VERSION_WHOLE };
+        b[8..12].copy_from_slice(&version.to_le_bytes());
+        if let Some(t) = &self.blocks {
+            assert!(t.crcs.len() as u64 <= MAX_BLOCKS && t.block_size.is_multiple_of(crate::PAGE_SIZE), "a block table fits its header");
+            b[12..16].copy_from_slice(&u32::try_from(t.block_size / crate::PAGE_SIZE).expect("blocks of pages").to_le_bytes());
+            for (i, c) in t.crcs.iter().enumerate() {
+                b[BLOCK_TABLE_AT + 4 * i..BLOCK_TABLE_AT + 4 * i + 4].copy_from_slice(&c.to_le_bytes());
+            }
+        }
         b[16..24].copy_from_slice(&self.index.to_le_bytes());
         b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
         b[32..40].copy_from_slice(&self.lsn.to_le_bytes());
@@ -102,6 +168,8 @@ impl ChunkHeader {
         b[52..56].copy_from_slice(&hcrc.to_le_bytes());
     }
 
+    /// Decodes and checks a header: its own checksum, and a version 3 table's against `crc`
+    /// (which the header's checksum covers, so the whole block is).
     pub fn decode(b: &[u8]) -> Result<ChunkHeader, String> {
         if b.len() < CHUNK_HEADER_SIZE {
             return Err(format!("chunk image of {} bytes is shorter than its header", b.len()));
@@ -114,11 +182,39 @@ impl ChunkHeader {
         if u32_at(52) != crc32fast::hash(&b[0..52]) {
             return Err("chunk header checksum mismatch".into());
         }
-        let version = u32_at(8);
-        if version != CHECKPOINT_VERSION {
-            return Err(format!("chunk format version {version}, this build reads {CHECKPOINT_VERSION}"));
+        let (index, epoch, lsn, len, crc) = (u64_at(16), u64_at(24), u64_at(32), u64_at(40), u32_at(48));
+        let blocks = match u32_at(8) {
+            IMAGE_VERSION_WHOLE => None,
+            IMAGE_VERSION_BLOCKS => {
+                let block_size = u64::from(u32_at(12)) * crate::PAGE_SIZE;
+                if block_size == 0 || len.div_ceil(block_size) > MAX_BLOCKS {
+                    return Err(format!("blocks of {block_size} bytes do not fit {len} bytes in a header's table"));
+                }
+                let count = len.div_ceil(block_size) as usize;
+                let table = BlockTable { block_size, crcs: (0..count).map(|i| u32_at(BLOCK_TABLE_AT + 4 * i)).collect() };
+                if table.crc() != crc {
+                    return Err("chunk block table checksum mismatch".into());
+                }
+                Some(table)
+            }
+            version => return Err(format!("chunk format version {version}, this build reads {IMAGE_VERSION_WHOLE} and {IMAGE_VERSION_BLOCKS}")),
+        };
+        Ok(ChunkHeader { index, epoch, lsn, len, crc, blocks })
+    }
+
+    /// Checks all of an image's `data` against the header: its length and checksum(s).
+    pub fn check_data(&self, data: &[u8]) -> Result<(), String> {
+        if data.len() as u64 != self.len {
+            return Err(format!("image holds {} bytes, its header says {}", data.len(), self.len));
         }
-        Ok(ChunkHeader { index: u64_at(16), epoch: u64_at(24), lsn: u64_at(32), len: u64_at(40), crc: u32_at(48) })
+        match &self.blocks {
+            None if crc32fast::hash(data) != self.crc => Err("chunk image checksum mismatch".into()),
+            None => Ok(()),
+            Some(t) => match t.first_bad(0, data) {
+                Some(block) => Err(format!("chunk image checksum mismatch in block {block} (bytes {} of the chunk)", block as u64 * t.block_size)),
+                None => Ok(()),
+            },
+        }
     }
 }
 
@@ -334,6 +430,17 @@ mod tests {
     }
 
     #[test]
+    fn blocks_are_pages_up_to_4_mib_chunks_then_fit_the_table() {
+        assert_eq!(block_size(4096), 4096);
+        assert_eq!(block_size(1 << 20), 4096);
+        assert_eq!(block_size(MAX_BLOCKS * 4096), 4096);
+        assert_eq!(block_size(MAX_BLOCKS * 4096 + 4096), 8192);
+        for chunk in [1u64 << 22, 1 << 23, 1 << 26, 3 << 20] {
+            assert!(chunk.div_ceil(block_size(chunk)) <= MAX_BLOCKS && block_size(chunk).is_multiple_of(4096), "{chunk}");
+        }
+    }
+
+    #[test]
     fn an_offset_off_the_image_slots_is_refused() {
         let mut m = manifest();
         m.chunks[1].offset += 4096;
@@ -342,11 +449,30 @@ mod tests {
 
     #[test]
     fn chunk_header_round_trips_and_names_parse() {
-        let h = ChunkHeader { index: 3, epoch: 9, lsn: 1234, len: 1 << 20, crc: 0xDEAD };
-        assert_eq!(ChunkHeader::decode(&h.encode()), Ok(h));
-        let mut bad = h.encode();
-        bad[33] ^= 1;
-        assert!(ChunkHeader::decode(&bad).is_err());
+        let whole = ChunkHeader { index: 3, epoch: 9, lsn: 1234, len: 1 << 20, crc: 0xDEAD, blocks: None };
+        assert_eq!(ChunkHeader::decode(&whole.encode()), Ok(whole.clone()));
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+        let blocks = ChunkHeader::of(3, 9, 1234, &data);
+        assert_eq!(blocks.blocks.as_ref().map(|t| (t.block_size, t.crcs.len())), Some((4096, 256)));
+        assert_eq!(ChunkHeader::decode(&blocks.encode()), Ok(blocks.clone()));
+        assert_eq!(blocks.check_data(&data), Ok(()));
+        for h in [whole, blocks] {
+            let encoded = h.encode();
+            // Every bit of the header and of its table counts.
+            for byte in (0..56).chain(64..64 + 4 * 256) {
+                let mut bad = encoded;
+                bad[byte] ^= 1;
+                if h.blocks.is_some() || byte < 56 {
+                    assert!(ChunkHeader::decode(&bad).is_err(), "byte {byte} flipped");
+                }
+            }
+        }
+        let mut flipped = data.clone();
+        flipped[5 * 4096 + 17] ^= 0x40;
+        let h = ChunkHeader::of(3, 9, 1234, &data);
+        assert!(h.check_data(&flipped).unwrap_err().contains("block 5"));
+        let t = h.blocks.unwrap();
+        assert!(t.holds(4, &flipped[4 * 4096..5 * 4096]) && !t.holds(5, &flipped[5 * 4096..6 * 4096]));
         let s = image_segment_path(Path::new("/s"), 9);
         assert_eq!(parse_image_segment_name(&s.file_name().unwrap().to_string_lossy()), Some(9));
         let m = manifest_path(Path::new("/s"), 12);

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
-use crate::on_demand::{ChunkDamage, ChunkSource, Claim, DeferredWrite, OnDemand};
+use crate::on_demand::{ChunkDamage, ChunkSource, Claim, DeferredWrite, Image, OnDemand};
 #[cfg(not(loom))]
 use crate::region::AnonRegion;
 use crate::region::AtomicWords;
@@ -78,7 +78,8 @@ impl Heap {
         if chunks == 0 {
             return;
         }
-        let set = self.on_demand.set(OnDemand::new(chunk_size, chunks, source));
+        let block_size = crate::checkpoint_format::block_size(chunk_size);
+        let set = self.on_demand.set(OnDemand::new(chunk_size, block_size, chunks, self.capacity, source));
         assert!(set.is_ok(), "a heap loads on demand once");
         self.pending.store(true, Ordering::Release);
     }
@@ -111,27 +112,43 @@ impl Heap {
     #[inline(never)]
     fn bring_in(&self, off: u64, len: u64) -> Result<(), ChunkDamage> {
         let Some(od) = self.on_demand.get() else { return Ok(()) };
-        if len == 0 || off / od.chunk_size >= od.chunks() {
+        let end = off.saturating_add(len).min(od.covered());
+        let mut result = Ok(());
+        let mut at = off;
+        while at < end {
+            let chunk = at / od.chunk_size;
+            let chunk_end = ((chunk + 1) * od.chunk_size).min(end);
+            let blocks = od.blocks_of(chunk, at..chunk_end);
+            if let Err(damage) = self.bring_in_blocks(od, chunk, blocks) {
+                result = result.and(Err(damage));
+            }
+            at = chunk_end;
+        }
+        result
+    }
+
+    /// Brings `blocks` of `chunk` in: claims the absent ones and reads them (one read from
+    /// the first claimed to the last), then waits for any that others load.
+    fn bring_in_blocks(&self, od: &OnDemand, chunk: u64, blocks: std::ops::Range<u64>) -> Result<(), ChunkDamage> {
+        if blocks.clone().all(|b| od.is_present(b)) {
             return Ok(());
         }
-        let first = off / od.chunk_size;
-        let last = ((off + len - 1) / od.chunk_size).min(od.chunks() - 1);
+        let won: Vec<u64> = blocks.clone().filter(|&b| od.claim(b) == Claim::Won).collect();
+        if !won.is_empty() {
+            let _waited_for = od.access_load();
+            self.load_blocks(od, chunk, &won);
+        }
         let mut result = Ok(());
-        for chunk in first..=last {
+        for block in blocks {
             loop {
-                match od.claim(chunk) {
+                match od.claim(block) {
                     Claim::Present => break,
                     Claim::Damaged => {
-                        if result.is_ok() {
-                            result = Err(od.damage_of(chunk));
-                        }
+                        result = result.and(Err(od.damage_of(block)));
                         break;
                     }
-                    Claim::Won => {
-                        let _waited_for = od.access_load();
-                        self.load_claimed(od, &[chunk], &[true]);
-                    }
-                    // Another thread reads it: a millisecond or so.
+                    Claim::Won => self.load_blocks(od, chunk, &[block]),
+                    // Another thread reads it: a 4 KiB read, or a loader's run.
                     Claim::Loading => crate::sync::yield_now(),
                 }
             }
@@ -139,35 +156,76 @@ impl Heap {
         result
     }
 
-    /// Reads `run`'s images and settles its `wanted` chunks (claimed by the caller).
-    fn load_claimed(&self, od: &OnDemand, run: &[u64], wanted: &[bool]) {
+    /// Reads the blocks `won` (claimed by the caller, ascending, of `chunk`) and settles them.
+    fn load_blocks(&self, od: &OnDemand, chunk: u64, won: &[u64]) {
+        let (first, last) = (od.block_range(won[0]), od.block_range(won[won.len() - 1]));
+        let base = chunk * od.chunk_size;
+        let mut settled = 0;
+        od.source().read_blocks(chunk, first.start - base..last.end - base, &mut |c, image| {
+            debug_assert_eq!(c, chunk);
+            settled += self.settle_blocks(od, chunk, image, |b| won.binary_search(&b).is_ok());
+        });
+        // A block left loading would hold every thread that reaches it for ever.
+        assert_eq!(settled, won.len(), "the chunk source hands over every block it was asked for");
+    }
+
+    /// Settles, from what a source read of `chunk`, the blocks `mine` says the caller has
+    /// claimed and any other absent block the read covers (claimed here): each checked, copied
+    /// in with the replay's writes to it, or marked damaged. Returns how many of `mine` it
+    /// settled.
+    fn settle_blocks(&self, od: &OnDemand, chunk: u64, image: Result<Image<'_>, ChunkDamage>, mine: impl Fn(u64) -> bool) -> usize {
+        let base = chunk * od.chunk_size;
         let (mut settled, mut last) = (0, false);
-        od.source().read(run, wanted, &mut |chunk, image| {
-            let deferred = od.take_deferred(chunk);
-            let damage = match image {
-                Ok(bytes) => {
-                    self.fill_absent(chunk * od.chunk_size, bytes);
-                    for write in deferred {
-                        match write {
-                            DeferredWrite::Word { at, value } => self.word_unguarded(at).store(value, Ordering::Relaxed),
-                            DeferredWrite::Bytes { at, bytes } => self.write_bytes_with(at, &bytes, |off| self.word_unguarded(off)),
+        let blocks = match &image {
+            Ok(i) => od.blocks_of(chunk, base + i.from..(base + i.from + i.bytes.len() as u64).min(od.covered())),
+            Err(_) => od.blocks_of_chunk(chunk),
+        };
+        for block in blocks {
+            let claimed = mine(block);
+            if !claimed && od.claim(block) != Claim::Won {
+                continue;
+            }
+            let range = od.block_range(block);
+            let damage = match &image {
+                Err(d) => Some(ChunkDamage { heap: range.clone(), ..d.clone() }),
+                Ok(i) => {
+                    let at = (range.start - base - i.from) as usize;
+                    let bytes = &i.bytes[at..(at + od.block_size as usize).min(i.bytes.len())];
+                    let local = ((range.start - base) / od.block_size) as usize;
+                    match i.blocks {
+                        Some(table) if !table.holds(local, bytes) => Some(ChunkDamage {
+                            path: i.path.to_path_buf(),
+                            offset: i.data_offset + (range.start - base),
+                            reason: format!("chunk {chunk}: block {local} checksum mismatch"),
+                            heap: range.clone(),
+                        }),
+                        _ => {
+                            self.fill_absent(range.start, &bytes[..(range.end - range.start) as usize]);
+                            for write in od.deferred_within(chunk, &range) {
+                                self.apply_deferred(write);
+                            }
+                            None
                         }
                     }
-                    None
                 }
-                Err(d) => Some(d),
             };
-            last |= od.settle(chunk, damage);
-            settled += 1;
-        });
-        // A chunk left loading would hold every thread that reaches it for ever.
-        assert_eq!(settled, wanted.iter().filter(|&&w| w).count(), "the chunk source settles every chunk it was asked for");
+            last |= od.settle(block, damage);
+            settled += usize::from(claimed);
+        }
         if last && od.damaged().is_empty() {
             self.pending.store(false, Ordering::Release);
         }
+        settled
     }
 
-    /// Copies a loaded image into its chunk, which is zero and claimed by this thread (no
+    fn apply_deferred(&self, write: DeferredWrite) {
+        match write {
+            DeferredWrite::Word { at, value } => self.word_unguarded(at).store(value, Ordering::Relaxed),
+            DeferredWrite::Bytes { at, bytes } => self.write_bytes_with(at, &bytes, |off| self.word_unguarded(off)),
+        }
+    }
+
+    /// Copies a loaded block into the heap, where it is zero and claimed by this thread (no
     /// other access reaches it): runs of non-zero lines, so that the zero parts of an image
     /// leave their pages unbacked.
     fn fill_absent(&self, off: u64, bytes: &[u8]) {
@@ -189,19 +247,23 @@ impl Heap {
         }
     }
 
-    /// Whether the chunk holding `off` is absent: the log's replay then defers its writes
-    /// there ([`Heap::defer_writes`]) instead of reading the chunk's image at open.
+    /// Whether the chunk holding `off` is not wholly present: the log's replay then defers
+    /// its writes there ([`Heap::defer_writes`]) instead of reading the chunk's image at open.
+    /// Chunk-wide, not per block, so that the replay never brings a block in while writes to
+    /// it with lower LSNs are still on their way to the chunk's deferred list.
     #[inline]
     pub fn is_absent(&self, off: u64) -> bool {
         if !self.pending.load(Ordering::Acquire) {
             return false;
         }
-        self.on_demand.get().is_some_and(|od| off / od.chunk_size < od.chunks() && od.is_absent(off / od.chunk_size))
+        self.on_demand.get().is_some_and(|od| off < od.covered() && od.is_absent(off / od.chunk_size))
     }
 
-    /// Keeps writes to one absent chunk ([`Heap::is_absent`]), in LSN order, for when the
-    /// chunk is brought in (after any kept before). Only for the log's replay, before anything
-    /// else uses the heap; every write lies within that chunk.
+    /// Keeps writes to one chunk not wholly present ([`Heap::is_absent`]), in LSN order, for
+    /// when its blocks are brought in (after any kept before); the parts that fall in blocks
+    /// present already (the superblock's, read beside the log's scan) are written now. Only
+    /// for the log's replay, before anything else uses the heap; every write lies within that
+    /// chunk.
     pub fn defer_writes(&self, writes: Vec<DeferredWrite>) {
         let od = self.on_demand.get().expect("writes are deferred on a heap that loads on demand");
         let Some(first) = writes.first() else { return };
@@ -209,17 +271,25 @@ impl Heap {
         for w in &writes {
             assert!(w.at() / od.chunk_size == chunk && (w.end() - 1) / od.chunk_size == chunk, "deferred writes lie within one chunk");
         }
+        let present: Vec<std::ops::Range<u64>> = od.blocks_of_chunk(chunk).filter(|&b| od.is_present(b)).map(|b| od.block_range(b)).collect();
+        for range in &present {
+            for w in writes.iter().filter_map(|w| w.within(range)) {
+                self.apply_deferred(w);
+            }
+        }
         od.defer(chunk, writes);
     }
 
-    /// Loads the absent chunks of `run` (one of [`Heap::absent_runs`]) with one read of their
-    /// images; chunks already present, loading or damaged are left as they are.
+    /// Loads the absent blocks of `run` (one of [`Heap::absent_runs`]) with one read of their
+    /// chunks' images; blocks already present, loading or damaged are left as they are.
     pub fn load_run(&self, run: &[u64]) {
         let Some(od) = self.on_demand.get() else { return };
-        let wanted: Vec<bool> = run.iter().map(|&c| matches!(od.claim(c), Claim::Won)).collect();
-        if wanted.contains(&true) {
-            self.load_claimed(od, run, &wanted);
+        if !run.iter().any(|&c| od.is_absent(c)) {
+            return;
         }
+        od.source().read(run, &mut |chunk, image| {
+            self.settle_blocks(od, chunk, image, |_| false);
+        });
     }
 
     /// Brings every absent chunk in now, in the source's runs, on this thread (with any

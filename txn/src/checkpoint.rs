@@ -484,11 +484,10 @@ fn copy_chunk(engine: &Engine, index: u64, chunk: u64, out: &mut [u8]) -> Result
     engine.copy_consistent(index * chunk, &mut body[..len])
 }
 
-/// Writes the header (with the body's crc) into a copied image and returns its manifest
-/// entry.
+/// Writes the header (with its blocks' checksums) into a copied image and returns its
+/// manifest entry.
 fn seal_image(out: &mut [u8], index: u64, epoch: u64, lsn: u64, offset: u64) -> ChunkEntry {
-    let crc = crc32fast::hash(&out[CHUNK_HEADER_SIZE..]);
-    let len = (out.len() - CHUNK_HEADER_SIZE) as u64;
-    ChunkHeader { index, epoch, lsn, len, crc }.encode_into(out);
-    ChunkEntry { image_epoch: epoch, offset, lsn, crc }
+    let header = ChunkHeader::of(index, epoch, lsn, &out[CHUNK_HEADER_SIZE..]);
+    header.encode_into(out);
+    ChunkEntry { image_epoch: epoch, offset, lsn, crc: header.crc }
 }
