@@ -358,19 +358,31 @@ fn scan_partition(dir: &Path, partition: u32, covered: u64, seal: Option<&Segmen
         // pages at every step.
         let most = segments.iter().map(|(_, path)| std::fs::metadata(path).map_or(0, |m| m.len())).sum::<u64>() / MIN_FRAMED_RECORD;
         records.reserve_exact(most as usize);
-        for (i, (seq, path)) in segments.into_iter().enumerate() {
+        // Every segment's read is under way before the first is parsed: one after another,
+        // each waited for its own (a killed writer's 7.8 MB in three segments took 7 ms on the
+        // device host, about half its disk's rate).
+        let opened = segments
+            .into_iter()
+            .enumerate()
+            .map(|(i, (seq, path))| {
+                // Records before the mark are all at or below `covered`: not read (they
+                // would only be skipped by the replay).
+                let read = seal.filter(|_| i + 1 == count).map(|s| read_sealed(&path, seq, s, covered)).transpose()?.flatten();
+                let (map, sealed) = match read {
+                    Some((mark, bytes)) => (SegmentBytes::Read(bytes), Some(mark)),
+                    None => {
+                        let mapped = MappedFile::map(&path)?;
+                        mapped.will_need(0);
+                        (SegmentBytes::Mapped(mapped), None)
+                    }
+                };
+                Ok((seq, path, map, sealed))
+            })
+            .collect::<Result<Vec<_>, RecoveryError>>()?;
+        for (i, (seq, path, map, sealed)) in opened.into_iter().enumerate() {
             let is_last = i + 1 == count;
-            // Records before the mark are all at or below `covered`: not read (they would
-            // only be skipped by the replay).
-            let (map, sealed) = match seal.filter(|_| is_last).map(|s| read_sealed(&path, seq, s, covered)).transpose()?.flatten() {
-                Some((mark, bytes)) => (SegmentBytes::Read(bytes), Some(mark)),
-                None => (SegmentBytes::Mapped(MappedFile::map(&path)?), None),
-            };
             let data = map.as_slice();
             let skipped = sealed.map_or(0, |(_, at)| at - SEGMENT_HEADER_SIZE as u64);
-            if let SegmentBytes::Mapped(mapped) = &map {
-                mapped.will_need(0);
-            }
             let header = SegmentHeader::decode(data);
             out.log_bytes += data.len() as u64 - skipped;
             out.below_checkpoint_bytes += skipped;
