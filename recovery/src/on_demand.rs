@@ -6,9 +6,7 @@
 //! is long enough for its images. Each image's header is checked when it is read, and each
 //! block against its checksum before its bytes reach the heap (an image of version 2, without
 //! block checksums, is read and checked whole). A block read alone costs two 4 KiB reads the
-//! first time in its chunk, the header's (kept) and the block's, in flight together; one
-//! after. They go through the page cache, which drops them once read; the background
-//! loaders' whole images do not.
+//! first time in its chunk (the header, kept, then the block), one after.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -17,7 +15,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use tusk_storage::checkpoint_format::{block_size, image_segment_path, image_size, ChunkEntry, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
-use tusk_storage::io::sync::{drop_cached_range, pread_full, start_reading};
+use tusk_storage::io::sync::pread_full;
 use tusk_storage::io::{open_direct_read, AlignedBuf};
 use tusk_storage::on_demand::{Image, TakeImage};
 use tusk_storage::{ChunkDamage, ChunkSource};
@@ -30,8 +28,6 @@ pub struct ImageSource {
     /// The manifest's segments (ascending epochs) and their files.
     segments: Vec<u64>,
     files: Vec<(PathBuf, std::fs::File)>,
-    /// The same files opened for reads through the page cache.
-    cached: Vec<std::fs::File>,
     /// Per chunk, its image's header once a block of it was read alone (or why it is unusable).
     headers: Box<[OnceLock<Result<ChunkHeader, ChunkDamage>>]>,
 }
@@ -48,7 +44,6 @@ impl ImageSource {
             needed[s] = needed[s].max(c.offset + image);
         }
         let mut files = Vec::with_capacity(segments.len());
-        let mut cached_files = Vec::with_capacity(segments.len());
         for (&epoch, &needed) in segments.iter().zip(&needed) {
             let path = image_segment_path(dir, epoch);
             let file = open_direct_read(&path).map_err(|e| (path.clone(), format!("cannot open: {e}")))?;
@@ -56,12 +51,10 @@ impl ImageSource {
             if needed > len {
                 return Err((path, format!("segment of {len} bytes ends before the images up to {needed}")));
             }
-            let cached = std::fs::File::open(&path).map_err(|e| (path.clone(), format!("cannot open: {e}")))?;
             files.push((path, file));
-            cached_files.push(cached);
         }
         let headers = manifest.chunks.iter().map(|_| OnceLock::new()).collect();
-        Ok(ImageSource { manifest: manifest.clone(), segments, files, cached: cached_files, headers })
+        Ok(ImageSource { manifest: manifest.clone(), segments, files, headers })
     }
 }
 
@@ -79,32 +72,19 @@ impl ChunkSource for ImageSource {
 
     fn read_blocks(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) {
         let entry = &self.manifest.chunks[chunk as usize];
-        let (path, file) = self.cached_file_of(entry);
-        let data_offset = entry.offset + CHUNK_HEADER_SIZE as u64;
-        let end = range.end.min(self.manifest.chunk_size);
-        let header = match self.headers[chunk as usize].get() {
-            Some(header) => header,
-            None => {
-                // The blocks' read starts now and runs beside the header's: the two cost
-                // about one read (0.4 ms one after the other on the device host).
-                start_reading(file.as_raw_fd(), data_offset + range.start, end - range.start);
-                self.headers[chunk as usize].get_or_init(|| self.read_header(chunk))
-            }
-        };
+        let (path, file) = self.file_of(entry);
+        let header = self.headers[chunk as usize].get_or_init(|| self.read_header(chunk));
         let blocks = match header {
             Err(damage) => return take(chunk, Err(damage.clone())),
             // No block checksums: read and check it whole.
             Ok(h) if h.blocks.is_none() => return self.read(&[chunk], take),
             Ok(h) => h.blocks.as_ref().expect("checked above"),
         };
-        with_buffer((end - range.start) as usize, |bytes| {
-            let read = read_exact(file, data_offset + range.start, bytes);
-            // Kept in the heap now: not in the page cache as well.
-            drop_cached_range(file.as_raw_fd(), data_offset + range.start, end - range.start);
-            match read {
-                Ok(()) => take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset })),
-                Err(reason) => take(chunk, Err(self.damage(chunk, data_offset + range.start, reason))),
-            }
+        let data_offset = entry.offset + CHUNK_HEADER_SIZE as u64;
+        let end = range.end.min(self.manifest.chunk_size);
+        with_buffer((end - range.start) as usize, |bytes| match read_exact(file, data_offset + range.start, bytes) {
+            Ok(()) => take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset })),
+            Err(reason) => take(chunk, Err(self.damage(chunk, data_offset + range.start, reason))),
         });
     }
 
@@ -154,21 +134,12 @@ impl ImageSource {
         ChunkDamage { path: self.file_of(entry).0.to_path_buf(), offset, reason, heap: chunk * chunk_size..(chunk + 1) * chunk_size }
     }
 
-    /// The manifest entry's segment as a file read through the page cache (blocks read alone,
-    /// with their header's read beside them).
-    fn cached_file_of(&self, entry: &ChunkEntry) -> (&Path, &std::fs::File) {
-        let s = self.segments.binary_search(&entry.image_epoch).expect("segments come from the manifest");
-        (&self.files[s].0, &self.cached[s])
-    }
-
     /// Reads and checks `chunk`'s image header alone (a block's first read in that chunk).
     fn read_header(&self, chunk: u64) -> Result<ChunkHeader, ChunkDamage> {
         let entry = &self.manifest.chunks[chunk as usize];
-        let (_, file) = self.cached_file_of(entry);
+        let (_, file) = self.file_of(entry);
         with_buffer(CHUNK_HEADER_SIZE, |bytes| {
-            let read = read_exact(file, entry.offset, bytes);
-            drop_cached_range(file.as_raw_fd(), entry.offset, CHUNK_HEADER_SIZE as u64);
-            read
+            read_exact(file, entry.offset, bytes)
                 .and_then(|()| check_header(bytes, chunk, entry, self.manifest.chunk_size))
                 .and_then(|h| match &h.blocks {
                     Some(t) if t.block_size != block_size(self.manifest.chunk_size) => {
