@@ -58,30 +58,44 @@ impl HeapLoader {
         let runs = Arc::new(runs.iter().flat_map(|run| run.chunks(RUN_CHUNKS).map(<[u64]>::to_vec)).collect::<Vec<_>>());
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = cores.clamp(1, MAX_LOADERS).min(runs.len());
-        let next = Arc::new(AtomicUsize::new(0));
-        let mut threads = Vec::with_capacity(count);
-        for i in 0..count {
-            let (engine, stop, runs, next) = (engine.clone(), stop.clone(), runs.clone(), next.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("tusk-load-{i}"))
-                .spawn(move || {
-                    // At the users' priority, pausing only while an access's own load is
-                    // under way: a workload spread over the heap runs at full speed only once
-                    // every chunk is in (on 2 cores, loaders at nice 10 or holding back
-                    // whenever users read took 1.5x as long to bring a 4 GiB heap in beside
-                    // the Hathi workload).
-                    let heap = engine.heap();
-                    hold(&stop, START_GRACE, || true);
-                    while !stop.load(Ordering::Relaxed) {
-                        let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
-                        hold(&stop, MAX_HOLD, || heap.access_loads() > 0);
-                        heap.load_run(run);
-                    }
-                })
-                .map_err(|source| Error::Io { path: "tusk-load thread".into(), source })?;
-            threads.push(thread);
+        if count == 0 {
+            return Ok(HeapLoader { stop, threads: Vec::new() });
         }
-        Ok(HeapLoader { stop, threads })
+        let next = Arc::new(AtomicUsize::new(0));
+        // At the users' priority, pausing only while an access's own load is under way: a
+        // workload spread over the heap runs at full speed only once every chunk is in (on 2
+        // cores, loaders at nice 10 or holding back whenever users read took 1.5x as long to
+        // bring a 4 GiB heap in beside the Hathi workload).
+        let load = {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            move || {
+                let heap = engine.heap();
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
+                    hold(&stop, MAX_HOLD, || heap.access_loads() > 0);
+                    heap.load_run(run);
+                }
+            }
+        };
+        // One thread starts at the open; it starts the others once the grace is over, so
+        // that the open pays for one thread's start, not four.
+        let first_stop = stop.clone();
+        let first = std::thread::Builder::new()
+            .name("tusk-load-0".into())
+            .spawn(move || {
+                hold(&first_stop, START_GRACE, || true);
+                if first_stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let others: Vec<JoinHandle<()>> =
+                    (1..count).filter_map(|i| std::thread::Builder::new().name(format!("tusk-load-{i}")).spawn(load.clone()).ok()).collect();
+                load();
+                for other in others {
+                    let _ = other.join();
+                }
+            })
+            .map_err(|source| Error::Io { path: "tusk-load thread".into(), source })?;
+        Ok(HeapLoader { stop, threads: vec![first] })
     }
 
     /// Stops the loaders (each after its current run) and waits for them.
