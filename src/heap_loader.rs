@@ -21,14 +21,16 @@ const MAX_LOADERS: usize = 4;
 /// enough that a read an access waits for does not queue behind much.
 const RUN_CHUNKS: usize = 4;
 
-/// While an access waits for a chunk's load, loaders hold their next read back, polling this
+/// While an access waits for a block's load, loaders hold their next read back, polling this
 /// often, for at most `MAX_HOLD`. Without it, an access's read could wait for the loaders'
 /// whole sweep: an elevator (mq-deadline) serves requests in disk order, and loaders that
-/// stream ahead of an access's chunk keep putting requests before it, until its 500 ms
+/// stream ahead of an access's block keep putting requests before it, until its 500 ms
 /// deadline (reopens measured 0.25 s to the first read on this 2-core machine, 5 ms without
-/// loaders). The cap keeps loaders going while accesses load one chunk after another.
+/// loaders). The cap keeps loaders going while accesses load one block after another: a
+/// block's read takes a fraction of a millisecond, and with a 20 ms cap a workload missing
+/// blocks all the time held the loaders back for good (a 64 MiB heap came in 2x later).
 const HOLD_POLL: Duration = Duration::from_micros(100);
-const MAX_HOLD: Duration = Duration::from_millis(20);
+const MAX_HOLD: Duration = Duration::from_millis(2);
 
 /// Loaders start reading this long after the open, so that the reads right after it (a
 /// program's first queries) do not queue behind theirs: on the 16-core device host the first

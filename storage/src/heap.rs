@@ -201,7 +201,7 @@ impl Heap {
                         }),
                         _ => {
                             self.fill_absent(range.start, &bytes[..(range.end - range.start) as usize]);
-                            for write in od.deferred_within(chunk, &range) {
+                            for write in od.take_deferred(chunk, block) {
                                 self.apply_deferred(write);
                             }
                             None

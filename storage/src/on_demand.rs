@@ -92,9 +92,14 @@ impl DeferredWrite {
         }
     }
 
-    /// The part of the write that falls in `range`, if any (a word lies in one block whole).
+    /// The part of the write that falls in `range`, if any (a word lies in one block whole;
+    /// an empty write writes nothing anywhere).
     pub fn within(&self, range: &Range<u64>) -> Option<DeferredWrite> {
-        let (from, to) = (self.at().max(range.start), self.end().min(range.end));
+        let written = match self {
+            DeferredWrite::Word { at, .. } => *at..at + 8,
+            DeferredWrite::Bytes { at, bytes } => *at..at + bytes.len() as u64,
+        };
+        let (from, to) = (written.start.max(range.start), written.end.min(range.end));
         if from >= to {
             return None;
         }
@@ -127,7 +132,7 @@ pub(crate) struct OnDemand {
     damage: Mutex<Vec<(u64, ChunkDamage)>>,
     source: Box<dyn ChunkSource>,
     /// Per chunk, the replay's writes to it in LSN order, until all its blocks are in.
-    deferred: Box<[Mutex<Vec<DeferredWrite>>]>,
+    deferred: Box<[Mutex<DeferredChunk>]>,
     /// Loads under way that an access waits for: background loaders hold their next read
     /// back while there are any. A hint for scheduling only, which nothing's correctness
     /// rests on.
@@ -141,6 +146,14 @@ impl Drop for AccessLoad<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A chunk's deferred writes: as the replay left them, then, once a block of the chunk
+/// loads, sorted by block.
+#[derive(Default)]
+struct DeferredChunk {
+    writes: Vec<DeferredWrite>,
+    by_block: Option<Vec<Vec<DeferredWrite>>>,
 }
 
 /// What a claim of a block found.
@@ -186,7 +199,7 @@ impl OnDemand {
             absent: AtomicU64::new(absent),
             damage: Mutex::new(Vec::new()),
             source,
-            deferred: (0..chunks).map(|_| Mutex::new(Vec::new())).collect(),
+            deferred: (0..chunks).map(|_| Mutex::new(DeferredChunk::default())).collect(),
             access_loads: AtomicU64::new(0),
         }
     }
@@ -295,18 +308,41 @@ impl OnDemand {
     /// uses the heap.
     pub(crate) fn defer(&self, chunk: u64, writes: Vec<DeferredWrite>) {
         let mut kept = self.deferred[chunk as usize].lock().expect("deferred writes");
-        if kept.is_empty() {
-            *kept = writes;
+        debug_assert!(kept.by_block.is_none(), "writes are deferred before any block of their chunk loads");
+        if kept.writes.is_empty() {
+            kept.writes = writes;
         } else {
-            kept.extend(writes);
+            kept.writes.extend(writes);
         }
     }
 
-    /// The deferred writes of `chunk` that fall in heap bytes `range`, cut to it, in order
-    /// (a block's loader applies them).
-    pub(crate) fn deferred_within(&self, chunk: u64, range: &Range<u64>) -> Vec<DeferredWrite> {
-        let kept = self.deferred[chunk as usize].lock().expect("deferred writes");
-        kept.iter().filter_map(|w| w.within(range)).collect()
+    /// Takes the deferred writes of `chunk` that fall in block `block` (an id), cut to it, in
+    /// order (its loader applies them). The first take in a chunk sorts all its writes into
+    /// their blocks, once: a chunk's blocks come in one at a time, and a pass over all its
+    /// writes per block made a heap's load 4x slower behind a 16 MiB log.
+    pub(crate) fn take_deferred(&self, chunk: u64, block: u64) -> Vec<DeferredWrite> {
+        let mut kept = self.deferred[chunk as usize].lock().expect("deferred writes");
+        if kept.writes.is_empty() && kept.by_block.is_none() {
+            return Vec::new();
+        }
+        let first = chunk * self.blocks_per_chunk;
+        if kept.by_block.is_none() {
+            let mut by_block: Vec<Vec<DeferredWrite>> = (0..self.blocks_per_chunk).map(|_| Vec::new()).collect();
+            for w in std::mem::take(&mut kept.writes) {
+                let blocks = self.blocks_of(chunk, w.at()..w.end());
+                if blocks.end - blocks.start == 1 {
+                    by_block[(blocks.start - first) as usize].push(w);
+                    continue;
+                }
+                for b in blocks {
+                    if let Some(part) = w.within(&self.block_range(b)) {
+                        by_block[(b - first) as usize].push(part);
+                    }
+                }
+            }
+            kept.by_block = Some(by_block);
+        }
+        std::mem::take(&mut kept.by_block.as_mut().expect("sorted above")[(block - first) as usize])
     }
 
     pub(crate) fn source(&self) -> &dyn ChunkSource {
