@@ -260,3 +260,53 @@ fn snapshots_of_a_heap_with_absent_chunks_see_the_checkpoint() {
         }
     }
 }
+
+/// A store whose images an earlier build wrote in image version 2 (one checksum over the
+/// chunk, no block checksums) reopens on demand to the same state as loaded whole: such an
+/// image is read and checked whole at its first use, and a flipped byte in one still fails
+/// its whole chunk.
+#[test]
+fn images_of_version_2_are_read_whole_on_demand() {
+    use tusk_storage::checkpoint_format::{manifest_path, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
+    fill(&store, p, 0..WORDS, expected);
+    let epoch = store.checkpoint().unwrap().epoch;
+    store.close().unwrap();
+    // Every image rewritten as version 2, each manifest entry's checksum to match.
+    let manifest_file = manifest_path(dir.path(), epoch);
+    let mut manifest = Manifest::decode(&std::fs::read(&manifest_file).unwrap()).unwrap();
+    for (index, entry) in manifest.chunks.iter_mut().enumerate() {
+        let (path, offset, size) = common::image_location(dir.path(), epoch, index as u64);
+        let mut segment = std::fs::read(&path).unwrap();
+        let image = &mut segment[offset as usize..(offset + size) as usize];
+        let v3 = ChunkHeader::decode(image).unwrap();
+        assert!(v3.blocks.is_some(), "this build writes block checksums");
+        let crc = crc32fast::hash(&image[CHUNK_HEADER_SIZE..]);
+        ChunkHeader { crc, blocks: None, ..v3 }.encode_into(image);
+        entry.crc = crc;
+        std::fs::write(&path, &segment).unwrap();
+    }
+    std::fs::write(&manifest_file, manifest.encode()).unwrap();
+    let twin = tempfile::tempdir().unwrap();
+    common::copy_dir(dir.path(), twin.path());
+
+    let lazy = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+    assert_eq!(lazy.recovery_report().heap_load, HeapLoad::OnDemand);
+    let read = read_all(&lazy);
+    assert!(read.iter().enumerate().all(|(i, &w)| w == expected(i as u64)));
+    assert_eq!(read, read_all(&Store::open(twin.path(), options(HeapLoad::Whole, true)).unwrap()));
+    drop(lazy);
+
+    // Damage in a version-2 image is found whole: every word of its chunk fails.
+    let word = WORDS / 2;
+    let (victim, offset) = image_of_word(dir.path(), p, word, epoch);
+    common::flip_byte(&victim, offset + 4096 + 100, 0x10);
+    let lazy = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+    let chunk_start = (p.offset() + 8 * word) / CHUNK * CHUNK;
+    let first_in_chunk = (chunk_start.max(p.offset()) - p.offset()) / 8;
+    for i in [first_in_chunk, word] {
+        assert!(matches!(lazy.transact(Commit::Async, |tx| tx.read_u64_at(p, i * 8)), Err(Error::Corrupt { .. })), "word {i}");
+    }
+}
