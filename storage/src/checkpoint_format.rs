@@ -3,9 +3,12 @@
 //! ```text
 //! DIR/ckpt/seg-EEEEEEEEEE.ckpt            segment: the chunk images checkpoint E wrote,
 //!                                         back to back, each a multiple of 4096 bytes
-//!   per image  block 0  [magic "TUSKCHNK"][version u32][0 u32][chunk index u64][epoch u64]
-//!                       [chunk LSN u64][data length u64][crc32 of data u32][crc32 of the above u32]
-//!                       zeros to 4096 bytes
+//!   per image  block 0  [magic "TUSKCHNK"][version u32 = 3][block size in pages u32]
+//!                       [chunk index u64][epoch u64][chunk LSN u64][data length u64]
+//!                       [crc32 of the block table u32][crc32 of the above u32], zeros to 64,
+//!                       the block table (a crc32 per block of the data), zeros to 4096 bytes
+//!                       (image version 2, still read: [0 u32], the crc32 of all the data,
+//!                       no table)
 //!              then     the chunk's bytes (a multiple of 4096)
 //! DIR/MANIFEST-EEEEEEEEEE                 manifest of checkpoint E
 //!   [magic "TUSKMANF"][version u32][0 u32][epoch u64][chunk size u64][covered bytes u64]
