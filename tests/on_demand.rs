@@ -109,6 +109,17 @@ fn background_loaders_bring_every_chunk_in() {
     assert!(read_all(&store).iter().enumerate().all(|(i, &w)| w == expected(i as u64)));
 }
 
+/// A closed store whose words all hold `expected`, in one checkpoint (its epoch).
+fn closed_after_a_checkpoint() -> (tempfile::TempDir, HeapPtr, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
+    let p = common::alloc_data_root(&store, WORDS * 8);
+    fill(&store, p, 0..WORDS, expected);
+    let epoch = store.checkpoint().unwrap().epoch;
+    store.close().unwrap();
+    (dir, p, epoch)
+}
+
 /// Where the image of the chunk holding word `word` lies in the newest checkpoint.
 fn image_of_word(dir: &Path, p: HeapPtr, word: u64, epoch: u64) -> (std::path::PathBuf, u64) {
     let (path, offset, _) = common::image_location(dir, epoch, (p.offset() + 8 * word) / CHUNK);
@@ -117,12 +128,7 @@ fn image_of_word(dir: &Path, p: HeapPtr, word: u64, epoch: u64) -> (std::path::P
 
 #[test]
 fn damage_found_after_opening_fails_its_block_only_and_checkpoints_keep_its_image() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
-    let p = common::alloc_data_root(&store, WORDS * 8);
-    fill(&store, p, 0..WORDS, expected);
-    let epoch = store.checkpoint().unwrap().epoch;
-    store.close().unwrap();
+    let (dir, p, epoch) = closed_after_a_checkpoint();
     let victim_word = WORDS / 2;
     let (victim, image) = image_of_word(dir.path(), p, victim_word, epoch);
     // The block (a page of the chunk) that holds the word is damaged, and only it.
@@ -268,12 +274,7 @@ fn snapshots_of_a_heap_with_absent_chunks_see_the_checkpoint() {
 #[test]
 fn images_of_version_2_are_read_whole_on_demand() {
     use tusk_storage::checkpoint_format::{manifest_path, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), options(HeapLoad::Whole, true)).unwrap();
-    let p = common::alloc_data_root(&store, WORDS * 8);
-    fill(&store, p, 0..WORDS, expected);
-    let epoch = store.checkpoint().unwrap().epoch;
-    store.close().unwrap();
+    let (dir, p, epoch) = closed_after_a_checkpoint();
     // Every image rewritten as version 2, each manifest entry's checksum to match.
     let manifest_file = manifest_path(dir.path(), epoch);
     let mut manifest = Manifest::decode(&std::fs::read(&manifest_file).unwrap()).unwrap();
