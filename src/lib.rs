@@ -32,6 +32,7 @@
 mod checkpoints;
 mod error;
 mod heap_loader;
+mod log_repairs;
 mod index;
 mod mirror;
 mod options;

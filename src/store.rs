@@ -11,6 +11,7 @@ use tusk_txn::{CheckpointConfig, CheckpointReport, Checkpointer, Commit, Engine,
 
 use crate::checkpoints::CheckpointService;
 use crate::heap_loader::HeapLoader;
+use crate::log_repairs::LogRepairs;
 use crate::prefault::PrefaultService;
 
 use crate::options::{Durability, Options};
@@ -51,6 +52,7 @@ pub struct Store {
     _prefault: PrefaultService,
     /// The same.
     loader: HeapLoader,
+    repairs: LogRepairs,
     dir: PathBuf,
     recovery: RecoveryReport,
     close_checkpoint_above: u64,
@@ -116,7 +118,10 @@ impl Store {
         }
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
         let lock = lock_dir(&dir)?;
-        let (heap, recovery) = tusk_recovery::recover_heap(&dir, options.heap_capacity, true, options.heap_load)?;
+        // The log's repairs (a crash's zeros or torn tail cut off: a journal commit each) are
+        // made beside the store's first moments, not before it opens.
+        let (heap, mut recovery) = tusk_recovery::recover_heap(&dir, options.heap_capacity, false, options.heap_load)?;
+        let repairs = LogRepairs::start(dir.clone(), std::mem::take(&mut recovery.repairs))?;
         let fresh = heap.load_word(MAGIC_OFF) == 0;
         if !fresh {
             check_superblock(&dir, &heap)?;
@@ -130,6 +135,7 @@ impl Store {
                 group_commit_interval: options.group_commit_interval,
                 segment_bytes: segment_bytes(&options),
                 stream_records_from: options.stream_records_from,
+                repairs: repairs.pending(),
             }),
             Durability::Off => None,
         };
@@ -162,7 +168,7 @@ impl Store {
         };
         let prefault = PrefaultService::start(engine.clone(), options.prefault_ahead)?;
         let loader = HeapLoader::start(&engine, options.load_in_background)?;
-        let store = Store { engine, checkpoints, _prefault: prefault, loader, dir, recovery, close_checkpoint_above: options.close_checkpoint_above, _lock: lock };
+        let store = Store { engine, checkpoints, _prefault: prefault, loader, repairs, dir, recovery, close_checkpoint_above: options.close_checkpoint_above, _lock: lock };
         if fresh {
             store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
         }
@@ -289,6 +295,8 @@ impl Store {
 
     fn shut_down(&mut self) -> Result<(), Error> {
         self.loader.stop();
+        // A clean close leaves no zeros after a partition's last flush, the crash's included.
+        self.repairs.join()?;
         let checkpoint = match self.checkpoints.take() {
             Some(mut c) => c.finish(&self.engine, self.close_checkpoint_above),
             None => Ok(()),

@@ -73,6 +73,10 @@ pub struct RecoveryReport {
     pub loaded_whole_because: Option<String>,
     /// Wall time of the whole recovery.
     pub elapsed: Duration,
+    /// What recovery left to change on disk when it was not to repair (torn tails and zeros
+    /// to cut off, headerless segments to remove): `Store::open` makes these changes on a
+    /// thread of their own, and no new log segment is made before they are done.
+    pub repairs: Vec<crate::scan::Repair>,
 }
 
 fn is_void(voids: &[(u64, u64)], lsn: u64) -> Option<u64> {
@@ -312,6 +316,8 @@ pub fn recover(dir: &Path, heap: &Heap, repair: bool, load: HeapLoad) -> Result<
         for r in &scan.repairs {
             r.apply()?;
         }
+    } else {
+        report.repairs = scan.repairs.clone();
     }
     report.checkpoint_load = checkpoint_load;
     report.log_pass = log_pass;

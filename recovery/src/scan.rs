@@ -155,6 +155,15 @@ impl Repair {
             Repair::Remove { path } => std::fs::remove_file(path).map_err(|e| StorageError::io(path, e).into()),
         }
     }
+
+    /// [`Repair::apply`], where the file may have gone meanwhile: a checkpoint that covers a
+    /// segment deletes it, and then there is nothing left to repair.
+    pub fn apply_if_there(&self) -> Result<(), RecoveryError> {
+        match self.apply() {
+            Err(RecoveryError::Storage(StorageError::Io { source, .. })) if source.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
 }
 
 #[derive(Default)]

@@ -19,6 +19,7 @@ pub mod catalog;
 pub mod partition;
 pub mod progress;
 mod segments;
+pub use segments::PendingRepairs;
 mod writer;
 
 use std::path::PathBuf;
@@ -56,6 +57,9 @@ pub struct LogConfig {
     /// A transaction running in place whose record may reach this many bytes writes it to
     /// the log as it is encoded, never holding it whole (see [`LogManager::append_streamed`]).
     pub stream_records_from: u64,
+    /// Repairs of the log's files a reopen after a crash still makes: no segment is made
+    /// before they are done.
+    pub repairs: Option<Arc<segments::PendingRepairs>>,
 }
 
 /// State shared by committers, waiters and the background flusher.
@@ -92,7 +96,7 @@ impl LogManager {
         for p in 0..config.partitions as u32 {
             let backend = tusk_storage::io::open_log_backend(&config.io)
                 .map_err(|e| TxnError::Storage(tusk_storage::StorageError::io(&config.dir, e)))?;
-            let file = segments::SegmentFile::open(&config.dir, p, config.segment_bytes)?;
+            let file = segments::SegmentFile::open(&config.dir, p, config.segment_bytes, config.repairs.clone())?;
             slots.push(PartitionWriter::new(p, file, backend, catalog.clone()));
         }
         let backend_name = slots.first().map_or_else(String::new, |s| s.backend_name());

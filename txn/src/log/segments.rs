@@ -28,8 +28,29 @@ struct OpenSegment {
     marks: Vec<(u64, u64)>,
 }
 
+/// Changes to the log's files that a reopen after a crash left to a thread of its own (the
+/// zeros or torn tail after a partition's last flush cut off, a segment that never got its
+/// header removed): until they are done no new segment is made, since the segment they
+/// change would then no longer be its partition's last, where zeros and a torn tail are
+/// damage. Done: how it went.
+#[derive(Debug, Default)]
+pub struct PendingRepairs(std::sync::OnceLock<Result<(), String>>);
+
+impl PendingRepairs {
+    pub fn finish(&self, result: Result<(), String>) {
+        let _ = self.0.set(result);
+    }
+
+    /// Waits for the repairs; their error, if they failed.
+    pub fn wait(&self) -> Result<(), String> {
+        self.0.wait().clone()
+    }
+}
+
 pub struct SegmentFile {
     dir: PathBuf,
+    /// Repairs a new segment waits for (see [`PendingRepairs`]), until the first one is made.
+    repairs: Option<std::sync::Arc<PendingRepairs>>,
     partition: u32,
     segment_bytes: u64,
     open: Option<OpenSegment>,
@@ -56,9 +77,9 @@ pub fn prepare_log_dir(dir: &Path) -> Result<(), TxnError> {
 
 impl SegmentFile {
     /// New segments of `partition` go after the existing ones (never appended to).
-    pub fn open(dir: &Path, partition: u32, segment_bytes: u64) -> Result<SegmentFile, TxnError> {
+    pub fn open(dir: &Path, partition: u32, segment_bytes: u64, repairs: Option<std::sync::Arc<PendingRepairs>>) -> Result<SegmentFile, TxnError> {
         let next_seq = list_segments(dir, partition)?.last().map_or(1, |(seq, _)| seq + 1);
-        Ok(SegmentFile { dir: dir.to_path_buf(), partition, segment_bytes, open: None, closed: None, next_seq })
+        Ok(SegmentFile { dir: dir.to_path_buf(), repairs, partition, segment_bytes, open: None, closed: None, next_seq })
     }
 
     /// Where the next flush of `len` bytes goes: descriptor, offset, and the segment header
@@ -160,6 +181,9 @@ impl SegmentFile {
     }
 
     fn roll(&mut self) -> Result<(), StorageError> {
+        if let Some(repairs) = self.repairs.take() {
+            repairs.wait().map_err(|reason| StorageError::io(log_dir(&self.dir), std::io::Error::other(format!("the log's repair after a crash failed: {reason}"))))?;
+        }
         self.close_open()?;
         let pdir = partition_dir(&self.dir, self.partition);
         if !pdir.exists() {
