@@ -84,7 +84,11 @@ impl ChunkSource for ImageSource {
         let end = range.end.min(self.manifest.chunk_size);
         with_buffer((end - range.start) as usize, |bytes| match read_exact(file, data_offset + range.start, bytes) {
             Ok(()) => take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset })),
-            Err(reason) => take(chunk, Err(self.damage(chunk, data_offset + range.start, reason))),
+            Err(reason) => {
+                let base = chunk * self.manifest.chunk_size;
+                let damage = ChunkDamage { heap: base + range.start..base + end, ..self.damage(chunk, data_offset + range.start, reason) };
+                take(chunk, Err(damage))
+            }
         });
     }
 

@@ -182,7 +182,13 @@ impl Heap {
         };
         for block in blocks {
             let claimed = mine(block);
-            if !claimed && od.claim(block) != Claim::Won {
+            // Damage marks the blocks it names (a header's: the chunk; a failed read: the
+            // blocks it was for), beyond those the caller claimed.
+            let named = match &image {
+                Err(d) => d.heap.contains(&od.block_range(block).start),
+                Ok(_) => true,
+            };
+            if !claimed && !(named && od.claim(block) == Claim::Won) {
                 continue;
             }
             let range = od.block_range(block);

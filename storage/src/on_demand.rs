@@ -371,6 +371,8 @@ mod tests {
         chunks: u64,
         bad_header: Option<u64>,
         bad_block: Option<u64>,
+        /// Reads of blocks alone in this chunk fail (whole images read).
+        failing_reads: Option<u64>,
         reads: Arc<Vec<AtomicUsize>>,
     }
 
@@ -415,6 +417,10 @@ mod tests {
         }
 
         fn read_blocks(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) {
+            if Some(chunk) == self.failing_reads {
+                let heap = chunk * self.chunk + range.start..chunk * self.chunk + range.end;
+                return take(chunk, Err(ChunkDamage { path: "images".into(), offset: range.start, reason: "read failed".into(), heap }));
+            }
             self.hand(chunk, range, take);
         }
 
@@ -426,7 +432,7 @@ mod tests {
     fn heap_on_demand(chunk: u64, chunks: u64, bad_header: Option<u64>, bad_block: Option<u64>) -> (Heap, Arc<Vec<AtomicUsize>>) {
         let heap = Heap::new(chunks * chunk).unwrap();
         let reads = Arc::new((0..chunks * chunk / PAGE_SIZE).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
-        heap.load_on_demand(chunk, chunks, Box::new(Images { chunk, chunks, bad_header, bad_block, reads: reads.clone() }));
+        heap.load_on_demand(chunk, chunks, Box::new(Images { chunk, chunks, bad_header, bad_block, failing_reads: None, reads: reads.clone() }));
         (heap, reads)
     }
 
@@ -487,7 +493,10 @@ mod tests {
             assert!(heap.load_all().is_err() == bad_header.is_some());
             assert_eq!(heap.absent_chunks(), 0);
             assert_eq!(heap.is_pending(), bad_header.is_some(), "checks stop once every block is in");
-            assert!(reads.iter().all(|r| (1..=2).contains(&r.load(Ordering::Relaxed))), "each block read once or twice");
+            // A chunk whose header fails is damaged whole by its first read, alone or whole.
+            let blocks_per_chunk = (CHUNK / PAGE_SIZE) as usize;
+            let read_once_or_twice = |(b, r): (usize, &AtomicUsize)| Some((b / blocks_per_chunk) as u64) == bad_header || (1..=2).contains(&r.load(Ordering::Relaxed));
+            assert!(reads.iter().enumerate().all(read_once_or_twice), "each block read once or twice");
             assert_eq!(heap.damaged_chunks().len(), usize::from(bad_header.is_some()) * 4 + usize::from(bad_block.is_some()));
             for off in (0..CHUNKS * CHUNK).step_by(8) {
                 if damaged(off) {
@@ -496,6 +505,24 @@ mod tests {
                     assert_eq!(heap.load_word(off), want(off), "word at {off}");
                 }
             }
+        }
+    }
+
+    /// A failed read of blocks alone damages those blocks, not their chunk: the rest of it
+    /// comes in with the loaders' whole image.
+    #[cfg(not(loom))]
+    #[test]
+    fn a_failed_block_read_damages_its_blocks_only() {
+        let heap = Heap::new(2 * CHUNK).unwrap();
+        let reads = Arc::new((0..2 * CHUNK / PAGE_SIZE).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+        heap.load_on_demand(CHUNK, 2, Box::new(Images { chunk: CHUNK, chunks: 2, bad_header: None, bad_block: None, failing_reads: Some(1), reads }));
+        let err = heap.ready(CHUNK + PAGE_SIZE + 8, 8).unwrap_err();
+        assert_eq!(err.heap, CHUNK + PAGE_SIZE..CHUNK + 2 * PAGE_SIZE);
+        assert!(heap.load_all().is_err());
+        assert_eq!(heap.damaged_chunks().len(), 1);
+        for b in [0, 2, 3] {
+            heap.ready(CHUNK + b * PAGE_SIZE, 8).unwrap();
+            assert_eq!(heap.load_word(CHUNK + b * PAGE_SIZE), word_of(1, b * PAGE_SIZE / 8));
         }
     }
 
@@ -523,7 +550,7 @@ mod tests {
     fn blocks_past_the_heap_end_count_as_in() {
         let heap = Heap::new(2 * CHUNK + 2 * PAGE_SIZE).unwrap();
         let reads = Arc::new((0..3 * CHUNK / PAGE_SIZE).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
-        heap.load_on_demand(CHUNK, 3, Box::new(Images { chunk: CHUNK, chunks: 3, bad_header: None, bad_block: None, reads: reads.clone() }));
+        heap.load_on_demand(CHUNK, 3, Box::new(Images { chunk: CHUNK, chunks: 3, bad_header: None, bad_block: None, failing_reads: None, reads: reads.clone() }));
         assert_eq!(heap.absent_chunks(), 3);
         heap.ready(2 * CHUNK, 2 * PAGE_SIZE).unwrap();
         assert_eq!(heap.absent_chunks(), 2, "the last chunk's two blocks in the heap are all it has");
