@@ -188,7 +188,8 @@ impl Heap {
                 Err(d) => d.heap.contains(&od.block_range(block).start),
                 Ok(_) => true,
             };
-            if !claimed && !(named && od.claim(block) == Claim::Won) {
+            let ours = claimed || (named && od.claim(block) == Claim::Won);
+            if !ours {
                 continue;
             }
             let range = od.block_range(block);
