@@ -46,6 +46,17 @@ fn hold(stop: &AtomicBool, most: Duration, busy: impl Fn() -> bool) {
     }
 }
 
+/// Threads joined when dropped.
+struct JoinAll(Vec<JoinHandle<()>>);
+
+impl Drop for JoinAll {
+    fn drop(&mut self) {
+        for thread in self.0.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 pub(crate) struct HeapLoader {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -89,12 +100,12 @@ impl HeapLoader {
                 if first_stop.load(Ordering::Relaxed) {
                     return;
                 }
-                let others: Vec<JoinHandle<()>> =
-                    (1..count).filter_map(|i| std::thread::Builder::new().name(format!("tusk-load-{i}")).spawn(load.clone()).ok()).collect();
+                // Joined however this thread's own loading ends, a panic included: `stop`
+                // returns only once no loader runs.
+                let _others = JoinAll(
+                    (1..count).filter_map(|i| std::thread::Builder::new().name(format!("tusk-load-{i}")).spawn(load.clone()).ok()).collect(),
+                );
                 load();
-                for other in others {
-                    let _ = other.join();
-                }
             })
             .map_err(|source| Error::Io { path: "tusk-load thread".into(), source })?;
         Ok(HeapLoader { stop, threads: vec![first] })

@@ -295,14 +295,16 @@ impl Store {
 
     fn shut_down(&mut self) -> Result<(), Error> {
         self.loader.stop();
-        // A clean close leaves no zeros after a partition's last flush, the crash's included.
-        self.repairs.join()?;
+        // A clean close leaves no zeros after a partition's last flush, the crash's included;
+        // a failed repair is reported once the rest is closed.
+        let repaired = self.repairs.join();
         let checkpoint = match self.checkpoints.take() {
             Some(mut c) => c.finish(&self.engine, self.close_checkpoint_above),
             None => Ok(()),
         };
         self.engine.close()?;
-        checkpoint
+        checkpoint?;
+        repaired
     }
 
     /// Stops the store as a crash would: what is not yet durable is lost. For tests.

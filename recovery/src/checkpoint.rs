@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::os::fd::AsRawFd;
 
 use tusk_storage::checkpoint_format::{
-    image_segment_path, image_size, list_manifests, ChunkEntry, ChunkHeader, Manifest, ManifestError, CHECKPOINT_VERSION,
+    block_size, image_segment_path, image_size, list_manifests, ChunkEntry, ChunkHeader, Manifest, ManifestError, CHECKPOINT_VERSION,
     CHUNK_HEADER_SIZE,
 };
 
@@ -341,6 +341,9 @@ pub(crate) fn check_header(bytes: &[u8], index: u64, entry: &ChunkEntry, chunk_s
     }
     if header.crc != entry.crc {
         return Err("chunk image checksum mismatch (header and manifest differ)".into());
+    }
+    if let Some(t) = header.blocks.as_ref().filter(|t| t.block_size != block_size(chunk_size)) {
+        return Err(format!("blocks of {} bytes, this build reads blocks of {}", t.block_size, block_size(chunk_size)));
     }
     Ok(header)
 }

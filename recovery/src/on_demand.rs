@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use tusk_storage::checkpoint_format::{block_size, image_segment_path, image_size, ChunkEntry, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
+use tusk_storage::checkpoint_format::{image_segment_path, image_size, ChunkEntry, ChunkHeader, Manifest, CHUNK_HEADER_SIZE};
 use tusk_storage::io::sync::pread_full;
 use tusk_storage::io::{open_direct_read, AlignedBuf};
 use tusk_storage::on_demand::{Image, TakeImage};
@@ -73,7 +73,18 @@ impl ChunkSource for ImageSource {
     fn read_blocks(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) {
         let entry = &self.manifest.chunks[chunk as usize];
         let (path, file) = self.file_of(entry);
-        let header = self.headers[chunk as usize].get_or_init(|| self.read_header(chunk));
+        let base = chunk * self.manifest.chunk_size;
+        let end = range.end.min(self.manifest.chunk_size);
+        let header = match self.headers[chunk as usize].get() {
+            Some(header) => header,
+            None => match self.read_header(chunk) {
+                // Kept, and so is a header that fails its checks: it fails every block.
+                Ok(header) => self.headers[chunk as usize].get_or_init(|| Ok(header)),
+                Err(HeaderError::Damaged(damage)) => self.headers[chunk as usize].get_or_init(|| Err(damage)),
+                // Not kept: the blocks asked for fail, and a later read of others tries again.
+                Err(HeaderError::Unread(damage)) => return take(chunk, Err(ChunkDamage { heap: base + range.start..base + end, ..damage })),
+            },
+        };
         let blocks = match header {
             Err(damage) => return take(chunk, Err(damage.clone())),
             // No block checksums: read and check it whole.
@@ -81,11 +92,9 @@ impl ChunkSource for ImageSource {
             Ok(h) => h.blocks.as_ref().expect("checked above"),
         };
         let data_offset = entry.offset + CHUNK_HEADER_SIZE as u64;
-        let end = range.end.min(self.manifest.chunk_size);
         with_buffer((end - range.start) as usize, |bytes| match read_exact(file, data_offset + range.start, bytes) {
             Ok(()) => take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset })),
             Err(reason) => {
-                let base = chunk * self.manifest.chunk_size;
                 let damage = ChunkDamage { heap: base + range.start..base + end, ..self.damage(chunk, data_offset + range.start, reason) };
                 take(chunk, Err(damage))
             }
@@ -125,6 +134,12 @@ fn read_exact(file: &std::fs::File, offset: u64, bytes: &mut [u8]) -> Result<(),
     }
 }
 
+/// Why an image's header could not be had: its read failed, or it failed its checks.
+enum HeaderError {
+    Unread(ChunkDamage),
+    Damaged(ChunkDamage),
+}
+
 impl ImageSource {
     fn file_of(&self, entry: &ChunkEntry) -> (&Path, &std::fs::File) {
         let (path, file) = &self.files[self.segments.binary_search(&entry.image_epoch).expect("segments come from the manifest")];
@@ -139,19 +154,13 @@ impl ImageSource {
     }
 
     /// Reads and checks `chunk`'s image header alone (a block's first read in that chunk).
-    fn read_header(&self, chunk: u64) -> Result<ChunkHeader, ChunkDamage> {
+    fn read_header(&self, chunk: u64) -> Result<ChunkHeader, HeaderError> {
         let entry = &self.manifest.chunks[chunk as usize];
         let (_, file) = self.file_of(entry);
+        let damage = |reason: String| self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}"));
         with_buffer(CHUNK_HEADER_SIZE, |bytes| {
-            read_exact(file, entry.offset, bytes)
-                .and_then(|()| check_header(bytes, chunk, entry, self.manifest.chunk_size))
-                .and_then(|h| match &h.blocks {
-                    Some(t) if t.block_size != block_size(self.manifest.chunk_size) => {
-                        Err(format!("blocks of {} bytes, this build reads blocks of {}", t.block_size, block_size(self.manifest.chunk_size)))
-                    }
-                    _ => Ok(h),
-                })
-                .map_err(|reason| self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}")))
+            read_exact(file, entry.offset, bytes).map_err(|reason| HeaderError::Unread(damage(reason)))?;
+            check_header(bytes, chunk, entry, self.manifest.chunk_size).map_err(|reason| HeaderError::Damaged(damage(reason)))
         })
     }
 

@@ -158,10 +158,11 @@ impl Heap {
 
     /// Reads the blocks `won` (claimed by the caller, ascending, of `chunk`) and settles them.
     fn load_blocks(&self, od: &OnDemand, chunk: u64, won: &[u64]) {
-        let (first, last) = (od.block_range(won[0]), od.block_range(won[won.len() - 1]));
+        // To the last block's end in the image, past the heap's end too: its checksum covers it.
+        let (first, last) = (od.block_range(won[0]).start, od.block_image_end(won[won.len() - 1]));
         let base = chunk * od.chunk_size;
         let mut settled = 0;
-        od.source().read_blocks(chunk, first.start - base..last.end - base, &mut |c, image| {
+        od.source().read_blocks(chunk, first - base..last - base, &mut |c, image| {
             debug_assert_eq!(c, chunk);
             settled += self.settle_blocks(od, chunk, image, |b| won.binary_search(&b).is_ok());
         });

@@ -241,6 +241,14 @@ impl OnDemand {
         chunk * self.blocks_per_chunk..(chunk + 1) * self.blocks_per_chunk
     }
 
+    /// Where block `id` ends in its chunk's image (a block past the heap's end included):
+    /// what a read must take for the block's checksum.
+    pub(crate) fn block_image_end(&self, id: u64) -> u64 {
+        let chunk_start = id / self.blocks_per_chunk * self.chunk_size;
+        let start = chunk_start + id % self.blocks_per_chunk * self.block_size;
+        (start + self.block_size).min(chunk_start + self.chunk_size)
+    }
+
     /// The heap bytes of block `id` (up to the heap's end).
     pub(crate) fn block_range(&self, id: u64) -> Range<u64> {
         let start = id / self.blocks_per_chunk * self.chunk_size + id % self.blocks_per_chunk * self.block_size;
@@ -308,7 +316,8 @@ impl OnDemand {
     /// uses the heap.
     pub(crate) fn defer(&self, chunk: u64, writes: Vec<DeferredWrite>) {
         let mut kept = self.deferred[chunk as usize].lock().expect("deferred writes");
-        debug_assert!(kept.by_block.is_none(), "writes are deferred before any block of their chunk loads");
+        // Writes kept after the chunk's writes were sorted into blocks would be lost.
+        assert!(kept.by_block.is_none(), "writes are deferred before any block of their chunk loads");
         if kept.writes.is_empty() {
             kept.writes = writes;
         } else {
@@ -506,6 +515,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Blocks of two pages (chunks over 4 MiB) and a heap that ends inside a block: the block
+    /// is read to its end in the image, where its checksum ends, and copied up to the heap's.
+    #[cfg(not(loom))]
+    #[test]
+    fn a_block_the_heap_ends_inside_checks_against_all_its_image() {
+        let chunk = (crate::checkpoint_format::MAX_BLOCKS + 1) * PAGE_SIZE;
+        assert_eq!(crate::checkpoint_format::block_size(chunk), 2 * PAGE_SIZE);
+        let heap = Heap::new(3 * PAGE_SIZE).unwrap();
+        let reads = Arc::new((0..chunk / PAGE_SIZE).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+        heap.load_on_demand(chunk, 1, Box::new(Images { chunk, chunks: 1, bad_header: None, bad_block: None, failing_reads: None, reads }));
+        heap.ready(2 * PAGE_SIZE, 8).unwrap();
+        assert_eq!(heap.load_word(2 * PAGE_SIZE), word_of(0, 2 * PAGE_SIZE / 8));
+        heap.ready(0, 8).unwrap();
+        assert!(!heap.is_pending(), "both blocks in the heap are in");
     }
 
     /// A failed read of blocks alone damages those blocks, not their chunk: the rest of it

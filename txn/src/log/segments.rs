@@ -181,8 +181,10 @@ impl SegmentFile {
     }
 
     fn roll(&mut self) -> Result<(), StorageError> {
-        if let Some(repairs) = self.repairs.take() {
+        if let Some(repairs) = &self.repairs {
+            // Kept until they succeeded: a later roll must not pass a failed repair by.
             repairs.wait().map_err(|reason| StorageError::io(log_dir(&self.dir), std::io::Error::other(format!("the log's repair after a crash failed: {reason}"))))?;
+            self.repairs = None;
         }
         self.close_open()?;
         let pdir = partition_dir(&self.dir, self.partition);
