@@ -30,7 +30,8 @@ use crate::StorageError;
 
 /// Bytes between a segment's marks, at least: a reopen reads up to this much of each
 /// partition's last segment that the checkpoint holds already (16 partitions on 16 cores).
-pub const SEAL_MARK_STEP: u64 = 256 << 10;
+/// A 64 MiB segment keeps 1,024 marks, 16 KiB of seal.
+pub const SEAL_MARK_STEP: u64 = 64 << 10;
 
 /// The end of a segment a seal checks: its last flush's last block.
 pub const SEAL_TAIL: usize = 4096;

@@ -28,6 +28,15 @@ pub fn pwrite_all(fd: RawFd, mut offset: u64, mut data: &[u8]) -> std::io::Resul
     Ok(())
 }
 
+/// Starts reading `len` bytes at `offset` of `fd` into the page cache and returns without
+/// waiting for them (`posix_fadvise` WILLNEED): a read of them that follows finds them there
+/// or on their way. Advice only: where the kernel declines, the read reads them itself.
+pub fn start_reading(fd: RawFd, offset: u64, len: u64) {
+    // SAFETY: posix_fadvise touches no memory of ours; any descriptor and range are valid
+    // arguments (a bad one is an error return, ignored).
+    unsafe { libc::posix_fadvise(fd, offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED) };
+}
+
 /// Fills `buf` from `offset` of `fd`; returns how many bytes were read (less only at the
 /// end of the file). Retries short reads and EINTR.
 pub fn pread_full(fd: RawFd, mut offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
