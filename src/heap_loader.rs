@@ -32,18 +32,31 @@ const RUN_CHUNKS: usize = 4;
 const HOLD_POLL: Duration = Duration::from_micros(100);
 const MAX_HOLD: Duration = Duration::from_millis(2);
 
+/// Once a hold runs out (accesses loaded blocks for all of `MAX_HOLD`: a workload that misses
+/// all the time), a loader reads this many runs (64 MiB) without holding. Such a workload
+/// reaches full speed only once the loaders have brought nearly every block in, and a hold
+/// before each 4 MiB run took its share of their rate: on the 16-core device host, Hathi over
+/// a 4 GiB heap reached full speed at 1.06x and 1.30x a sequential read with holds before
+/// every run, 0.89x and 1.02x without any, in one call.
+const RUNS_WITHOUT_HOLD: usize = 16;
+
 /// Loaders start reading this long after the open, so that the reads right after it (a
 /// program's first queries) do not queue behind theirs: on the 16-core device host the first
 /// read after a reopen took 7–15 ms behind four 4 MiB loader reads in flight. A few
 /// milliseconds of the seconds that bringing a heap in takes.
 const START_GRACE: Duration = Duration::from_millis(10);
 
-/// Sleeps while `busy` says so, for at most `most`, or until the loaders stop.
-fn hold(stop: &AtomicBool, most: Duration, busy: impl Fn() -> bool) {
+/// Sleeps while `busy` says so, for at most `most`, or until the loaders stop. Returns
+/// whether it slept all of `most`.
+fn hold(stop: &AtomicBool, most: Duration, busy: impl Fn() -> bool) -> bool {
     let since = Instant::now();
-    while busy() && since.elapsed() < most && !stop.load(Ordering::Relaxed) {
+    while busy() && !stop.load(Ordering::Relaxed) {
+        if since.elapsed() >= most {
+            return true;
+        }
         std::thread::sleep(HOLD_POLL);
     }
+    false
 }
 
 /// Threads joined when dropped.
@@ -83,9 +96,14 @@ impl HeapLoader {
             let (engine, stop) = (engine.clone(), stop.clone());
             move || {
                 let heap = engine.heap();
+                let mut unheld = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
-                    hold(&stop, MAX_HOLD, || heap.access_loads() > 0);
+                    if unheld > 0 {
+                        unheld -= 1;
+                    } else if hold(&stop, MAX_HOLD, || heap.access_loads() > 0) {
+                        unheld = RUNS_WITHOUT_HOLD;
+                    }
                     heap.load_run(run);
                 }
             }
@@ -123,5 +141,27 @@ impl HeapLoader {
 impl Drop for HeapLoader {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hold says whether it ran out, which is what turns a loader's holds off for a while.
+    #[test]
+    fn a_hold_reports_whether_it_ran_out() {
+        let stop = AtomicBool::new(false);
+        let most = Duration::from_millis(3);
+        let since = Instant::now();
+        assert!(hold(&stop, most, || true), "busy all along: ran out");
+        assert!(since.elapsed() >= most);
+        assert!(!hold(&stop, Duration::from_secs(60), || false), "not busy: no wait");
+        let polls = std::sync::atomic::AtomicUsize::new(0);
+        assert!(!hold(&stop, Duration::from_secs(60), || polls.fetch_add(1, Ordering::Relaxed) < 3), "busy no more before the cap");
+        stop.store(true, Ordering::Relaxed);
+        let since = Instant::now();
+        assert!(!hold(&stop, Duration::from_secs(60), || true), "stopped: returns at once");
+        assert!(since.elapsed() < Duration::from_secs(1));
     }
 }
