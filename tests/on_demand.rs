@@ -177,6 +177,43 @@ fn damage_found_after_opening_fails_its_block_only_and_checkpoints_keep_its_imag
     assert_eq!(store.transact(Commit::Async, |tx| tx.read_u64_at(p, outside * 8)).unwrap().0, 42);
 }
 
+/// A damaged image header found at a chunk's first use, whether that use reads the header
+/// with its block (a block near the image's start) or alone (a block further in), fails every
+/// block of the chunk, naming the header's offset; other chunks serve.
+#[test]
+fn a_damaged_header_fails_its_chunk_whether_read_with_a_block_or_alone() {
+    let (dir, p, epoch) = closed_after_a_checkpoint();
+    let chunk_of = |i: u64| (p.offset() + 8 * i) / CHUNK;
+    let word_at = |chunk: u64, block: u64| (chunk * CHUNK + block * 4096 - p.offset()) / 8;
+    let (near, far) = (chunk_of(WORDS / 4), chunk_of(WORDS / 2));
+    assert!(near != far && chunk_of(0) < near && far < chunk_of(WORDS - 1));
+    let mut headers = Vec::new();
+    for chunk in [near, far] {
+        let (path, offset, _) = common::image_location(dir.path(), epoch, chunk);
+        // A byte of the header's epoch field: the header no longer matches the manifest.
+        common::flip_byte(&path, offset + 24, 0x40);
+        headers.push((path, offset));
+    }
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+    assert_eq!(store.recovery_report().heap_load, HeapLoad::OnDemand);
+    let read = |i: u64| store.transact(Commit::Async, |tx| tx.read_u64_at(p, i * 8)).map(|(w, _)| w);
+    // `near` is first used at its second block (read with the header), `far` at its last
+    // (the header read alone first); then each at the other end.
+    for (k, (chunk, first, then)) in [(near, 1, 15), (far, 15, 1)].into_iter().enumerate() {
+        for block in [first, then] {
+            match read(word_at(chunk, block)) {
+                Err(Error::Corrupt { kind: FileKind::CheckpointImage, path, offset: Some(at), .. }) => {
+                    assert_eq!((path, at), headers[k].clone(), "chunk {chunk} block {block}");
+                }
+                other => panic!("chunk {chunk} block {block}: expected Corrupt, got {other:?}"),
+            }
+        }
+    }
+    for i in [0, WORDS / 8, 3 * WORDS / 4, WORDS - 1] {
+        assert_eq!(read(i).unwrap(), expected(i), "word {i}");
+    }
+}
+
 #[test]
 fn damage_met_while_opening_loads_whole_and_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

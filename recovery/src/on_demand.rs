@@ -6,7 +6,8 @@
 //! is long enough for its images. Each image's header is checked when it is read, and each
 //! block against its checksum before its bytes reach the heap (an image of version 2, without
 //! block checksums, is read and checked whole). A block read alone costs two 4 KiB reads the
-//! first time in its chunk (the header, kept, then the block), one after.
+//! first time in its chunk (the header, kept, then the block), one after; near the image's
+//! start (`WITH_HEADER_WITHIN`) the first time is one read of both.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,9 @@ impl ChunkSource for ImageSource {
         let (path, file) = self.file_of(entry);
         let base = chunk * self.manifest.chunk_size;
         let end = range.end.min(self.manifest.chunk_size);
+        if self.headers[chunk as usize].get().is_none() && CHUNK_HEADER_SIZE as u64 + end <= WITH_HEADER_WITHIN {
+            return self.read_with_header(chunk, range.start..end, take);
+        }
         let header = match self.headers[chunk as usize].get() {
             Some(header) => header,
             None => match self.read_header(chunk) {
@@ -105,6 +109,12 @@ impl ChunkSource for ImageSource {
         plan_runs(&self.manifest, &self.segments).into_iter().map(|r| r.chunks).collect()
     }
 }
+
+/// Blocks read alone that end this near their image's start (its first bytes) are read in
+/// one read with the image's header, where it is not kept yet: a chunk's first use then costs
+/// one read, not two — the superblock's blocks at every open among them. A read's time on a
+/// disk hardly grows over these few pages.
+const WITH_HEADER_WITHIN: u64 = 64 << 10;
 
 thread_local! {
     /// Each reading thread's buffer, kept (the largest run it read, 8 MiB at most for a
@@ -162,6 +172,43 @@ impl ImageSource {
             read_exact(file, entry.offset, bytes).map_err(|reason| HeaderError::Unread(damage(reason)))?;
             check_header(bytes, chunk, entry, self.manifest.chunk_size).map_err(|reason| HeaderError::Damaged(damage(reason)))
         })
+    }
+
+    /// Reads `chunk`'s image from its start to the end of `range` (of its data), keeps its
+    /// header as [`ChunkSource::read_blocks`] does and hands the blocks over; an image without
+    /// block checksums is read again whole.
+    fn read_with_header(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) {
+        let entry = &self.manifest.chunks[chunk as usize];
+        let (path, file) = self.file_of(entry);
+        let base = chunk * self.manifest.chunk_size;
+        let data_offset = entry.offset + CHUNK_HEADER_SIZE as u64;
+        let damage = |reason: String| self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}"));
+        let read_whole = with_buffer(CHUNK_HEADER_SIZE + range.end as usize, |bytes| {
+            if let Err(reason) = read_exact(file, entry.offset, bytes) {
+                // Not kept, as a header read alone that fails: the blocks asked for fail.
+                take(chunk, Err(ChunkDamage { heap: base + range.start..base + range.end, ..damage(reason) }));
+                return false;
+            }
+            let (header, data) = bytes.split_at(CHUNK_HEADER_SIZE);
+            let kept = match check_header(header, chunk, entry, self.manifest.chunk_size) {
+                Ok(header) => self.headers[chunk as usize].get_or_init(|| Ok(header)),
+                Err(reason) => self.headers[chunk as usize].get_or_init(|| Err(damage(reason))),
+            };
+            match kept {
+                Err(damage) => take(chunk, Err(damage.clone())),
+                Ok(h) => match h.blocks.as_ref() {
+                    None => return true,
+                    Some(blocks) => {
+                        let bytes = &data[range.start as usize..];
+                        take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset }))
+                    }
+                },
+            }
+            false
+        });
+        if read_whole {
+            self.read(&[chunk], take);
+        }
     }
 
     /// Reads `run`'s images into `bytes` and hands each to `take`, its header checked (and
