@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod checkpoint;
 pub mod error;
+mod merge;
 pub mod on_demand;
 pub mod replay;
 pub mod scan;

@@ -122,6 +122,11 @@ const FLAG_BITS: u32 = 7;
 const _: () = assert!((FLAG_PARTITION | FLAG_MARKER) & !FLAG_BITS == 0);
 
 impl RecordRef {
+    #[cfg(test)]
+    pub(crate) fn for_test(lsn: u64, segment: u32) -> RecordRef {
+        RecordRef { lsn, segment, offset_flags: 0 }
+    }
+
     fn new(lsn: u64, segment: u32, offset: u32, flags: u32) -> RecordRef {
         assert!(offset & FLAG_BITS == 0 && flags & !FLAG_BITS == 0, "records are 8-aligned and have 2 flags");
         RecordRef { lsn, segment, offset_flags: offset | flags }
@@ -196,24 +201,10 @@ impl Scan {
         self.partitions.iter().map(Vec::len).sum()
     }
 
-    /// Every record in ascending LSN order: a merge of the partitions' runs. Each step
-    /// compares the partitions' next LSNs (there are about as many partitions as cores),
-    /// cheaper than a heap's pop and push: the merge is a serial step of every recovery.
+    /// Every record in ascending LSN order (records of one LSN side by side, in partition
+    /// order): the partitions' runs placed by LSN, a window at a time (see `merge.rs`).
     pub fn merged(&self) -> impl Iterator<Item = RecordRef> + '_ {
-        let mut next = vec![0usize; self.partitions.len()];
-        std::iter::from_fn(move || {
-            let mut lowest: Option<(usize, u64)> = None;
-            for (p, records) in self.partitions.iter().enumerate() {
-                if let Some(r) = records.get(next[p]) {
-                    if lowest.is_none_or(|(_, lsn)| r.lsn < lsn) {
-                        lowest = Some((p, r.lsn));
-                    }
-                }
-            }
-            let (p, _) = lowest?;
-            next[p] += 1;
-            Some(self.partitions[p][next[p] - 1])
-        })
+        crate::merge::by_lsn(&self.partitions)
     }
 }
 
