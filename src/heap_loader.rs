@@ -32,13 +32,16 @@ const RUN_CHUNKS: usize = 4;
 const HOLD_POLL: Duration = Duration::from_micros(100);
 const MAX_HOLD: Duration = Duration::from_millis(2);
 
-/// Once a hold runs out (accesses loaded blocks for all of `MAX_HOLD`: a workload that misses
-/// all the time), a loader reads this many runs (64 MiB) without holding. Such a workload
-/// reaches full speed only once the loaders have brought nearly every block in, and a hold
-/// before each 4 MiB run took its share of their rate: on the 16-core device host, Hathi over
-/// a 4 GiB heap reached full speed at 1.06x and 1.30x a sequential read with holds before
-/// every run, 0.89x and 1.02x without any, in one call.
+/// Once `RUN_OUTS_TO_STOP_HOLDING` holds in a row run out (accesses loaded blocks for all of
+/// `MAX_HOLD` each time: a workload that misses all the time), a loader reads this many runs
+/// (64 MiB) without holding. Such a workload reaches full speed only once the loaders have
+/// brought nearly every block in, and a hold before each 4 MiB run took its share of their
+/// rate: on the 16-core device host, Hathi over a 4 GiB heap reached full speed at 1.06x and
+/// 1.30x a sequential read with holds before every run, 0.89x and 1.02x without any, in one
+/// call. One hold running out is not enough: a single query reading block after block for
+/// more than 2 ms would otherwise turn holds off for the reads after it.
 const RUNS_WITHOUT_HOLD: usize = 16;
+const RUN_OUTS_TO_STOP_HOLDING: usize = 2;
 
 /// Loaders start reading this long after the open, so that the reads right after it (a
 /// program's first queries) do not queue behind theirs: on the 16-core device host the first
@@ -96,13 +99,18 @@ impl HeapLoader {
             let (engine, stop) = (engine.clone(), stop.clone());
             move || {
                 let heap = engine.heap();
-                let mut unheld = 0;
+                let (mut unheld, mut run_outs) = (0, 0);
                 while !stop.load(Ordering::Relaxed) {
                     let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
                     if unheld > 0 {
                         unheld -= 1;
                     } else if hold(&stop, MAX_HOLD, || heap.access_loads() > 0) {
-                        unheld = RUNS_WITHOUT_HOLD;
+                        run_outs += 1;
+                        if run_outs == RUN_OUTS_TO_STOP_HOLDING {
+                            (unheld, run_outs) = (RUNS_WITHOUT_HOLD, 0);
+                        }
+                    } else {
+                        run_outs = 0;
                     }
                     heap.load_run(run);
                 }

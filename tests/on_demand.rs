@@ -214,6 +214,29 @@ fn a_damaged_header_fails_its_chunk_whether_read_with_a_block_or_alone() {
     }
 }
 
+/// A failed read of a header with its first blocks is read again apart: the damage names
+/// the blocks' offset where they are what fails (the header is fine and kept).
+#[test]
+fn a_failed_read_of_a_header_with_its_blocks_names_what_failed() {
+    let (dir, p, epoch) = closed_after_a_checkpoint();
+    let chunk = (p.offset() + 8 * (WORDS / 4)) / CHUNK;
+    let (path, image, _) = common::image_location(dir.path(), epoch, chunk);
+    let store = Store::open(dir.path(), options(HeapLoad::OnDemand, false)).unwrap();
+    // The segment now ends after the chunk's header and its first block.
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(image + 2 * 4096).unwrap();
+    let word = (chunk * CHUNK + 4096 - p.offset()) / 8;
+    match store.transact(Commit::Async, |tx| tx.read_u64_at(p, word * 8)) {
+        Err(Error::Corrupt { kind: FileKind::CheckpointImage, path: at_path, offset: Some(at), reason, .. }) => {
+            assert_eq!((at_path, at), (path.clone(), image + 2 * 4096), "{reason}");
+            assert!(reason.contains("short read"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // The header was read and kept, the first block is whole: it serves.
+    let first = (chunk * CHUNK - p.offset()) / 8;
+    assert_eq!(store.transact(Commit::Async, |tx| tx.read_u64_at(p, first * 8)).unwrap().0, expected(first));
+}
+
 #[test]
 fn damage_met_while_opening_loads_whole_and_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

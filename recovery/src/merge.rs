@@ -96,12 +96,13 @@ impl<'a> Windows<'a> {
         let Some(start) = self.partitions.iter().zip(&self.next).filter_map(|(records, &i)| records.get(i)).map(|r| r.lsn).min() else {
             return false;
         };
-        let end = start.saturating_add(WINDOW as u64);
         debug_assert!(self.slots.iter().all(Option::is_none), "a window is read out before the next is placed");
         self.twins.clear();
         self.twin_at = 0;
         for (records, i) in self.partitions.iter().zip(&mut self.next) {
-            while let Some(&r) = records.get(*i).filter(|r| r.lsn < end) {
+            // `r.lsn - start`, not `r.lsn < start + WINDOW`: a window starting within
+            // WINDOW of u64::MAX would end below its own records and never place them.
+            while let Some(&r) = records.get(*i).filter(|r| r.lsn - start < WINDOW as u64) {
                 let slot = &mut self.slots[(r.lsn - start) as usize];
                 match slot {
                     Some(_) => self.twins.push(r),
@@ -191,6 +192,20 @@ mod tests {
             parts.extend((0..COMPARE_UP_TO).map(|_| Vec::new()));
             prop_assert_eq!(by_lsn(&parts).collect::<Vec<_>>(), compared);
         }
+    }
+
+    /// The last LSNs a u64 holds, in more partitions than the comparison takes.
+    #[test]
+    fn windows_reach_the_largest_lsn() {
+        let parts: Vec<Vec<RecordRef>> = [1, 2, u64::MAX - 70_000, u64::MAX - 1, u64::MAX]
+            .iter()
+            .enumerate()
+            .map(|(p, &lsn)| vec![RecordRef::for_test(lsn, p as u32)])
+            .chain([vec![RecordRef::for_test(u64::MAX, 9)]])
+            .collect();
+        let merged: Vec<u64> = by_lsn(&parts).map(|r| r.lsn).collect();
+        assert_eq!(merged, [1, 2, u64::MAX - 70_000, u64::MAX - 1, u64::MAX, u64::MAX]);
+        assert_eq!(by_lsn(&parts).last().map(|r| r.segment), Some(9), "the later partition's twin second");
     }
 
     #[test]

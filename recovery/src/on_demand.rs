@@ -77,7 +77,13 @@ impl ChunkSource for ImageSource {
         let base = chunk * self.manifest.chunk_size;
         let end = range.end.min(self.manifest.chunk_size);
         if self.headers[chunk as usize].get().is_none() && CHUNK_HEADER_SIZE as u64 + end <= WITH_HEADER_WITHIN {
-            return self.read_with_header(chunk, range.start..end, take);
+            match self.read_with_header(chunk, range.start..end, take) {
+                WithHeader::Handed => return,
+                WithHeader::NoBlockChecksums => return self.read(&[chunk], take),
+                // The one read failed: the header and the blocks are read apart below, so
+                // that the damage names the one that fails.
+                WithHeader::Unread => {}
+            }
         }
         let header = match self.headers[chunk as usize].get() {
             Some(header) => header,
@@ -144,6 +150,16 @@ fn read_exact(file: &std::fs::File, offset: u64, bytes: &mut [u8]) -> Result<(),
     }
 }
 
+/// How a read of an image's header with its first blocks went.
+enum WithHeader {
+    /// The blocks (or the header's damage) went to `take`.
+    Handed,
+    /// A version-2 image: to be read whole.
+    NoBlockChecksums,
+    /// The read failed; nothing went to `take`.
+    Unread,
+}
+
 /// Why an image's header could not be had: its read failed, or it failed its checks.
 enum HeaderError {
     Unread(ChunkDamage),
@@ -175,40 +191,33 @@ impl ImageSource {
     }
 
     /// Reads `chunk`'s image from its start to the end of `range` (of its data), keeps its
-    /// header as [`ChunkSource::read_blocks`] does and hands the blocks over; an image without
-    /// block checksums is read again whole.
-    fn read_with_header(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) {
+    /// header as [`ChunkSource::read_blocks`] does and hands the blocks over, unless the read
+    /// fails or the image has no block checksums (the caller then reads otherwise).
+    fn read_with_header(&self, chunk: u64, range: Range<u64>, take: &mut TakeImage<'_>) -> WithHeader {
         let entry = &self.manifest.chunks[chunk as usize];
         let (path, file) = self.file_of(entry);
-        let base = chunk * self.manifest.chunk_size;
         let data_offset = entry.offset + CHUNK_HEADER_SIZE as u64;
-        let damage = |reason: String| self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}"));
-        let read_whole = with_buffer(CHUNK_HEADER_SIZE + range.end as usize, |bytes| {
-            if let Err(reason) = read_exact(file, entry.offset, bytes) {
-                // Not kept, as a header read alone that fails: the blocks asked for fail.
-                take(chunk, Err(ChunkDamage { heap: base + range.start..base + range.end, ..damage(reason) }));
-                return false;
+        with_buffer(CHUNK_HEADER_SIZE + range.end as usize, |bytes| {
+            if read_exact(file, entry.offset, bytes).is_err() {
+                return WithHeader::Unread;
             }
             let (header, data) = bytes.split_at(CHUNK_HEADER_SIZE);
             let kept = match check_header(header, chunk, entry, self.manifest.chunk_size) {
                 Ok(header) => self.headers[chunk as usize].get_or_init(|| Ok(header)),
-                Err(reason) => self.headers[chunk as usize].get_or_init(|| Err(damage(reason))),
+                Err(reason) => self.headers[chunk as usize].get_or_init(|| Err(self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}")))),
             };
             match kept {
                 Err(damage) => take(chunk, Err(damage.clone())),
                 Ok(h) => match h.blocks.as_ref() {
-                    None => return true,
+                    None => return WithHeader::NoBlockChecksums,
                     Some(blocks) => {
                         let bytes = &data[range.start as usize..];
                         take(chunk, Ok(Image { from: range.start, bytes, blocks: Some(blocks), path, data_offset }))
                     }
                 },
             }
-            false
-        });
-        if read_whole {
-            self.read(&[chunk], take);
-        }
+            WithHeader::Handed
+        })
     }
 
     /// Reads `run`'s images into `bytes` and hands each to `take`, its header checked (and
