@@ -45,7 +45,8 @@ impl FileKind {
     fn from_tag(tag: [u8; 3]) -> FileKind {
         let (a, b) = (tag[1] as u64, tag[2] as u64);
         match tag[0] % 3 {
-            0 => FileKind::Segment { partition: (a % 4) as u32, seq: b % 8 + 1 },
+            // Up to 8 partitions: more than 4 with records take the replay's merge by windows.
+            0 => FileKind::Segment { partition: (a % 8) as u32, seq: b % 8 + 1 },
             1 => FileKind::Manifest { epoch: a % 4 + 1 },
             _ => FileKind::Images { epoch: b % 4 + 1 },
         }
