@@ -87,12 +87,10 @@ impl ChunkSource for ImageSource {
         }
         let header = match self.headers[chunk as usize].get() {
             Some(header) => header,
-            None => match self.read_header(chunk) {
-                // Kept, and so is a header that fails its checks: it fails every block.
-                Ok(header) => self.headers[chunk as usize].get_or_init(|| Ok(header)),
-                Err(HeaderError::Damaged(damage)) => self.headers[chunk as usize].get_or_init(|| Err(damage)),
+            None => match with_buffer(CHUNK_HEADER_SIZE, |bytes| read_exact(file, entry.offset, bytes).map(|()| self.keep_header(chunk, bytes))) {
+                Ok(header) => header,
                 // Not kept: the blocks asked for fail, and a later read of others tries again.
-                Err(HeaderError::Unread(damage)) => return take(chunk, Err(ChunkDamage { heap: base + range.start..base + end, ..damage })),
+                Err(reason) => return take(chunk, Err(ChunkDamage { heap: base + range.start..base + end, ..self.header_damage(chunk, reason) })),
             },
         };
         let blocks = match header {
@@ -160,12 +158,6 @@ enum WithHeader {
     Unread,
 }
 
-/// Why an image's header could not be had: its read failed, or it failed its checks.
-enum HeaderError {
-    Unread(ChunkDamage),
-    Damaged(ChunkDamage),
-}
-
 impl ImageSource {
     fn file_of(&self, entry: &ChunkEntry) -> (&Path, &std::fs::File) {
         let (path, file) = &self.files[self.segments.binary_search(&entry.image_epoch).expect("segments come from the manifest")];
@@ -179,15 +171,18 @@ impl ImageSource {
         ChunkDamage { path: self.file_of(entry).0.to_path_buf(), offset, reason, heap: chunk * chunk_size..(chunk + 1) * chunk_size }
     }
 
-    /// Reads and checks `chunk`'s image header alone (a block's first read in that chunk).
-    fn read_header(&self, chunk: u64) -> Result<ChunkHeader, HeaderError> {
+    /// The damage of `chunk`'s image header, for `reason`.
+    fn header_damage(&self, chunk: u64, reason: String) -> ChunkDamage {
+        self.damage(chunk, self.manifest.chunks[chunk as usize].offset, format!("chunk {chunk}: {reason}"))
+    }
+
+    /// Checks `bytes` as `chunk`'s image header and keeps the outcome for the chunk's later
+    /// block reads: the header, or, where it fails its checks, the damage that fails every
+    /// block of the chunk. Kept once (a thread that read it too gets the first outcome).
+    fn keep_header(&self, chunk: u64, bytes: &[u8]) -> &Result<ChunkHeader, ChunkDamage> {
         let entry = &self.manifest.chunks[chunk as usize];
-        let (_, file) = self.file_of(entry);
-        let damage = |reason: String| self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}"));
-        with_buffer(CHUNK_HEADER_SIZE, |bytes| {
-            read_exact(file, entry.offset, bytes).map_err(|reason| HeaderError::Unread(damage(reason)))?;
-            check_header(bytes, chunk, entry, self.manifest.chunk_size).map_err(|reason| HeaderError::Damaged(damage(reason)))
-        })
+        self.headers[chunk as usize]
+            .get_or_init(|| check_header(bytes, chunk, entry, self.manifest.chunk_size).map_err(|reason| self.header_damage(chunk, reason)))
     }
 
     /// Reads `chunk`'s image from its start to the end of `range` (of its data), keeps its
@@ -202,11 +197,7 @@ impl ImageSource {
                 return WithHeader::Unread;
             }
             let (header, data) = bytes.split_at(CHUNK_HEADER_SIZE);
-            let kept = match check_header(header, chunk, entry, self.manifest.chunk_size) {
-                Ok(header) => self.headers[chunk as usize].get_or_init(|| Ok(header)),
-                Err(reason) => self.headers[chunk as usize].get_or_init(|| Err(self.damage(chunk, entry.offset, format!("chunk {chunk}: {reason}")))),
-            };
-            match kept {
+            match self.keep_header(chunk, header) {
                 Err(damage) => take(chunk, Err(damage.clone())),
                 Ok(h) => match h.blocks.as_ref() {
                     None => return WithHeader::NoBlockChecksums,

@@ -279,9 +279,8 @@ impl Heap {
         for w in &writes {
             assert!(w.at() / od.chunk_size == chunk && (w.end() - 1) / od.chunk_size == chunk, "deferred writes lie within one chunk");
         }
-        let present: Vec<std::ops::Range<u64>> = od.blocks_of_chunk(chunk).filter(|&b| od.is_present(b)).map(|b| od.block_range(b)).collect();
-        for range in &present {
-            for w in writes.iter().filter_map(|w| w.within(range)) {
+        for range in od.blocks_of_chunk(chunk).filter(|&b| od.is_present(b)).map(|b| od.block_range(b)) {
+            for w in writes.iter().filter_map(|w| w.within(&range)) {
                 self.apply_deferred(w);
             }
         }
