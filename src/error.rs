@@ -7,6 +7,15 @@ use tusk_txn::TxnError;
 /// Everything that can go wrong in tusk.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A record handed to [`crate::Store::apply_replicated`] is not one a log appended
+    /// (checksum, framing), or writes the node's own replica line.
+    #[error("replicated record {index}: {reason}")]
+    BadReplicatedRecord {
+        /// Its position among the records of the call.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Another transaction changed what this one read or wrote. [`crate::Store::transact`]
     /// retries on it, so only callers of [`crate::Store::begin`] see it.
     #[error("transaction conflict")]

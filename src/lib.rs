@@ -37,6 +37,7 @@ mod index;
 mod mirror;
 mod options;
 mod prefault;
+mod replication;
 mod snapshot;
 mod store;
 mod transaction;
@@ -45,6 +46,8 @@ pub use error::Error;
 pub use index::{Art, ArtOp, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 pub use mirror::{Answers, ArtLookupBuffers, GpuBackend, GpuDevices, GpuMirror, GpuOptions, LookupBuffers, MirrorArt, MirrorContents, MirrorBTree, RangeBuffers, StageTiming, SyncReport};
 pub use options::{Durability, Options};
+pub use replication::ReplicaWords;
+pub use tusk_txn::CommitTap;
 pub use snapshot::{
     snapshot_costs, Snapshot, SnapshotArt, SnapshotArtRange, SnapshotBTree, SnapshotBTreeRange, SnapshotCosts, SnapshotInfo, SnapshotMode,
     SnapshotOptions,

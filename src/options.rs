@@ -73,6 +73,9 @@ pub struct Options {
     /// chunks come in only when used: tests that need chunks absent for a while).
     #[doc(hidden)]
     pub load_in_background: bool,
+    /// Sees every record the log appends, with its LSN, as it is appended (default none):
+    /// the source of replication (`tusk-replica`). Needs durability on.
+    pub commit_tap: Option<tusk_txn::CommitTap>,
     /// Fails checkpoint I/O on purpose (tests of crashes during checkpoints).
     #[doc(hidden)]
     pub checkpoint_faults: Option<std::sync::Arc<tusk_storage::io::FaultPlan>>,
@@ -97,6 +100,7 @@ impl Default for Options {
             prefault_ahead: 64 << 20,
             heap_load: HeapLoad::OnDemand,
             load_in_background: true,
+            commit_tap: None,
             checkpoint_faults: None,
         }
     }

@@ -136,6 +136,7 @@ impl Store {
                 segment_bytes: segment_bytes(&options),
                 stream_records_from: options.stream_records_from,
                 repairs: repairs.pending(),
+                tap: options.commit_tap.clone(),
             }),
             Durability::Off => None,
         };

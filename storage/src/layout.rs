@@ -8,6 +8,7 @@
 //!   16            capacity the layout was created with
 //!   64            brk: first never-allocated byte (page aligned)      (own 64-byte line)
 //!   128           head of the free list of large runs                 (own line)
+//!   192           replication: what this node applied (REPLICA_WORDS words; own line)
 //!   512 + 64*c    free-list head and carve cursor of small class c    (one line per class)
 //!   1024 + 64*a   large-run arena a: next free byte, end, reserve, its end (one line each)
 //! offset 4096   root table: MAX_ROOTS entries of ROOT_ENTRY_SIZE bytes
@@ -27,6 +28,13 @@ pub const VERSION_OFF: u64 = 8;
 pub const CAPACITY_OFF: u64 = 16;
 pub const BRK_OFF: u64 = 64;
 pub const LARGE_FREE_HEAD_OFF: u64 = 128;
+/// A replicated node's own line (`tusk-replica`): the group's log position its heap holds.
+/// Only the node itself writes it, in the transaction that applies the group's records, and
+/// never through the group: the records it applies carry no write to it, since no
+/// transaction but the replication layer's touches it. Zeros: not replicated.
+pub const REPLICA_OFF: u64 = 192;
+/// Words of the replica line.
+pub const REPLICA_WORDS: usize = 8;
 
 /// Small size classes: blocks of 16 << c bytes, c in 0..SMALL_CLASSES (16 B .. 2 KiB).
 pub const SMALL_CLASSES: usize = 8;

@@ -35,6 +35,6 @@ pub mod write_set;
 pub use checkpoint::{CheckpointConfig, CheckpointReport, Checkpointer};
 pub use deferred::Deferred;
 pub use engine::{Engine, EngineConfig};
-pub use log::LogConfig;
+pub use log::{CommitTap, LogConfig};
 pub use error::TxnError;
 pub use transaction::{Commit, Lsn, Transaction};

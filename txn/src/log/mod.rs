@@ -60,6 +60,52 @@ pub struct LogConfig {
     /// Repairs of the log's files a reopen after a crash still makes: no segment is made
     /// before they are done.
     pub repairs: Option<Arc<segments::PendingRepairs>>,
+    /// Sees every record as it is appended (replication's source: `tusk-replica`).
+    pub tap: Option<CommitTap>,
+}
+
+/// Receives every record the log appends, with its LSN and its framed bytes (the format of
+/// [`tusk_storage::log_format`]), called by the appending thread inside its partition's
+/// critical section, so in LSN order per partition but not across partitions (every LSN is
+/// passed once: they are gapless). It must be quick and must not commit a transaction.
+#[derive(Clone)]
+pub struct CommitTap(pub Arc<TapFn>);
+
+/// What a [`CommitTap`] calls: `(lsn, framed record)`.
+pub type TapFn = dyn Fn(u64, &[u8]) + Send + Sync;
+
+// A store's options stay unwind-safe with a tap in them (tests open stores inside
+// `catch_unwind`): a tap that panics leaves the log as any panic inside a commit does.
+impl std::panic::RefUnwindSafe for CommitTap {}
+impl std::panic::UnwindSafe for CommitTap {}
+
+impl std::fmt::Debug for CommitTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitTap")
+    }
+}
+
+/// A streamed record that also passes its bytes, once whole, to the tap.
+struct TappedStream<R> {
+    record: R,
+    lsn: u64,
+    tap: CommitTap,
+}
+
+impl<R: Streamed> Streamed for TappedStream<R> {
+    fn size(&self) -> usize {
+        self.record.size()
+    }
+
+    fn produce(&mut self, out: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        let mut whole = Vec::with_capacity(self.record.size());
+        self.record.produce(&mut |piece| {
+            whole.extend_from_slice(piece);
+            out(piece);
+        })?;
+        (self.tap.0)(self.lsn, &whole);
+        Ok(())
+    }
 }
 
 /// State shared by committers, waiters and the background flusher.
@@ -133,7 +179,14 @@ impl LogManager {
     /// flight keeps a committer of large records to about two of them not yet durable: the
     /// next waits while the one before is still being written.
     pub fn append(&self, partition: usize, waits: bool, encode: impl FnOnce(&mut Vec<u8>, u64)) -> (u64, bool) {
-        let (lsn, before, len) = self.shared.group.append(partition, waits, encode);
+        let (lsn, before, len) = match &self.shared.config.tap {
+            None => self.shared.group.append(partition, waits, encode),
+            Some(tap) => self.shared.group.append(partition, waits, |buf, lsn| {
+                let start = buf.len();
+                encode(buf, lsn);
+                (tap.0)(lsn, &buf[start..]);
+            }),
+        };
         if len >= self.shared.config.log_buffer_bytes {
             self.shared.kick();
         }
@@ -150,7 +203,10 @@ impl LogManager {
     /// [`FlushGroup::flush_streamed`]). Returns once the record is durable; with the error,
     /// once it never will be (and no LSN if none was drawn: the log had failed or stopped).
     pub fn append_streamed<R: Streamed>(&self, partition: usize, record: impl FnOnce(u64) -> R) -> (Option<u64>, Result<(), TxnError>) {
-        self.shared.group.flush_streamed(partition, record)
+        match &self.shared.config.tap {
+            None => self.shared.group.flush_streamed(partition, record),
+            Some(tap) => self.shared.group.flush_streamed(partition, |lsn| TappedStream { record: record(lsn), lsn, tap: tap.clone() }),
+        }
     }
 
     /// Keeps a partition's buffer from outgrowing its bound when the disk cannot keep up:

@@ -1,0 +1,188 @@
+//! The group's transport: openraft's three calls as HTTP POSTs of bincode bodies (axum serves
+//! them, reqwest sends them), `/raft/append`, `/raft/vote` and `/raft/snapshot`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse};
+use openraft::BasicNode;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::types::{NodeId, Raft, TypeConfig};
+
+/// Links this node refuses to use, both ways (a network partition, for tests and crash
+/// runs): calls to a cut peer fail as unreachable, and calls from one are refused.
+#[derive(Default)]
+pub struct Links {
+    cut: Mutex<HashSet<NodeId>>,
+}
+
+impl Links {
+    pub fn cut(&self, peer: NodeId) {
+        self.cut.lock().insert(peer);
+    }
+
+    pub fn heal(&self, peer: NodeId) {
+        self.cut.lock().remove(&peer);
+    }
+
+    pub fn heal_all(&self) {
+        self.cut.lock().clear();
+    }
+
+    fn is_cut(&self, peer: NodeId) -> bool {
+        self.cut.lock().contains(&peer)
+    }
+}
+
+/// The request header naming the calling node.
+const FROM: &str = "x-tusk-node";
+
+#[derive(Clone)]
+struct Served {
+    raft: Raft,
+    links: Arc<Links>,
+}
+
+fn refused_from(served: &Served, headers: &axum::http::HeaderMap) -> bool {
+    headers.get(FROM).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).is_some_and(|from| served.links.is_cut(from))
+}
+
+type Reply = Result<Vec<u8>, (StatusCode, String)>;
+
+fn request<T: DeserializeOwned>(body: &Bytes) -> Result<T, (StatusCode, String)> {
+    bincode::deserialize(body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+fn reply<T: Serialize>(value: &T) -> Reply {
+    bincode::serialize(value).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+const CUT: (StatusCode, &str) = (StatusCode::SERVICE_UNAVAILABLE, "link cut");
+
+async fn append(State(s): State<Served>, headers: axum::http::HeaderMap, body: Bytes) -> Reply {
+    if refused_from(&s, &headers) {
+        return Err((CUT.0, CUT.1.into()));
+    }
+    reply(&s.raft.append_entries(request::<AppendEntriesRequest<TypeConfig>>(&body)?).await)
+}
+
+async fn vote(State(s): State<Served>, headers: axum::http::HeaderMap, body: Bytes) -> Reply {
+    if refused_from(&s, &headers) {
+        return Err((CUT.0, CUT.1.into()));
+    }
+    reply(&s.raft.vote(request::<VoteRequest<NodeId>>(&body)?).await)
+}
+
+async fn snapshot(State(s): State<Served>, headers: axum::http::HeaderMap, body: Bytes) -> Reply {
+    if refused_from(&s, &headers) {
+        return Err((CUT.0, CUT.1.into()));
+    }
+    reply(&s.raft.install_snapshot(request::<InstallSnapshotRequest<TypeConfig>>(&body)?).await)
+}
+
+/// Serves `raft` on `listener` until `stop` resolves.
+pub async fn serve(listener: tokio::net::TcpListener, raft: Raft, links: Arc<Links>, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/raft/append", post(append))
+        .route("/raft/vote", post(vote))
+        .route("/raft/snapshot", post(snapshot))
+        .with_state(Served { raft, links });
+    axum::serve(listener, app).with_graceful_shutdown(stop).await
+}
+
+/// Makes a client per peer (openraft asks for one per target).
+pub struct Network {
+    pub me: NodeId,
+    pub client: reqwest::Client,
+    pub links: Arc<Links>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer { me: self.me, target, addr: node.addr.clone(), client: self.client.clone(), links: self.links.clone() }
+    }
+}
+
+/// One peer's client.
+pub struct Peer {
+    me: NodeId,
+    target: NodeId,
+    addr: String,
+    client: reqwest::Client,
+    links: Arc<Links>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct CallError(String);
+
+impl Peer {
+    async fn call<Req, Resp, E>(&self, route: &str, req: &Req, option: &RPCOption) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        if self.links.is_cut(self.target) {
+            return Err(RPCError::Unreachable(Unreachable::new(&CallError(format!("link to node {} cut", self.target)))));
+        }
+        let body = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let sent = self
+            .client
+            .post(format!("http://{}/raft/{route}", self.addr))
+            .header(FROM, self.me.to_string())
+            .timeout(option.hard_ttl())
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        if !sent.status().is_success() {
+            let status = sent.status();
+            let text = sent.text().await.unwrap_or_default();
+            return Err(RPCError::Unreachable(Unreachable::new(&CallError(format!("node {}: {status}: {text}", self.target)))));
+        }
+        let bytes = sent.bytes().await.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let answer: Result<Resp, RaftError<NodeId, E>> = bincode::deserialize(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call("append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>> {
+        self.call("snapshot", &rpc, &option).await
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call("vote", &rpc, &option).await
+    }
+}
+
+/// The address a node listens on, as peers reach it.
+pub fn node_for(addr: SocketAddr) -> BasicNode {
+    BasicNode::new(addr.to_string())
+}

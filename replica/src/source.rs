@@ -1,0 +1,212 @@
+//! The leader's side of replication: the records its store's log appends, put back in LSN
+//! order ([`crate::types::Batch`]es are proposed in that order), and the committers waiting
+//! for the group to commit them.
+//!
+//! The store's [`tusk::CommitTap`] passes every LSN once, from the committing threads, in
+//! LSN order per log partition only; the source holds what arrives early until the LSNs
+//! before it are in. LSNs that carry nothing for the group are passed over: records without
+//! writes (a checkpoint's or snapshot's LSN, recovery markers), and the node's own writes of
+//! its replica line, which it makes inside [`local_only`].
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tusk_storage::log_format::decode_validated;
+
+thread_local! {
+    static LOCAL_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's commits kept from the group (the node's own replica line).
+pub fn local_only<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            LOCAL_ONLY.with(|l| l.set(self.0));
+        }
+    }
+    let _reset = Reset(LOCAL_ONLY.with(|l| l.replace(true)));
+    f()
+}
+
+/// Most bytes of records one proposal carries.
+pub const MAX_BATCH_BYTES: usize = 8 << 20;
+/// Commits whose group position a committer can still look up (one per proposal).
+const POSITIONS_KEPT: usize = 1 << 16;
+
+#[derive(Default)]
+struct State {
+    /// Whether this node leads and proposes: before, every LSN is ignored.
+    leading: bool,
+    /// The next LSN to take, in order.
+    next: u64,
+    /// LSNs arrived ahead of `next`; `None`: nothing to propose.
+    early: BTreeMap<u64, Option<Vec<u8>>>,
+    /// Every LSN up to this one is committed by the group or needed no commit.
+    committed: u64,
+    /// (last LSN of a proposal, its entry's index in the group's log), oldest first.
+    positions: VecDeque<(u64, u64)>,
+    /// Why no LSN will be committed any more (leadership lost, a proposal failed).
+    failed: Option<String>,
+}
+
+/// See the module doc.
+#[derive(Default)]
+pub struct Source {
+    state: Mutex<State>,
+    /// Committers waiting for `committed`.
+    committed_changed: Condvar,
+    /// The proposer's wake-up.
+    pub ready: tokio::sync::Notify,
+}
+
+/// Why a committer's wait ended without its LSN committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitError {
+    Failed(String),
+    TimedOut,
+}
+
+impl Source {
+    /// The tap: every record the store's log appends.
+    pub fn tap(&self, lsn: u64, record: &[u8]) {
+        let mut s = self.state.lock();
+        if !s.leading || lsn < s.next {
+            return;
+        }
+        let carries = !LOCAL_ONLY.with(Cell::get)
+            && decode_validated(record, 0).is_some_and(|view| view.header.void.is_none() && view.write_count() > 0);
+        s.early.insert(lsn, carries.then(|| record.to_vec()));
+        if lsn == s.next {
+            drop(s);
+            self.ready.notify_one();
+        }
+    }
+
+    /// Starts proposing with the LSN after `last_lsn` (the store's last when the node took
+    /// the lead: everything up to it the group already holds).
+    pub fn lead(&self, last_lsn: u64) {
+        let mut s = self.state.lock();
+        s.leading = true;
+        s.next = last_lsn + 1;
+        s.committed = last_lsn;
+        s.early.retain(|&lsn, _| lsn > last_lsn);
+        s.failed = None;
+    }
+
+    /// Stops taking LSNs: what is waiting fails with `why`.
+    pub fn fail(&self, why: String) {
+        let mut s = self.state.lock();
+        s.leading = false;
+        s.early.clear();
+        s.failed.get_or_insert(why);
+        drop(s);
+        self.committed_changed.notify_all();
+    }
+
+    /// Takes the records ready in LSN order, up to [`MAX_BATCH_BYTES`] (at least one), and
+    /// the last LSN they cover (0: none ready).
+    pub fn take_ready(&self) -> (Vec<(u64, Vec<u8>)>, u64) {
+        let mut s = self.state.lock();
+        let (mut out, mut bytes, mut last) = (Vec::new(), 0usize, 0);
+        while s.leading {
+            let next = s.next;
+            let Some(record) = s.early.remove(&next) else { break };
+            if let Some(record) = record {
+                bytes += record.len();
+                out.push((next, record));
+            }
+            last = next;
+            s.next += 1;
+            if bytes >= MAX_BATCH_BYTES {
+                break;
+            }
+        }
+        (out, last)
+    }
+
+    /// The group committed every LSN up to `lsn` (in its log's entry `index`).
+    pub fn committed(&self, lsn: u64, index: u64) {
+        let mut s = self.state.lock();
+        s.committed = s.committed.max(lsn);
+        if s.positions.len() == POSITIONS_KEPT {
+            s.positions.pop_front();
+        }
+        s.positions.push_back((lsn, index));
+        drop(s);
+        self.committed_changed.notify_all();
+    }
+
+    /// Waits until the group committed `lsn`; returns the index of the entry that holds it
+    /// (or a later one).
+    pub fn wait_committed(&self, lsn: u64, timeout: Duration) -> Result<u64, WaitError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.state.lock();
+        loop {
+            if s.committed >= lsn {
+                let at = s.positions.partition_point(|&(last, _)| last < lsn);
+                return Ok(s.positions.get(at).or(s.positions.back()).map_or(0, |&(_, index)| index));
+            }
+            if let Some(why) = &s.failed {
+                return Err(WaitError::Failed(why.clone()));
+            }
+            if self.committed_changed.wait_until(&mut s, deadline).timed_out() {
+                return Err(WaitError::TimedOut);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tusk_storage::log_format::{RecordEncoder, RecordHeader};
+
+    fn record(lsn: u64, writes: usize) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut enc = RecordEncoder::begin(&mut buf, RecordHeader { lsn, partition: 0, flags: 0, void: None });
+        for w in 0..writes {
+            enc.push_write(&mut buf, 16384 + 64 * w as u64, &[lsn as u8; 8]);
+        }
+        enc.finish(&mut buf);
+        buf
+    }
+
+    /// LSNs arriving out of order come out in order, once the ones before are in; empty
+    /// records and local-only ones are passed over but still count; nothing before `lead`.
+    #[test]
+    fn records_come_out_in_lsn_order_without_the_empty_and_local_ones() {
+        let source = Source::default();
+        source.tap(3, &record(3, 1));
+        assert_eq!(source.take_ready(), (vec![], 0), "not leading: ignored");
+        source.lead(10);
+        source.tap(12, &record(12, 2));
+        source.tap(13, &record(13, 0));
+        assert_eq!(source.take_ready(), (vec![], 0), "11 is not in yet");
+        local_only(|| source.tap(11, &record(11, 1)));
+        source.tap(14, &record(14, 1));
+        let (records, last) = source.take_ready();
+        assert_eq!(last, 14);
+        assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), vec![12, 14], "11 local, 13 empty");
+        assert_eq!(records[0].1, record(12, 2));
+        source.tap(9, &record(9, 1));
+        assert_eq!(source.take_ready(), (vec![], 0), "an LSN the group holds already");
+    }
+
+    #[test]
+    fn committers_wait_for_their_lsn_and_learn_its_entry() {
+        let source = std::sync::Arc::new(Source::default());
+        source.lead(0);
+        assert_eq!(source.wait_committed(1, Duration::from_millis(10)), Err(WaitError::TimedOut));
+        let s = source.clone();
+        let waiter = std::thread::spawn(move || s.wait_committed(5, Duration::from_secs(10)));
+        source.committed(3, 7);
+        source.committed(6, 8);
+        assert_eq!(waiter.join().unwrap(), Ok(8), "LSN 5 lies in the entry covering 4..=6");
+        assert_eq!(source.wait_committed(2, Duration::ZERO), Ok(7));
+        source.fail("lost the lead".into());
+        assert_eq!(source.wait_committed(7, Duration::from_secs(1)), Err(WaitError::Failed("lost the lead".into())));
+    }
+}

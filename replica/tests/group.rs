@@ -1,0 +1,135 @@
+//! A group of three nodes on loopback: the leader's `Sync` transfers reach every member,
+//! followers serve reads at the position they applied, a killed leader's group goes on under
+//! a new one, and the old leader, opened again, rebuilds from the group's log and converges.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tusk::{Commit, HeapPtr};
+use tusk_replica::{NodeConfig, Position, ReplicaError, ReplicatedNode};
+
+const ACCOUNTS: u64 = 64;
+const START: u64 = 1000;
+
+fn config(id: u64) -> NodeConfig {
+    let mut c = NodeConfig::new(id, "127.0.0.1:0".parse().unwrap());
+    c.store.heap_capacity = 256 << 20;
+    c.store.log_partitions = 2;
+    c.store.checkpoint_interval = Some(Duration::from_millis(200));
+    c
+}
+
+fn open(dir: &Path, id: u64, listen: Option<SocketAddr>) -> ReplicatedNode {
+    let mut c = config(id);
+    if let Some(addr) = listen {
+        c.listen = addr;
+    }
+    ReplicatedNode::open(dir.join(format!("n{id}")), c).unwrap()
+}
+
+fn leader_of(nodes: &[&ReplicatedNode]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(i) = nodes.iter().position(|n| n.is_leader()) {
+            return i;
+        }
+        assert!(Instant::now() < deadline, "no leader within 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn balances(node: &ReplicatedNode) -> Vec<u64> {
+    let (b, _) = node
+        .store()
+        .transact(Commit::Async, |tx| {
+            let bank = tx.root("bank")?.expect("the bank is replicated");
+            (0..ACCOUNTS).map(|a| tx.read_u64_at(bank, 8 * a)).collect::<Result<Vec<_>, _>>()
+        })
+        .unwrap();
+    b
+}
+
+fn open_bank(leader: &ReplicatedNode) -> Position {
+    let (_, at) = leader
+        .transact(Commit::Sync, |tx| {
+            let bank = tx.alloc(8 * ACCOUNTS)?;
+            for a in 0..ACCOUNTS {
+                tx.write_u64_at(bank, 8 * a, START)?;
+            }
+            tx.set_root("bank", bank)?;
+            Ok(bank)
+        })
+        .unwrap();
+    at.expect("a Sync commit has a position")
+}
+
+/// Moves money between accounts in `Sync` transactions; returns the last position.
+fn transfer(leader: &ReplicatedNode, count: u64, seed: u64) -> Result<Position, ReplicaError> {
+    let mut last = leader.applied();
+    for i in 0..count {
+        let (from, to) = ((seed + i * 7) % ACCOUNTS, (seed + i * 13 + 1) % ACCOUNTS);
+        let (_, at) = leader.transact(Commit::Sync, |tx| {
+            let bank: HeapPtr = tx.root("bank")?.unwrap();
+            let (a, b) = (tx.read_u64_at(bank, 8 * from)?, tx.read_u64_at(bank, 8 * to)?);
+            let amount = (i % 17).min(a);
+            if from != to {
+                tx.write_u64_at(bank, 8 * from, a - amount)?;
+                tx.write_u64_at(bank, 8 * to, b + amount)?;
+            }
+            Ok(())
+        })?;
+        last = at.unwrap();
+    }
+    Ok(last)
+}
+
+#[test]
+fn a_group_replicates_fails_over_and_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir.path(), id, None)).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].initialize(&members).unwrap();
+    let refs: Vec<&ReplicatedNode> = nodes.iter().collect();
+    let l = leader_of(&refs);
+    let follower = &nodes[(l + 1) % 3];
+    assert!(matches!(follower.transact(Commit::Sync, |_| Ok(())), Err(ReplicaError::NotLeader { .. })), "followers take no updates");
+
+    let opened = open_bank(&nodes[l]);
+    let at = transfer(&nodes[l], 200, 1).unwrap();
+    assert!(at > opened);
+    let expected = balances(&nodes[l]);
+    assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START, "money is conserved on the leader");
+    for n in &nodes {
+        assert!(n.wait_applied(at, Duration::from_secs(10)), "node {} applies the group's log", n.id());
+        assert_eq!(balances(n), expected, "node {} holds the leader's state at {at:?}", n.id());
+    }
+
+    // Kill the leader: the other two elect one of themselves and go on.
+    let mut nodes: Vec<Option<ReplicatedNode>> = nodes.into_iter().map(Some).collect();
+    let old = nodes[l].take().unwrap();
+    let (old_id, old_addr) = (old.id(), old.addr());
+    old.crash();
+    let rest: Vec<&ReplicatedNode> = nodes.iter().flatten().collect();
+    let killed_at = Instant::now();
+    let l2 = leader_of(&rest);
+    let failover = killed_at.elapsed();
+    let at2 = transfer(rest[l2], 100, 5).unwrap();
+    let expected2 = balances(rest[l2]);
+    assert_eq!(expected2.iter().sum::<u64>(), ACCOUNTS * START);
+    assert!(failover < Duration::from_secs(5), "a new leader within {failover:?}");
+
+    // The old leader comes back on its address: it had led, so it rebuilds from the log.
+    let back = open(dir.path(), old_id, Some(old_addr));
+    assert!(back.rebuilt(), "a node that led rebuilds its store");
+    assert!(back.wait_applied(at2, Duration::from_secs(20)), "the old leader catches up");
+    assert_eq!(balances(&back), expected2, "and converges");
+    for n in nodes.iter().flatten() {
+        assert!(n.wait_applied(at2, Duration::from_secs(10)));
+        assert_eq!(balances(n), expected2);
+    }
+    back.close().unwrap();
+    for n in nodes.into_iter().flatten() {
+        n.close().unwrap();
+    }
+}
