@@ -2,14 +2,17 @@
 //! package `tusk` (the library alone; the command is the package `tusk-cli` in cli/) builds,
 //! runs a durable transaction, and pulls in none of clap, indicatif, hdrhistogram,
 //! serde_json, congee, delaunator, stats_alloc, plotters, the peers of `bench peers`
-//! (rusqlite, heed, redb, fjall) or the other tools only the `tusk` command uses.
+//! (rusqlite, heed, redb, fjall), the other tools only the `tusk` command uses, or replication's
+//! (tusk-replica, openraft, tokio and the transport).
 
 use std::path::Path;
 use std::process::Command;
 
 /// Crates only the command and its benchmarks need.
 const COMMAND_ONLY: &[&str] =
-    &["tusk-cli", "clap", "indicatif", "hdrhistogram", "serde_json", "congee", "delaunator", "stats_alloc", "plotters", "rand", "rand_distr", "tempfile", "rusqlite", "libsqlite3-sys", "redb", "heed", "lmdb-master-sys", "fjall", "lsm-tree"];
+    &["tusk-cli", "clap", "indicatif", "hdrhistogram", "serde_json", "congee", "delaunator", "stats_alloc", "plotters", "rand", "rand_distr", "tempfile", "rusqlite", "libsqlite3-sys", "redb", "heed", "lmdb-master-sys", "fjall", "lsm-tree",
+      // Replication's (tusk-replica): only a program that replicates compiles them.
+      "tusk-replica", "openraft", "tokio", "axum", "hyper", "reqwest", "bincode", "serde"];
 
 const MAIN: &str = r#"
 fn main() -> Result<(), tusk::Error> {
