@@ -16,7 +16,7 @@ use tusk::{Commit, Options, Store};
 
 use super::report::{self, human_rate, table};
 use super::demo_bank::{Bank, ACCOUNTS_ROOT, INITIAL_BALANCE, STATS_ROOT};
-use super::{demo_gpu, demo_index, demo_snapshot, CliResult, IoAt};
+use super::{demo_gpu, demo_index, demo_replicated, demo_snapshot, CliResult, IoAt};
 
 const LOAD_BATCH: u64 = 8_192;
 
@@ -47,6 +47,10 @@ pub struct DemoArgs {
     /// transfer and index update threads take the other half, at least 1 each).
     #[arg(long)]
     snapshot_readers: Option<usize>,
+    /// Run the bank on a replicated group of this many nodes on loopback instead (kills the
+    /// leader halfway, brings it back, verifies every node).
+    #[arg(long)]
+    nodes: Option<usize>,
 }
 
 /// Removes an earlier demo store; refuses to touch a directory that is not one.
@@ -57,7 +61,7 @@ fn prepare_dir(dir: &Path) -> CliResult {
     if !dir.is_dir() {
         return Err(format!("{}: not a directory", dir.display()).into());
     }
-    let is_store = dir.join("LOCK").exists() || dir.join("log").exists();
+    let is_store = dir.join("LOCK").exists() || dir.join("log").exists() || dir.join("n1").join("raft.redb").exists();
     let is_empty = std::fs::read_dir(dir).at(dir)?.next().is_none();
     if !is_store && !is_empty {
         return Err(format!("{}: exists and is not a tusk store; choose another --dir", dir.display()).into());
@@ -78,6 +82,12 @@ pub fn run(args: DemoArgs) -> CliResult {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let accounts = args.accounts.max(2);
     prepare_dir(&args.dir)?;
+    if let Some(nodes) = args.nodes {
+        if nodes < 3 {
+            return Err("a group that survives its leader's death needs --nodes 3 or more".into());
+        }
+        return demo_replicated::run(&args.dir, demo_replicated::Plan { nodes, accounts, threads, seconds: args.seconds });
+    }
     let store = Store::open(&args.dir, options(accounts, args.index_keys))?;
     outln!(
         "tusk demo: {} accounts, {threads} threads, store {} (log I/O: {})",

@@ -21,6 +21,7 @@ mod bench_gpu;
 mod bench_index;
 mod bench_peers;
 mod bench_reopen;
+mod bench_replicated;
 mod bench_snapshot;
 mod bench_store;
 mod bench_txn;
@@ -31,7 +32,9 @@ mod demo;
 mod demo_bank;
 mod demo_gpu;
 mod demo_index;
+mod demo_replicated;
 mod demo_snapshot;
+mod group;
 mod inspect;
 mod key_orders;
 mod page_dists;
@@ -105,6 +108,8 @@ enum Bench {
     Peers(bench_peers::PeersArgs),
     /// B-link `apply_batch` of random upserts into a loaded tree, a transaction per batch.
     Batch(bench_batch::BatchArgs),
+    /// `Sync` commits on a replicated group on loopback against one store alone.
+    Replicated(bench_replicated::ReplicatedArgs),
 }
 
 /// The file systems of `--fs` (`tusk crashtest`, `tusk bench`).
@@ -145,6 +150,7 @@ impl Bench {
             Bench::Gpu(a) => &mut a.out.dir,
             Bench::Peers(a) => &mut a.out.dir,
             Bench::Batch(a) => &mut a.out.dir,
+            Bench::Replicated(a) => &mut a.out.dir,
         }
     }
 
@@ -159,6 +165,7 @@ impl Bench {
             Bench::Gpu(a) => a.out.json,
             Bench::Peers(a) => a.out.json,
             Bench::Batch(a) => a.out.json,
+            Bench::Replicated(a) => a.out.json,
         }
     }
 
@@ -172,6 +179,7 @@ impl Bench {
             Bench::Gpu(args) => bench_gpu::run(args),
             Bench::Peers(args) => bench_peers::run(args),
             Bench::Batch(args) => bench_batch::run(args),
+            Bench::Replicated(args) => bench_replicated::run(args),
         }
     }
 }

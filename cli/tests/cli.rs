@@ -501,3 +501,34 @@ fn bench_batch_reports_rates_log_bytes_and_memory() {
     assert!(v["small_txn_per_s_alone"].as_f64().is_some_and(|x| x > 0.0), "{v}");
     assert!(v["log_bytes_per_op"].is_null(), "{v}");
 }
+
+/// `tusk demo --nodes 3`: the bank on a replicated group; the leader killed halfway, the
+/// others go on, the killed node rebuilds, and every node verifies.
+#[test]
+fn demo_on_three_nodes_survives_its_leaders_death() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("group");
+    let (ok, out, err) = tusk(&["demo", "--nodes", "3", "--dir", store.to_str().unwrap(), "--seconds", "4", "--accounts", "2000", "--threads", "2"]);
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("rebuilt from the group's log"), "{out}");
+    assert!(out.contains("money conserved, every acknowledged transfer present, all 3 alike"), "{out}");
+    let (ok, _, err) = tusk(&["demo", "--nodes", "2", "--dir", store.to_str().unwrap()]);
+    assert!(!ok && err.contains("--nodes 3 or more"), "{err}");
+}
+
+/// `tusk bench replicated --json`: a line per thread count, the group against one store.
+#[test]
+fn bench_replicated_compares_the_group_with_one_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&["bench", "replicated", "--threads", "1,2", "--duration", "0.3", "--dir", dir.path().to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    assert_eq!(lines.iter().map(|l| l["threads"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2]);
+    for l in &lines {
+        assert!(l["alone_per_s"].as_f64().unwrap() > 0.0 && l["group_per_s"].as_f64().unwrap() > 0.0, "{l}");
+        let ratio = l["group_per_s"].as_f64().unwrap() / l["alone_per_s"].as_f64().unwrap();
+        assert!((l["group_vs_alone"].as_f64().unwrap() - ratio).abs() < 1e-9, "{l}");
+        assert!(l["group_p50_us"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
+}

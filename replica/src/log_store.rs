@@ -22,7 +22,6 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// reports with its applied position after a restart.
 const MEMBERSHIPS: TableDefinition<u64, &[u8]> = TableDefinition::new("memberships");
 const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
 const PURGED: &str = "purged";
 
 /// The log store (cheap to clone: readers share the database).
@@ -179,13 +178,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.meta(VOTE)
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.set_meta(COMMITTED, &committed, StorageIOError::write_logs)
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.meta::<Option<LogId>>(COMMITTED)?.flatten())
-    }
+    // The committed position is not kept (openraft's default): keeping it cost a synced
+    // write per entry on every node, and after a restart the group tells a node again what
+    // is committed, while the store's replica line says what it applied.
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where

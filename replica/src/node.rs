@@ -35,6 +35,9 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// The store's options: every member must be opened with the same heap layout
     /// (`heap_capacity`), since members apply each other's writes at the same offsets.
+    /// [`NodeConfig::new`] sets `group_commit_interval` to 10 ms: what a member commits is
+    /// durable in the group's log first, so its store's own log need not be flushed every
+    /// millisecond beside it (measured: 10–15% more `Sync` commits on 2 cores).
     pub store: tusk::Options,
     /// Raft's heartbeat (default 50 ms) and election timeout range (default 300–600 ms).
     pub heartbeat: Duration,
@@ -48,7 +51,7 @@ impl NodeConfig {
         NodeConfig {
             id,
             listen,
-            store: tusk::Options::default(),
+            store: tusk::Options { group_commit_interval: Duration::from_millis(10), ..tusk::Options::default() },
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(300), Duration::from_millis(600)),
             commit_timeout: Duration::from_secs(10),
@@ -292,8 +295,14 @@ impl Drop for ReplicatedNode {
     }
 }
 
-/// Proposes the records the source has ready, one entry at a time, in LSN order.
+/// Proposals in flight at once (each an entry of the group's log).
+const PROPOSALS_IN_FLIGHT: usize = 64;
+
+/// Proposes the records the source has ready, one entry at a time, in LSN order, without
+/// waiting for one to commit before proposing the next (openraft keeps their order): up to
+/// [`PROPOSALS_IN_FLIGHT`] are pending at once.
 async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64)) {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
     loop {
         let (records, last) = source.take_ready();
         if last == 0 {
@@ -305,8 +314,19 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64)) {
             source.committed(last, index);
             continue;
         }
-        match raft.client_write(Batch { origin, records }).await {
-            Ok(written) => source.committed(last, written.log_id.index),
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
+        match raft.client_write_ff(Batch { origin, records }).await {
+            Ok(answer) => {
+                let source = source.clone();
+                tokio::spawn(async move {
+                    match answer.await {
+                        Ok(Ok(written)) => source.committed(last, written.log_id.index),
+                        Ok(Err(e)) => source.fail(format!("proposal failed: {e}")),
+                        Err(_) => source.fail("the group's engine stopped".into()),
+                    }
+                    drop(permit);
+                });
+            }
             Err(e) => source.fail(format!("proposal failed: {e}")),
         }
     }

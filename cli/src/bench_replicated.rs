@@ -1,0 +1,171 @@
+//! `tusk bench replicated`: `Sync` commits on a replicated group of nodes on loopback against
+//! one store alone, in the same run. Each client thread commits tiny inserts (a word written
+//! in its own array, and its count) with `Commit::Sync`: alone, once its record is on this
+//! disk; in the group, once a majority holds it. Thread counts and the two setups alternate
+//! within each round; throughput, p50 and p99 commit latency, and their ratios per round.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use tusk::{Commit, HeapPtr, Options, Store};
+use tusk_replica::ReplicatedNode;
+
+use super::group::LocalGroup;
+use super::report::{median, rate};
+use super::{BenchDir, BenchOutput, CliResult};
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplicatedArgs {
+    /// Client threads (comma-separated; each count is run alone and on the group).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    threads: Vec<usize>,
+    /// Nodes of the group.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Seconds each run commits for.
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// Rounds (the figures are medians over them).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    #[command(flatten)]
+    pub out: BenchOutput,
+}
+
+/// Words of each thread's insert array (inserts wrap around it).
+const SLOTS: u64 = 4096;
+
+fn options() -> Options {
+    Options { heap_capacity: 256 << 20, checkpoint_interval: Some(Duration::from_secs(1)), ..Options::default() }
+}
+
+/// One run's figures.
+struct Figures {
+    per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// `threads` clients committing for `duration` through `commit` (thread, its array, its
+/// insert number) → whether it committed.
+fn drive(threads: usize, duration: Duration, arrays: &[HeapPtr], commit: &(dyn Fn(usize, HeapPtr, u64) -> bool + Sync)) -> Figures {
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(threads + 1);
+    let (hist, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (stop, barrier, array) = (&stop, &barrier, arrays[t]);
+                s.spawn(move || {
+                    let mut hist = Histogram::<u64>::new(3).expect("a histogram");
+                    barrier.wait();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let began = Instant::now();
+                        if commit(t, array, n) {
+                            hist.record(began.elapsed().as_nanos() as u64).expect("in range");
+                            n += 1;
+                        }
+                    }
+                    hist
+                })
+            })
+            .collect();
+        barrier.wait();
+        let started = Instant::now();
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        let mut all = Histogram::<u64>::new(3).expect("a histogram");
+        for w in workers {
+            all.add(w.join().expect("worker")).expect("same bounds");
+        }
+        (all, started.elapsed())
+    });
+    Figures {
+        per_s: hist.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+    }
+}
+
+fn insert(tx: &mut tusk::Transaction<'_>, array: HeapPtr, n: u64) -> Result<(), tusk::Error> {
+    tx.write_u64_at(array, 8 * (1 + n % SLOTS), n)?;
+    tx.write_u64_at(array, 0, n + 1)
+}
+
+fn arrays(threads: usize, mut commit: impl FnMut(&mut dyn FnMut(&mut tusk::Transaction<'_>) -> Result<Vec<HeapPtr>, tusk::Error>) -> Result<Vec<HeapPtr>, Box<dyn std::error::Error>>) -> Result<Vec<HeapPtr>, Box<dyn std::error::Error>> {
+    commit(&mut |tx| (0..threads).map(|_| tx.alloc(8 * (SLOTS + 1))).collect())
+}
+
+fn alone(dir: &Path, threads: usize, duration: Duration) -> Result<Figures, Box<dyn std::error::Error>> {
+    let store = Store::open(dir, options())?;
+    let arrays = arrays(threads, |f| Ok(store.transact(Commit::Sync, |tx| f(tx))?.0))?;
+    let figures = drive(threads, duration, &arrays, &|_, array, n| store.transact(Commit::Sync, |tx| insert(tx, array, n)).is_ok());
+    store.close()?;
+    Ok(figures)
+}
+
+fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration) -> Result<Figures, Box<dyn std::error::Error>> {
+    let group = LocalGroup::start(dir, nodes, options())?;
+    let l = group.leader(Duration::from_secs(30)).ok_or("no leader elected")?;
+    let figures = {
+        let slot = group.node(l).ok_or("the leader is down")?;
+        let leader: &ReplicatedNode = slot.as_ref().expect("up");
+        let arrays = arrays(threads, |f| Ok(leader.transact(Commit::Sync, |tx| f(tx))?.0))?;
+        drive(threads, duration, &arrays, &|_, array, n| leader.transact(Commit::Sync, |tx| insert(tx, array, n)).is_ok())
+    };
+    group.close()?;
+    Ok(figures)
+}
+
+pub fn run(args: ReplicatedArgs) -> CliResult {
+    if args.nodes < 1 || args.rounds == 0 || args.threads.contains(&0) {
+        return Err("--nodes, --rounds and every --threads must be ≥ 1".into());
+    }
+    let duration = Duration::from_secs_f64(args.duration);
+    // (threads, alone, group) per round.
+    let mut runs: Vec<(usize, Figures, Figures)> = Vec::new();
+    for round in 0..args.rounds {
+        for &threads in &args.threads {
+            let dir = BenchDir::new(args.out.dir.clone())?;
+            // The order flips every round, so that neither setup always runs first.
+            let (a, g) = if round % 2 == 0 {
+                let a = alone(&dir.path().join("alone"), threads, duration)?;
+                (a, group(&dir.path().join("group"), args.nodes, threads, duration)?)
+            } else {
+                let g = group(&dir.path().join("group"), args.nodes, threads, duration)?;
+                (alone(&dir.path().join("alone"), threads, duration)?, g)
+            };
+            runs.push((threads, a, g));
+        }
+    }
+    if !args.out.json {
+        outln!("tusk bench replicated: Sync inserts, {} nodes on loopback against one store, {} s runs, medians of {} round(s)", args.nodes, args.duration, args.rounds);
+        outln!("{:>8} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>13} {:>13}", "threads", "alone/s", "p50 us", "p99 us", "group/s", "p50 us", "p99 us", "group/alone", "p50 +us");
+    }
+    for &threads in &args.threads {
+        let mine: Vec<&(usize, Figures, Figures)> = runs.iter().filter(|r| r.0 == threads).collect();
+        let m = |f: &dyn Fn(&(usize, Figures, Figures)) -> f64| median(&mine.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let (a_s, a50, a99) = (m(&|r| r.1.per_s), m(&|r| r.1.p50_us), m(&|r| r.1.p99_us));
+        let (g_s, g50, g99) = (m(&|r| r.2.per_s), m(&|r| r.2.p50_us), m(&|r| r.2.p99_us));
+        let ratio = m(&|r| r.2.per_s / r.1.per_s);
+        let p50_delta = m(&|r| r.2.p50_us - r.1.p50_us);
+        if args.out.json {
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "bench": "replicated", "nodes": args.nodes, "threads": threads, "rounds": args.rounds,
+                    "alone_per_s": a_s, "alone_p50_us": a50, "alone_p99_us": a99,
+                    "group_per_s": g_s, "group_p50_us": g50, "group_p99_us": g99,
+                    "group_vs_alone": ratio, "p50_delta_us": p50_delta,
+                })
+            );
+        } else {
+            outln!("{threads:>8} {:>12} {a50:>9.1} {a99:>9.1} {:>12} {g50:>9.1} {g99:>9.1} {ratio:>13.3} {p50_delta:>13.1}", rate(a_s), rate(g_s));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! A replicated group on this machine's loopback, for `tusk demo --nodes N` and `tusk bench
+//! replicated`: N nodes in this process, each in its own directory and on its own port.
+//! Nodes can be killed and opened again while client threads use the group.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use tusk_replica::{NodeConfig, ReplicatedNode};
+
+pub struct LocalGroup {
+    dir: PathBuf,
+    options: tusk::Options,
+    addrs: Vec<SocketAddr>,
+    slots: Vec<RwLock<Option<ReplicatedNode>>>,
+}
+
+/// Node `id`'s configuration: `options` for its store, but the group commit interval a
+/// replicated node's store has by default.
+fn config(id: u64, listen: SocketAddr, options: &tusk::Options) -> NodeConfig {
+    let defaults = NodeConfig::new(id, listen);
+    let store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
+    NodeConfig { store, ..defaults }
+}
+
+impl LocalGroup {
+    /// Opens `n` nodes in `dir/n1..` with `options` and makes them a group.
+    pub fn start(dir: &Path, n: usize, options: tusk::Options) -> Result<LocalGroup, tusk_replica::ReplicaError> {
+        let mut slots = Vec::with_capacity(n);
+        let mut addrs = Vec::with_capacity(n);
+        for id in 1..=n as u64 {
+            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(id, "127.0.0.1:0".parse().expect("an address"), &options))?;
+            addrs.push(node.addr());
+            slots.push(RwLock::new(Some(node)));
+        }
+        let members: Vec<(u64, SocketAddr)> = addrs.iter().enumerate().map(|(i, &a)| (i as u64 + 1, a)).collect();
+        slots[0].read().expect("not poisoned").as_ref().expect("open").initialize(&members)?;
+        Ok(LocalGroup { dir: dir.to_path_buf(), options, addrs, slots })
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Node `i` (0-based), unless it is down.
+    pub fn node(&self, i: usize) -> Option<RwLockReadGuard<'_, Option<ReplicatedNode>>> {
+        let slot = self.slots[i].read().expect("not poisoned");
+        slot.is_some().then_some(slot)
+    }
+
+    /// The index of the node that leads and takes updates, waiting up to `timeout` for one.
+    pub fn leader(&self, timeout: Duration) -> Option<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            for i in 0..self.len() {
+                if self.node(i).is_some_and(|n| n.as_ref().is_some_and(ReplicatedNode::is_leader)) {
+                    return Some(i);
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Kills node `i` as a killed process dies (its transactions in flight finish first).
+    pub fn kill(&self, i: usize) {
+        if let Some(node) = self.slots[i].write().expect("not poisoned").take() {
+            node.crash();
+        }
+    }
+
+    /// Opens node `i` again on its address; returns whether it rebuilt its store.
+    pub fn restart(&self, i: usize) -> Result<bool, tusk_replica::ReplicaError> {
+        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(i as u64 + 1, self.addrs[i], &self.options))?;
+        let rebuilt = node.rebuilt();
+        *self.slots[i].write().expect("not poisoned") = Some(node);
+        Ok(rebuilt)
+    }
+
+    /// Closes every node that is up.
+    pub fn close(self) -> Result<(), tusk_replica::ReplicaError> {
+        for slot in self.slots {
+            if let Some(node) = slot.into_inner().expect("not poisoned") {
+                node.close()?;
+            }
+        }
+        Ok(())
+    }
+}
