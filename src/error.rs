@@ -16,6 +16,10 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The store refuses transactions that write ([`crate::Store::refuse_updates`]: a
+    /// replicated follower's store); nothing was written.
+    #[error("this store takes no updates (a replicated follower: update on the leader)")]
+    UpdatesRefused,
     /// Another transaction changed what this one read or wrote. [`crate::Store::transact`]
     /// retries on it, so only callers of [`crate::Store::begin`] see it.
     #[error("transaction conflict")]

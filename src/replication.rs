@@ -46,7 +46,7 @@ impl Store {
     /// nothing.
     pub fn apply_replicated(&self, records: &[&[u8]], replica: ReplicaWords, mode: Commit) -> Result<Lsn, Error> {
         let views = records.iter().enumerate().map(|(i, r)| writes_of(i, r)).collect::<Result<Vec<_>, _>>()?;
-        let (_, lsn) = self.transact(mode, |tx| {
+        let (_, lsn) = self.transact_replicated(mode, |tx| {
             for view in &views {
                 for (offset, bytes) in view.writes() {
                     tx.inner.write_raw(offset, bytes)?;
@@ -60,7 +60,7 @@ impl Store {
 
     /// Writes the replica line alone (a local change no record of the group carries).
     pub fn write_replica(&self, replica: ReplicaWords, mode: Commit) -> Result<Lsn, Error> {
-        let (_, lsn) = self.transact(mode, |tx| Ok(tx.inner.store_words(REPLICA_OFF, &replica)?))?;
+        let (_, lsn) = self.transact_replicated(mode, |tx| Ok(tx.inner.store_words(REPLICA_OFF, &replica)?))?;
         Ok(lsn.expect("the replica line is written"))
     }
 

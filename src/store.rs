@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use tusk_recovery::{FileKind, RecoveryReport};
 use tusk_storage::layout::{BRK_OFF, MAGIC, MAGIC_OFF, VERSION_OFF, FORMAT_VERSION};
 use tusk_storage::Heap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tusk_storage::PAGE_SIZE;
@@ -56,7 +57,25 @@ pub struct Store {
     dir: PathBuf,
     recovery: RecoveryReport,
     close_checkpoint_above: u64,
+    /// Transactions that write fail at commit while set ([`Store::refuse_updates`]).
+    updates_refused: AtomicBool,
     _lock: File,
+}
+
+/// Runs `f` in `tx` until it commits or fails otherwise than by a conflict.
+fn transact_with<T>(mut tx: Transaction<'_>, mode: Commit, mut f: impl FnMut(&mut Transaction<'_>) -> Result<T, Error>) -> Result<(T, Option<Lsn>), Error> {
+    let mut attempt = 0u32;
+    loop {
+        let outcome = f(&mut tx).and_then(|value| Ok((value, tx.commit(mode)?)));
+        match outcome {
+            Err(Error::Conflict) => {
+                attempt += 1;
+                backoff(attempt);
+                tx.inner.restart();
+            }
+            other => return other,
+        }
+    }
 }
 
 /// How long `Store::open` waits for a directory lock held elsewhere before it reports
@@ -169,7 +188,7 @@ impl Store {
         };
         let prefault = PrefaultService::start(engine.clone(), options.prefault_ahead)?;
         let loader = HeapLoader::start(&engine, options.load_in_background)?;
-        let store = Store { engine, checkpoints, _prefault: prefault, loader, repairs, dir, recovery, close_checkpoint_above: options.close_checkpoint_above, _lock: lock };
+        let store = Store { engine, checkpoints, _prefault: prefault, loader, repairs, dir, recovery, close_checkpoint_above: options.close_checkpoint_above, updates_refused: AtomicBool::new(false), _lock: lock };
         if fresh {
             store.transact(Commit::Sync, |tx| Ok(tx.inner.format_heap()?))?;
         }
@@ -182,27 +201,29 @@ impl Store {
     pub fn transact<T>(
         &self,
         mode: Commit,
-        mut f: impl FnMut(&mut Transaction<'_>) -> Result<T, Error>,
+        f: impl FnMut(&mut Transaction<'_>) -> Result<T, Error>,
     ) -> Result<(T, Option<Lsn>), Error> {
-        let mut tx = self.begin();
-        let mut attempt = 0u32;
-        loop {
-            let outcome = f(&mut tx).and_then(|value| Ok((value, tx.inner.commit(mode)?)));
-            match outcome {
-                Err(Error::Conflict) => {
-                    attempt += 1;
-                    backoff(attempt);
-                    tx.inner.restart();
-                }
-                other => return other,
-            }
-        }
+        transact_with(self.begin(), mode, f)
+    }
+
+    /// [`Store::transact`] for the store's own writes of replication, which a store that
+    /// refuses updates still takes.
+    pub(crate) fn transact_replicated<T>(&self, mode: Commit, f: impl FnMut(&mut Transaction<'_>) -> Result<T, Error>) -> Result<(T, Option<Lsn>), Error> {
+        static NEVER: AtomicBool = AtomicBool::new(false);
+        transact_with(Transaction { inner: self.engine.begin(), updates_refused: &NEVER }, mode, f)
+    }
+
+    /// While `refuse` is set, a transaction that writes fails at its commit with
+    /// [`Error::UpdatesRefused`], writing nothing; reads go on. A replicated follower's store
+    /// is so (it takes its writes from the group only, `tusk-replica`).
+    pub fn refuse_updates(&self, refuse: bool) {
+        self.updates_refused.store(refuse, Ordering::SeqCst);
     }
 
     /// Starts a transaction for callers that manage retries themselves: finish it with
     /// [`Transaction::commit`] (which may return [`Error::Conflict`]) or [`Transaction::abort`].
     pub fn begin(&self) -> Transaction<'_> {
-        Transaction { inner: self.engine.begin() }
+        Transaction { inner: self.engine.begin(), updates_refused: &self.updates_refused }
     }
 
     /// Whether `lsn` and every lower LSN are durable. With `wait`, blocks until they are

@@ -12,6 +12,8 @@ use crate::Error;
 /// length.
 pub struct Transaction<'s> {
     pub(crate) inner: tusk_txn::Transaction<'s>,
+    /// The store's [`crate::Store::refuse_updates`] switch.
+    pub(crate) updates_refused: &'s std::sync::atomic::AtomicBool,
 }
 
 impl Transaction<'_> {
@@ -95,6 +97,11 @@ impl Transaction<'_> {
     /// Commits with `mode`. Returns the LSN, or `None` for a read-only transaction. On
     /// [`Error::Conflict`] nothing was written; call [`Transaction::restart`] and run again.
     pub fn commit(&mut self, mode: Commit) -> Result<Option<Lsn>, Error> {
+        if !self.inner.is_read_only() && self.updates_refused.load(std::sync::atomic::Ordering::SeqCst) {
+            // Its writes undone (a run in place) or dropped (buffered); it starts over.
+            self.inner.restart();
+            return Err(Error::UpdatesRefused);
+        }
         Ok(self.inner.commit(mode)?)
     }
 

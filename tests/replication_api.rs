@@ -123,3 +123,37 @@ fn bad_records_are_refused_whole() {
     let e = b.apply_replicated(&[own.as_slice()], [1; 8], Commit::Sync).unwrap_err();
     assert!(e.to_string().contains("replica line"), "{e}");
 }
+
+/// A store that refuses updates fails every transaction that writes, small or run in place,
+/// writing nothing; reads and replication's own writes go on; allowed again, writes commit.
+#[test]
+fn a_store_that_refuses_updates_writes_nothing_but_replication() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), plain()).unwrap();
+    let (p, _) = store
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(8 * 100_000)?;
+            tx.set_root("p", p)?;
+            Ok(p)
+        })
+        .unwrap();
+    store.refuse_updates(true);
+    let small = store.transact(Commit::Sync, |tx| tx.write_u64_at(p, 0, 1));
+    assert!(matches!(small, Err(Error::UpdatesRefused)), "{small:?}");
+    // 100 k words: a transaction that runs in place, its writes in the heap until undone.
+    let large = store.transact(Commit::Sync, |tx| {
+        for i in 0..100_000 {
+            tx.write_u64_at(p, 8 * i, 7)?;
+        }
+        Ok(())
+    });
+    assert!(matches!(large, Err(Error::UpdatesRefused)), "{large:?}");
+    // (An undone run in place still draws an LSN for an empty record: it changed its lines'
+    // versions. No write of either transaction is in the heap.)
+    let (sum, _) = store.transact(Commit::Async, |tx| (0..100_000).map(|i| tx.read_u64_at(p, 8 * i)).sum::<Result<u64, _>>()).unwrap();
+    assert_eq!(sum, 0, "no write is left in the heap");
+    store.write_replica([3; 8], Commit::Sync).unwrap();
+    assert_eq!(store.replica().unwrap(), [3; 8], "replication's own writes are taken");
+    store.refuse_updates(false);
+    store.transact(Commit::Sync, |tx| tx.write_u64_at(p, 0, 1)).unwrap();
+}

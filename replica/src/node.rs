@@ -127,6 +127,8 @@ impl ReplicatedNode {
         let source = Arc::new(Source::default());
         let store_dir: PathBuf = dir.join("store");
         let (store, rebuilt) = open_store(&store_dir, &config.store, &source)?;
+        // Until it leads, the store takes writes from the group only.
+        store.refuse_updates(true);
         let store = Arc::new(store);
         let log = LogStore::open(&dir.join("raft.redb")).map_err(raft_error)?;
         let origin = (config.id, rand::random::<u64>());
@@ -353,10 +355,12 @@ async fn watch_role(id: NodeId, raft: Raft, store: Arc<Store>, source: Arc<Sourc
                 });
                 if marked.is_ok() {
                     source.lead(store.last_lsn());
+                    store.refuse_updates(false);
                     role.leading.store(true, Ordering::SeqCst);
                 }
             }
         } else if !leads && was {
+            store.refuse_updates(true);
             role.leading.store(false, Ordering::SeqCst);
             let why = format!("node {id} stopped leading");
             source.fail(why.clone());

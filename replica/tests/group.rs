@@ -95,6 +95,8 @@ fn a_group_replicates_fails_over_and_converges() {
     let follower = &nodes[(l + 1) % 3];
     assert!(matches!(follower.transact(Commit::Sync, |_| Ok(())), Err(ReplicaError::NotLeader { .. })), "followers take no updates");
 
+    let written = follower.store().transact(Commit::Sync, |tx| tx.alloc(8).map(drop));
+    assert!(matches!(written, Err(tusk::Error::UpdatesRefused)), "a follower's store takes writes from the group only: {written:?}");
     let opened = open_bank(&nodes[l]);
     let at = transfer(&nodes[l], 200, 1).unwrap();
     assert!(at > opened);
