@@ -312,8 +312,8 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64)) {
             continue;
         }
         if records.is_empty() {
-            let index = raft.metrics().borrow().last_applied.map_or(0, |id| id.index);
-            source.committed(last, index);
+            // Nothing to propose: the source counts these LSNs committed once every
+            // proposal before them is.
             continue;
         }
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };

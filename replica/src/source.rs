@@ -46,6 +46,12 @@ struct State {
     early: BTreeMap<u64, Option<Vec<u8>>>,
     /// Every LSN up to this one is committed by the group or needed no commit.
     committed: u64,
+    /// What was taken and is not yet known committed, in LSN order, by the last LSN of
+    /// each take. The watermark moves only over a prefix of it: LSNs passed over after a
+    /// proposal still in flight wait for it.
+    taken: VecDeque<(u64, Taken)>,
+    /// The index of the last entry known committed.
+    last_index: u64,
     /// (last LSN of a proposal, its entry's index in the group's log), oldest first.
     positions: VecDeque<(u64, u64)>,
     /// Why no LSN will be committed any more (leadership lost, a proposal failed).
@@ -60,6 +66,34 @@ pub struct Source {
     committed_changed: Condvar,
     /// The proposer's wake-up.
     pub ready: tokio::sync::Notify,
+}
+
+/// A take of LSNs: proposed (the index of its entry once committed), or carrying nothing.
+#[derive(Clone, Copy, Debug)]
+enum Taken {
+    Proposed(Option<u64>),
+    PassedOver,
+}
+
+/// Moves the watermark over the prefix of `taken` known committed; whether it moved.
+fn advance(s: &mut State) -> bool {
+    let mut moved = false;
+    loop {
+        let (last, index) = match s.taken.front() {
+            Some(&(last, Taken::Proposed(Some(index)))) => (last, index),
+            // Held by the entry before it, or a later one.
+            Some(&(last, Taken::PassedOver)) => (last, s.positions.back().map_or(s.last_index, |p| p.1)),
+            _ => break,
+        };
+        s.taken.pop_front();
+        s.committed = s.committed.max(last);
+        if s.positions.len() == POSITIONS_KEPT {
+            s.positions.pop_front();
+        }
+        s.positions.push_back((last, index));
+        moved = true;
+    }
+    moved
 }
 
 /// Why a committer's wait ended without its LSN committed.
@@ -92,6 +126,7 @@ impl Source {
         s.leading = true;
         s.next = last_lsn + 1;
         s.committed = last_lsn;
+        s.taken.clear();
         s.early.retain(|&lsn, _| lsn > last_lsn);
         s.failed = None;
     }
@@ -107,7 +142,8 @@ impl Source {
     }
 
     /// Takes the records ready in LSN order, up to [`MAX_BATCH_BYTES`] (at least one), and
-    /// the last LSN they cover (0: none ready).
+    /// the last LSN they cover (0: none ready). The caller proposes them, in this order, and
+    /// reports the entry with [`Source::committed`]; a range without records needs no report.
     pub fn take_ready(&self) -> (Vec<(u64, Vec<u8>)>, u64) {
         let mut s = self.state.lock();
         let (mut out, mut bytes, mut last) = (Vec::new(), 0usize, 0);
@@ -124,19 +160,39 @@ impl Source {
                 break;
             }
         }
+        if last != 0 {
+            s.taken.push_back((last, if out.is_empty() { Taken::PassedOver } else { Taken::Proposed(None) }));
+            let moved = advance(&mut s);
+            drop(s);
+            if moved {
+                self.committed_changed.notify_all();
+            }
+        }
         (out, last)
     }
 
-    /// The group committed every LSN up to `lsn` (in its log's entry `index`).
+    /// The group committed the proposal taken up to `lsn`, as its log's entry `index`.
+    /// Proposals' answers may come in any order (each is awaited on its own task); an entry
+    /// committed means every entry before it is.
     pub fn committed(&self, lsn: u64, index: u64) {
         let mut s = self.state.lock();
-        s.committed = s.committed.max(lsn);
-        if s.positions.len() == POSITIONS_KEPT {
-            s.positions.pop_front();
+        let at = s.taken.partition_point(|&(last, _)| last < lsn);
+        // (Not there: a later entry's answer already marked it, and it went.)
+        if s.taken.get(at).is_some_and(|&(last, _)| last == lsn) {
+            // Every proposal taken before it is committed too: their entries lie at or
+            // below this one.
+            for k in 0..=at {
+                if let Taken::Proposed(known) = &mut s.taken[k].1 {
+                    *known = Some(known.map_or(index, |i| i.min(index)));
+                }
+            }
         }
-        s.positions.push_back((lsn, index));
+        s.last_index = s.last_index.max(index);
+        let moved = advance(&mut s);
         drop(s);
-        self.committed_changed.notify_all();
+        if moved {
+            self.committed_changed.notify_all();
+        }
     }
 
     /// Waits until the group committed `lsn`; returns the index of the entry that holds it
@@ -195,6 +251,25 @@ mod tests {
         assert_eq!(source.take_ready(), (vec![], 0), "an LSN the group holds already");
     }
 
+    /// LSNs that carry nothing, taken after a proposal still in flight, are not committed
+    /// before it (found by the three-node test: a `Sync` commit returned before its entry
+    /// was committed, and its position named an earlier entry).
+    #[test]
+    fn lsns_passed_over_wait_for_the_proposals_before_them() {
+        let source = Source::default();
+        source.lead(0);
+        source.tap(1, &record(1, 1));
+        assert_eq!(source.take_ready().1, 1, "LSN 1 proposed");
+        local_only(|| source.tap(2, &record(2, 1)));
+        let (records, last) = source.take_ready();
+        assert!(records.is_empty() && last == 2, "LSN 2 carries nothing");
+        assert_eq!(source.wait_committed(2, Duration::from_millis(20)), Err(WaitError::TimedOut), "LSN 1 is in flight");
+        assert_eq!(source.wait_committed(1, Duration::ZERO), Err(WaitError::TimedOut));
+        source.committed(1, 5);
+        assert_eq!(source.wait_committed(1, Duration::ZERO), Ok(5));
+        assert_eq!(source.wait_committed(2, Duration::ZERO), Ok(5));
+    }
+
     #[test]
     fn committers_wait_for_their_lsn_and_learn_its_entry() {
         let source = std::sync::Arc::new(Source::default());
@@ -202,10 +277,18 @@ mod tests {
         assert_eq!(source.wait_committed(1, Duration::from_millis(10)), Err(WaitError::TimedOut));
         let s = source.clone();
         let waiter = std::thread::spawn(move || s.wait_committed(5, Duration::from_secs(10)));
-        source.committed(3, 7);
+        for lsn in 1..=6 {
+            source.tap(lsn, &record(lsn, 1));
+            if lsn == 3 || lsn == 6 {
+                assert_eq!(source.take_ready().1, lsn);
+            }
+        }
+        // Answers out of order: entry 8 (LSNs 4..=6) before entry 7 (up to 3).
         source.committed(6, 8);
+        source.committed(3, 7);
         assert_eq!(waiter.join().unwrap(), Ok(8), "LSN 5 lies in the entry covering 4..=6");
-        assert_eq!(source.wait_committed(2, Duration::ZERO), Ok(7));
+        let two = source.wait_committed(2, Duration::ZERO).unwrap();
+        assert!((7..=8).contains(&two), "LSN 2 lies in entry 7, or is reported in a later one: {two}");
         source.fail("lost the lead".into());
         assert_eq!(source.wait_committed(7, Duration::from_secs(1)), Err(WaitError::Failed("lost the lead".into())));
     }
