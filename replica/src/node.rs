@@ -44,6 +44,9 @@ pub struct NodeConfig {
     pub election_timeout: (Duration, Duration),
     /// How long a `Sync` commit waits for the group (default 10 s).
     pub commit_timeout: Duration,
+    /// Proposals (entries of the group's log) the leader has in flight at once; records
+    /// committed meanwhile wait and go together in the next (default 64).
+    pub proposals_in_flight: usize,
 }
 
 impl NodeConfig {
@@ -55,6 +58,7 @@ impl NodeConfig {
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(300), Duration::from_millis(600)),
             commit_timeout: Duration::from_secs(10),
+            proposals_in_flight: 64,
         }
     }
 }
@@ -161,7 +165,7 @@ impl ReplicatedNode {
             let _ = stopped.await;
         }));
         let role = Arc::new(Role::default());
-        rt.spawn(propose(raft.clone(), source.clone(), origin));
+        rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight));
         rt.spawn(watch_role(config.id, raft.clone(), store.clone(), source.clone(), led, role.clone()));
         Ok(ReplicatedNode { id: config.id, addr, store, raft, source, applied, role, links, commit_timeout: config.commit_timeout, rebuilt, stop: Some(stop), rt })
     }
@@ -297,14 +301,11 @@ impl Drop for ReplicatedNode {
     }
 }
 
-/// Proposals in flight at once (each an entry of the group's log).
-const PROPOSALS_IN_FLIGHT: usize = 64;
-
 /// Proposes the records the source has ready, one entry at a time, in LSN order, without
 /// waiting for one to commit before proposing the next (openraft keeps their order): up to
-/// [`PROPOSALS_IN_FLIGHT`] are pending at once.
-async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64)) {
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
+/// `in_flight` are pending at once.
+async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight: usize) {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     loop {
         let (records, last) = source.take_ready();
         if last == 0 {
