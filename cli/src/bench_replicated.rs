@@ -109,7 +109,7 @@ fn alone(dir: &Path, threads: usize, duration: Duration) -> Result<Figures, Box<
 }
 
 fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration) -> Result<Figures, Box<dyn std::error::Error>> {
-    let group = LocalGroup::start(dir, nodes, options())?;
+    let group = LocalGroup::start(dir, nodes, options(), Duration::from_secs(10))?;
     let l = group.leader(Duration::from_secs(30)).ok_or("no leader elected")?;
     let figures = {
         let slot = group.node(l).ok_or("the leader is down")?;

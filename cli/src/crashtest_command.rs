@@ -73,6 +73,15 @@ pub struct CrashtestArgs {
     /// Size of the --fs image in MiB (sparse; at least 512).
     #[arg(long, default_value_t = 1024)]
     fs_image_mib: u64,
+    /// Run the bank on a replicated group of this many nodes on loopback instead, under the
+    /// group's faults (leader or follower killed, a node cut off, messages dropped, delayed
+    /// or duplicated), one per cycle.
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// With --nodes: how long each fault lasts, in milliseconds (and the group then runs
+    /// without one as long).
+    #[arg(long, default_value_t = 300)]
+    dwell_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -105,6 +114,14 @@ pub fn run(args: CrashtestArgs) -> CliResult {
             (t.path().to_path_buf(), Some(t))
         }
     };
+    if let Some(nodes) = args.nodes {
+        let plan = crate::crashtest_group::GroupRun { nodes, cycles: args.cycles, seed: args.seed, threads: 4, dwell: std::time::Duration::from_millis(args.dwell_ms) };
+        let ran = crate::crashtest_group::run(&dir.join("group"), plan, args.json);
+        if let Some(t) = temp.filter(|_| ran.is_err()) {
+            let _kept = t.keep();
+        }
+        return ran;
+    }
     let Some(fs) = args.fs else {
         let (summary, failed) = run_in(&args, &dir, None, |store| Ok(store.to_path_buf()))?;
         print_summary(&args, None, &summary);

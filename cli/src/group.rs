@@ -12,31 +12,33 @@ use tusk_replica::{NodeConfig, ReplicatedNode};
 pub struct LocalGroup {
     dir: PathBuf,
     options: tusk::Options,
+    commit_timeout: Duration,
     addrs: Vec<SocketAddr>,
     slots: Vec<RwLock<Option<ReplicatedNode>>>,
 }
 
 /// Node `id`'s configuration: `options` for its store, but the group commit interval a
 /// replicated node's store has by default.
-fn config(id: u64, listen: SocketAddr, options: &tusk::Options) -> NodeConfig {
-    let defaults = NodeConfig::new(id, listen);
+fn config(id: u64, listen: SocketAddr, options: &tusk::Options, commit_timeout: Duration) -> NodeConfig {
+    let defaults = NodeConfig { commit_timeout, ..NodeConfig::new(id, listen) };
     let store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
     NodeConfig { store, ..defaults }
 }
 
 impl LocalGroup {
-    /// Opens `n` nodes in `dir/n1..` with `options` and makes them a group.
-    pub fn start(dir: &Path, n: usize, options: tusk::Options) -> Result<LocalGroup, tusk_replica::ReplicaError> {
+    /// Opens `n` nodes in `dir/n1..` with `options` and makes them a group; a `Sync` commit
+    /// waits up to `commit_timeout` for it.
+    pub fn start(dir: &Path, n: usize, options: tusk::Options, commit_timeout: Duration) -> Result<LocalGroup, tusk_replica::ReplicaError> {
         let mut slots = Vec::with_capacity(n);
         let mut addrs = Vec::with_capacity(n);
         for id in 1..=n as u64 {
-            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(id, "127.0.0.1:0".parse().expect("an address"), &options))?;
+            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(id, "127.0.0.1:0".parse().expect("an address"), &options, commit_timeout))?;
             addrs.push(node.addr());
             slots.push(RwLock::new(Some(node)));
         }
         let members: Vec<(u64, SocketAddr)> = addrs.iter().enumerate().map(|(i, &a)| (i as u64 + 1, a)).collect();
         slots[0].read().expect("not poisoned").as_ref().expect("open").initialize(&members)?;
-        Ok(LocalGroup { dir: dir.to_path_buf(), options, addrs, slots })
+        Ok(LocalGroup { dir: dir.to_path_buf(), options, commit_timeout, addrs, slots })
     }
 
     pub fn len(&self) -> usize {
@@ -74,7 +76,7 @@ impl LocalGroup {
 
     /// Opens node `i` again on its address; returns whether it rebuilt its store.
     pub fn restart(&self, i: usize) -> Result<bool, tusk_replica::ReplicaError> {
-        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(i as u64 + 1, self.addrs[i], &self.options))?;
+        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(i as u64 + 1, self.addrs[i], &self.options, self.commit_timeout))?;
         let rebuilt = node.rebuilt();
         *self.slots[i].write().expect("not poisoned") = Some(node);
         Ok(rebuilt)

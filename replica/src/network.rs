@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -15,19 +16,61 @@ use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse};
 use openraft::BasicNode;
 use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{NodeId, Raft, TypeConfig};
 
+/// Faults of the messages this node sends (crash runs): each call is dropped (it fails as
+/// unreachable, unsent), delayed, or sent twice (the second answer is the one used), each
+/// with its probability, drawn from a seeded generator.
+#[derive(Clone, Debug, Default)]
+pub struct MessageFaults {
+    pub drop: f64,
+    pub duplicate: f64,
+    /// Each call waits a time drawn uniformly from this range before it is sent.
+    pub delay: Option<(Duration, Duration)>,
+    pub seed: u64,
+}
+
+/// What befalls one call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Fate {
+    drop: bool,
+    duplicate: bool,
+    delay: Option<Duration>,
+}
+
 /// Links this node refuses to use, both ways (a network partition, for tests and crash
-/// runs): calls to a cut peer fail as unreachable, and calls from one are refused.
+/// runs): calls to a cut peer fail as unreachable, and calls from one are refused. And the
+/// faults of the messages it sends.
 #[derive(Default)]
 pub struct Links {
     cut: Mutex<HashSet<NodeId>>,
+    faults: Mutex<Option<(MessageFaults, SmallRng)>>,
 }
 
 impl Links {
+    /// Sends every message with `faults` from now on (`None`: none).
+    pub fn set_faults(&self, faults: Option<MessageFaults>) {
+        *self.faults.lock() = faults.map(|f| {
+            let rng = SmallRng::seed_from_u64(f.seed);
+            (f, rng)
+        });
+    }
+
+    fn fate(&self) -> Fate {
+        let mut faults = self.faults.lock();
+        let Some((f, rng)) = faults.as_mut() else { return Fate::default() };
+        Fate {
+            drop: rng.random_bool(f.drop.clamp(0.0, 1.0)),
+            duplicate: rng.random_bool(f.duplicate.clamp(0.0, 1.0)),
+            delay: f.delay.map(|(lo, hi)| if hi > lo { rng.random_range(lo..=hi) } else { lo }),
+        }
+    }
+
     pub fn cut(&self, peer: NodeId) {
         self.cut.lock().insert(peer);
     }
@@ -40,9 +83,11 @@ impl Links {
         self.cut.lock().clear();
     }
 
-    fn is_cut(&self, peer: NodeId) -> bool {
+    /// Whether the link to (and from) `peer` is cut.
+    pub fn is_cut(&self, peer: NodeId) -> bool {
         self.cut.lock().contains(&peer)
     }
+
 }
 
 /// The request header naming the calling node.
@@ -136,19 +181,27 @@ impl Peer {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        if self.links.is_cut(self.target) {
-            return Err(RPCError::Unreachable(Unreachable::new(&CallError(format!("link to node {} cut", self.target)))));
+        let fate = self.links.fate();
+        if self.links.is_cut(self.target) || fate.drop {
+            return Err(RPCError::Unreachable(Unreachable::new(&CallError(format!("link to node {} cut, or the message dropped", self.target)))));
+        }
+        if let Some(delay) = fate.delay {
+            tokio::time::sleep(delay).await;
         }
         let body = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let sent = self
-            .client
-            .post(format!("http://{}/raft/{route}", self.addr))
-            .header(FROM, self.me.to_string())
-            .timeout(option.hard_ttl())
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let send = || {
+            self.client
+                .post(format!("http://{}/raft/{route}", self.addr))
+                .header(FROM, self.me.to_string())
+                .timeout(option.hard_ttl())
+                .body(body.clone())
+                .send()
+        };
+        if fate.duplicate {
+            // The first copy's answer is dropped, as a network that delivered it twice would.
+            let _ = send().await;
+        }
+        let sent = send().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         if !sent.status().is_success() {
             let status = sent.status();
             let text = sent.text().await.unwrap_or_default();

@@ -166,7 +166,7 @@ impl ReplicatedNode {
         }));
         let role = Arc::new(Role::default());
         rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight));
-        rt.spawn(watch_role(config.id, raft.clone(), store.clone(), source.clone(), led, role.clone()));
+        rt.spawn(watch_role(config.id, origin, raft.clone(), store.clone(), source.clone(), led, role.clone()));
         Ok(ReplicatedNode { id: config.id, addr, store, raft, source, applied, role, links, commit_timeout: config.commit_timeout, rebuilt, stop: Some(stop), rt })
     }
 
@@ -215,6 +215,12 @@ impl ReplicatedNode {
     /// The group's leader as this node knows it.
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.metrics().borrow().current_leader
+    }
+
+    /// Whether this node stopped leading: its heap may hold records the group never
+    /// committed, and it takes no transactions until it is opened again (and rebuilt).
+    pub fn needs_rebuild(&self) -> bool {
+        self.role.lost.lock().is_some()
     }
 
     /// Whether this node leads and takes update transactions.
@@ -336,36 +342,51 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
 }
 
 /// Follows the node's role: takes the lead once Raft makes it leader and it has applied
-/// the group's log, and gives it up for good when Raft no longer has it lead.
-async fn watch_role(id: NodeId, raft: Raft, store: Arc<Store>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
+/// the group's log, and gives it up for good when Raft no longer has it lead in that term.
+/// A node led again in a later term is deposed all the same: its metrics may show the two
+/// terms' leads with nothing between (the watch keeps only the latest), while its heap may
+/// hold records of the first term that the group never committed.
+async fn watch_role(id: NodeId, origin: (u64, u64), raft: Raft, store: Arc<Store>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
     let mut metrics = raft.metrics();
+    // The term this node took the lead in.
+    let mut led_term = None;
     loop {
-        let leads = {
+        let (leads, term) = {
             let m = metrics.borrow_and_update();
-            m.state == ServerState::Leader && m.current_leader == Some(id)
+            (m.state == ServerState::Leader && m.current_leader == Some(id), m.current_term)
         };
         let was = role.leading.load(Ordering::SeqCst);
-        if leads && !was && role.lost.lock().is_none() {
-            // Every entry committed before this term is applied once this returns.
-            if raft.ensure_linearizable().await.is_ok() {
+        if was && (!leads || led_term != Some(term)) {
+            store.refuse_updates(true);
+            role.leading.store(false, Ordering::SeqCst);
+            let why = format!("node {id} stopped leading (term {term})");
+            source.fail(why.clone());
+            *role.lost.lock() = Some(why);
+        } else if leads && !was && role.lost.lock().is_none() {
+            // An empty entry of its own, committed and applied: every entry before it is
+            // then applied here, so the heap the node's transactions read holds the whole
+            // log. (`ensure_linearizable` did not do: a leader restored in its old term by a
+            // restart, its store rebuilt empty, waited for next to nothing and took
+            // transactions on a heap without the log's entries; the crash runs lost
+            // acknowledged transfers to it.)
+            if raft.client_write(Batch { origin, records: Vec::new() }).await.is_ok() {
                 led.store(true, Ordering::SeqCst);
                 let marked = local_only(|| {
                     let mut line = ReplicaLine::decode(store.replica()?);
                     line.led = true;
                     store.write_replica(line.encode(), Commit::Sync)
                 });
-                if marked.is_ok() {
+                let still = {
+                    let m = raft.metrics().borrow().clone();
+                    m.state == ServerState::Leader && m.current_term == term
+                };
+                if marked.is_ok() && still {
+                    led_term = Some(term);
                     source.lead(store.last_lsn());
                     store.refuse_updates(false);
                     role.leading.store(true, Ordering::SeqCst);
                 }
             }
-        } else if !leads && was {
-            store.refuse_updates(true);
-            role.leading.store(false, Ordering::SeqCst);
-            let why = format!("node {id} stopped leading");
-            source.fail(why.clone());
-            *role.lost.lock() = Some(why);
         }
         if metrics.changed().await.is_err() {
             return;

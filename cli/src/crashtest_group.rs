@@ -1,0 +1,207 @@
+//! `tusk crashtest --nodes N`: the bank on a replicated group on loopback while faults strike
+//! it, cycle after cycle: the leader killed (and opened again: it rebuilds), a follower
+//! killed (and opened again), a node cut off from the others (a partition, healed), and
+//! every message dropped, delayed or sent twice with some probability. Worker threads run
+//! `Sync` transfers throughout, on whichever node leads. At the end every node must hold
+//! the group's log up to the last acknowledged commit, with money conserved, every
+//! acknowledged transfer present, and all balances alike. Every wait is bounded.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tusk::Options;
+use tusk_replica::network::MessageFaults;
+use tusk_replica::Position;
+
+use super::group::LocalGroup;
+use super::group_bank::{self, Clock, Tally, PATIENCE};
+use super::report::table;
+use super::CliResult;
+
+/// The faults of a group's crash cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupFault {
+    KillLeader,
+    KillFollower,
+    Partition,
+    Messages,
+}
+
+impl GroupFault {
+    const ALL: [GroupFault; 4] = [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::Partition, GroupFault::Messages];
+
+    fn name(self) -> &'static str {
+        match self {
+            GroupFault::KillLeader => "kill-leader",
+            GroupFault::KillFollower => "kill-follower",
+            GroupFault::Partition => "partition",
+            GroupFault::Messages => "messages",
+        }
+    }
+}
+
+pub struct GroupRun {
+    pub nodes: usize,
+    pub cycles: u64,
+    pub seed: u64,
+    pub threads: usize,
+    /// How long a fault lasts, and the group then runs without one.
+    pub dwell: Duration,
+}
+
+/// The index of a node that is up and does not lead, if any.
+fn follower(group: &LocalGroup, rng: &mut SmallRng) -> Option<usize> {
+    let up: Vec<usize> = (0..group.len()).filter(|&i| group.node(i).is_some_and(|n| n.as_ref().is_some_and(|n| !n.is_leader()))).collect();
+    (!up.is_empty()).then(|| up[rng.random_range(0..up.len())])
+}
+
+/// Nodes that stopped leading hold records the group may not have: they are opened again.
+fn restart_deposed(group: &LocalGroup) -> Result<u64, Box<dyn std::error::Error>> {
+    let mut restarted = 0;
+    for i in 0..group.len() {
+        if group.node(i).is_some_and(|n| n.as_ref().is_some_and(|n| n.needs_rebuild())) {
+            group.kill(i);
+            group.restart(i)?;
+            restarted += 1;
+        }
+    }
+    Ok(restarted)
+}
+
+/// Strikes the group with `fault` for `dwell`, then heals it.
+fn strike(group: &LocalGroup, fault: GroupFault, dwell: Duration, rng: &mut SmallRng) -> Result<(), Box<dyn std::error::Error>> {
+    match fault {
+        GroupFault::KillLeader | GroupFault::KillFollower => {
+            let victim = if fault == GroupFault::KillLeader { group.leader(PATIENCE) } else { follower(group, rng) };
+            if let Some(i) = victim {
+                group.kill(i);
+                std::thread::sleep(dwell);
+                group.restart(i)?;
+            }
+        }
+        GroupFault::Partition => {
+            let cut = rng.random_range(0..group.len());
+            let others: Vec<usize> = (0..group.len()).filter(|&j| j != cut).collect();
+            for &j in &others {
+                if let Some(n) = group.node(j) {
+                    n.as_ref().expect("up").links().cut(cut as u64 + 1);
+                }
+                if let Some(n) = group.node(cut) {
+                    n.as_ref().expect("up").links().cut(j as u64 + 1);
+                }
+            }
+            std::thread::sleep(dwell);
+            for i in 0..group.len() {
+                if let Some(n) = group.node(i) {
+                    n.as_ref().expect("up").links().heal_all();
+                }
+            }
+        }
+        GroupFault::Messages => {
+            for i in 0..group.len() {
+                if let Some(n) = group.node(i) {
+                    let faults = MessageFaults { drop: 0.1, duplicate: 0.1, delay: Some((Duration::ZERO, Duration::from_millis(3))), seed: rng.random() };
+                    n.as_ref().expect("up").links().set_faults(Some(faults));
+                }
+            }
+            std::thread::sleep(dwell);
+            for i in 0..group.len() {
+                if let Some(n) = group.node(i) {
+                    n.as_ref().expect("up").links().set_faults(None);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
+    let GroupRun { nodes, cycles, seed, threads, dwell } = plan;
+    if nodes < 3 {
+        return Err("a group that survives the loss of a node needs --nodes 3 or more".into());
+    }
+    let accounts = 1_000;
+    // A run's group is made afresh (an earlier run's in the same --dir is removed).
+    if dir.join("n1").join("raft.redb").exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    let options = Options { heap_capacity: 256 << 20, checkpoint_interval: Some(Duration::from_millis(500)), ..Options::default() };
+    // A commit whose leader was cut off gives up after this (its outcome then unknown).
+    let group = LocalGroup::start(dir, nodes, options, Duration::from_secs(2))?;
+    let bank = group_bank::load(&group, accounts, threads)?;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let (never, resumed, last_index) = (AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX), AtomicU64::new(0));
+    let mut struck = [0u64; GroupFault::ALL.len()];
+    let mut deposed = 0;
+    let mut stalled = 0;
+    let outcome: Result<Vec<Tally>, Box<dyn std::error::Error>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let clock = Clock { started, kill_ns: &never, resumed_ns: &resumed, last_index: &last_index };
+                let (group, stop) = (&group, &stop);
+                s.spawn(move || group_bank::transfer(group, t, bank, stop, clock))
+            })
+            .collect();
+        let mut run = || -> Result<(), Box<dyn std::error::Error>> {
+            for _ in 0..cycles {
+                let k = rng.random_range(0..GroupFault::ALL.len());
+                strike(&group, GroupFault::ALL[k], dwell, &mut rng)?;
+                struck[k] += 1;
+                // Healed: the group must commit again within the patience.
+                let before = last_index.load(Ordering::SeqCst);
+                let deadline = Instant::now() + PATIENCE;
+                while last_index.load(Ordering::SeqCst) == before {
+                    deposed += restart_deposed(&group)?;
+                    if Instant::now() > deadline {
+                        stalled += 1;
+                        return Err(format!("no commit within {PATIENCE:?} after a {} fault", GroupFault::ALL[k].name()).into());
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                std::thread::sleep(dwell);
+                deposed += restart_deposed(&group)?;
+            }
+            Ok(())
+        };
+        let ran = run();
+        stop.store(true, Ordering::SeqCst);
+        let tallies = workers.into_iter().map(|w| w.join().expect("worker")).collect();
+        ran.map(|()| tallies)
+    });
+    let tallies = outcome?;
+    deposed += restart_deposed(&group)?;
+    let last = Position { index: last_index.load(Ordering::SeqCst) };
+    let verified = group_bank::verify(&group, bank, &tallies, last);
+    let acked: u64 = tallies.iter().map(|t| t.acked).sum();
+    let uncertain: u64 = tallies.iter().map(|t| t.uncertain).sum();
+    let counts: Vec<String> = GroupFault::ALL.iter().zip(struck).map(|(f, n)| format!("{} {n}", f.name())).collect();
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "crashtest": "group", "nodes": nodes, "cycles": cycles, "seed": seed,
+                "faults": GroupFault::ALL.iter().zip(struck).map(|(f, n)| (f.name().to_string(), n)).collect::<std::collections::BTreeMap<_, _>>(),
+                "acknowledged": acked, "unknown": uncertain, "rebuilt_after_losing_the_lead": deposed,
+                "stalled": stalled, "lost": if verified.is_ok() { 0 } else { 1 }, "seconds": started.elapsed().as_secs_f64(),
+                "failure": verified.as_ref().err(),
+            })
+        );
+    } else {
+        table(
+            &format!("tusk crashtest --nodes {nodes}: {cycles} cycles, seed {seed}"),
+            &[
+                ("faults", counts.join(", ")),
+                ("transfers acknowledged", format!("{acked} (outcome unknown: {uncertain})")),
+                ("nodes reopened after losing the lead", deposed.to_string()),
+                ("verified on every node", verified.as_ref().map_or_else(|e| format!("FAILED: {e}"), |()| "money conserved, every acknowledged transfer present, all nodes alike".into())),
+                ("seconds", format!("{:.1}", started.elapsed().as_secs_f64())),
+            ],
+        );
+    }
+    group.close()?;
+    Ok(verified?)
+}

@@ -1,0 +1,154 @@
+//! The bank on a replicated group (`tusk demo --nodes N`, `tusk crashtest --nodes N`): the
+//! accounts loaded through the leader, transfer workers that follow whoever leads, and the
+//! check every node must pass.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tusk::{Commit, HeapPtr};
+use tusk_replica::{Position, ReplicaError, ReplicatedNode};
+
+use super::demo_bank::{ACCOUNTS_ROOT, INITIAL_BALANCE, STATS_ROOT};
+use super::group::LocalGroup;
+
+const LOAD_BATCH: u64 = 8_192;
+/// How long the bank waits for an election or a node to catch up before it fails.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Where the bank lives in every node's heap: the balances, and each worker's count of its
+/// transfers (written in the same transaction as the transfer).
+#[derive(Clone, Copy)]
+pub struct Bank {
+    pub bank: HeapPtr,
+    pub stats: HeapPtr,
+    pub accounts: u64,
+    pub threads: usize,
+}
+
+/// What one worker saw: transfers acknowledged, and those whose outcome it cannot know
+/// (the leader failed before acknowledging them).
+#[derive(Default, Clone, Copy)]
+pub struct Tally {
+    pub acked: u64,
+    pub uncertain: u64,
+}
+
+/// What the workers report as they go (times in nanoseconds since `started`).
+#[derive(Clone, Copy)]
+pub struct Clock<'a> {
+    pub started: Instant,
+    /// When a leader was last killed (`u64::MAX`: not yet).
+    pub kill_ns: &'a AtomicU64,
+    /// The first commit after it.
+    pub resumed_ns: &'a AtomicU64,
+    /// The greatest position a commit returned.
+    pub last_index: &'a AtomicU64,
+}
+
+fn on_leader<T>(group: &LocalGroup, f: impl FnOnce(&ReplicatedNode) -> T) -> Result<T, String> {
+    let i = group.leader(PATIENCE).ok_or("no leader elected")?;
+    let slot = group.node(i).ok_or("the leader went down")?;
+    Ok(f(slot.as_ref().expect("up")))
+}
+
+/// Loads `accounts` accounts through the leader in `Sync` batches.
+pub fn load(group: &LocalGroup, accounts: u64, threads: usize) -> Result<Bank, Box<dyn std::error::Error>> {
+    Ok(on_leader(group, |leader| {
+        let ((bank, stats), _) = leader.transact(Commit::Sync, |tx| {
+            let bank = tx.alloc(accounts * 8)?;
+            let stats = tx.alloc(8 * threads as u64)?;
+            tx.set_root(ACCOUNTS_ROOT, bank)?;
+            tx.set_root(STATS_ROOT, stats)?;
+            Ok((bank, stats))
+        })?;
+        let mut loaded = 0;
+        while loaded < accounts {
+            let end = (loaded + LOAD_BATCH).min(accounts);
+            leader.transact(Commit::Sync, |tx| (loaded..end).try_for_each(|i| tx.write_u64_at(bank, i * 8, INITIAL_BALANCE)))?;
+            loaded = end;
+        }
+        Ok::<_, ReplicaError>(Bank { bank, stats, accounts, threads })
+    })??)
+}
+
+/// One worker: `Sync` transfers on whichever node leads, each counting itself in the
+/// worker's slot, until `stop`.
+pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock: Clock<'_>) -> Tally {
+    let Bank { bank, stats, accounts, .. } = at;
+    let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
+    let mut tally = Tally::default();
+    while !stop.load(Ordering::Relaxed) {
+        let Some(i) = group.leader(Duration::from_millis(200)) else { continue };
+        let Some(slot) = group.node(i) else { continue };
+        let leader = slot.as_ref().expect("up");
+        let (from, to, amount) = (rng.random_range(0..accounts), rng.random_range(0..accounts), rng.random_range(1..=50));
+        let done = leader.transact(Commit::Sync, |tx| {
+            let a = tx.read_u64_at(bank, from * 8)?;
+            if a >= amount && from != to {
+                tx.write_u64_at(bank, from * 8, a - amount)?;
+                let b = tx.read_u64_at(bank, to * 8)?;
+                tx.write_u64_at(bank, to * 8, b + amount)?;
+            }
+            let n = tx.read_u64_at(stats, t as u64 * 8)?;
+            tx.write_u64_at(stats, t as u64 * 8, n + 1)
+        });
+        match done {
+            Ok((_, position)) => {
+                tally.acked += 1;
+                let now = clock.started.elapsed().as_nanos() as u64;
+                if now > clock.kill_ns.load(Ordering::SeqCst) {
+                    clock.resumed_ns.fetch_min(now, Ordering::SeqCst);
+                }
+                clock.last_index.fetch_max(position.map_or(0, |p| p.index), Ordering::SeqCst);
+            }
+            // Its leader failed on the way: the transfer may or may not be in the group's log.
+            Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain += 1,
+            // It stopped leading before the transaction ran (or refused its update): nothing
+            // was written.
+            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused)) => {}
+            Err(e) => panic!("worker {t}: {e}"),
+        }
+    }
+    tally
+}
+
+fn balances(node: &ReplicatedNode, bank: Bank) -> Result<(Vec<u64>, Vec<u64>), tusk::Error> {
+    let (both, _) = node.store().transact(Commit::Async, |tx| {
+        let b = (0..bank.accounts).map(|a| tx.read_u64_at(bank.bank, 8 * a)).collect::<Result<Vec<_>, _>>()?;
+        let s = (0..bank.threads as u64).map(|t| tx.read_u64_at(bank.stats, 8 * t)).collect::<Result<Vec<_>, _>>()?;
+        Ok((b, s))
+    })?;
+    Ok(both)
+}
+
+/// Every node, once it holds the group's log up to `last`: money conserved, every
+/// acknowledged transfer there and none beyond those whose outcome was unknown, and every
+/// node's balances alike.
+pub fn verify(group: &LocalGroup, bank: Bank, tallies: &[Tally], last: Position) -> Result<(), String> {
+    let mut reference: Option<Vec<u64>> = None;
+    for i in 0..group.len() {
+        let slot = group.node(i).ok_or(format!("node {} is down", i + 1))?;
+        let node = slot.as_ref().expect("up");
+        if !node.wait_applied(last, PATIENCE) {
+            return Err(format!("node {} did not apply the group's log up to {} within {PATIENCE:?}", i + 1, last.index));
+        }
+        let (b, counts) = balances(node, bank).map_err(|e| format!("node {}: {e}", i + 1))?;
+        let total: u64 = b.iter().sum();
+        if total != bank.accounts * INITIAL_BALANCE {
+            return Err(format!("node {}: money not conserved: {total} != {}", i + 1, bank.accounts * INITIAL_BALANCE));
+        }
+        for (t, (&n, tally)) in counts.iter().zip(tallies).enumerate() {
+            if n < tally.acked || n > tally.acked + tally.uncertain {
+                return Err(format!("node {}: worker {t} counted {n} transfers, acknowledged {} (+{} unknown)", i + 1, tally.acked, tally.uncertain));
+            }
+        }
+        match &reference {
+            None => reference = Some(b),
+            Some(r) if *r != b => return Err(format!("node {} differs from node 1 at position {}", i + 1, last.index)),
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
