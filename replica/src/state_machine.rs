@@ -136,16 +136,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             out.push(Applied { index: entry.log_id.index });
         }
         let Some(last) = last else { return Ok(out) };
-        let line = ReplicaLine { applied: Some(last), led: self.led.load(Ordering::SeqCst) }.encode();
+        let led = self.led.load(Ordering::SeqCst);
+        let line = ReplicaLine { applied: Some(last), led }.encode();
         let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
-        local_only(|| {
-            if refs.is_empty() {
-                self.store.write_replica(line, Commit::Async)
-            } else {
-                self.store.apply_replicated(&refs, line, Commit::Async)
-            }
-        })
-        .map_err(sm_error)?;
+        // A node that has led rebuilds its store when opened again, whatever its line says
+        // it applied: nothing to write for entries whose records it holds already (the
+        // leader's own, one transaction less per entry).
+        if !(refs.is_empty() && led) {
+            local_only(|| {
+                if refs.is_empty() {
+                    self.store.write_replica(line, Commit::Async)
+                } else {
+                    self.store.apply_replicated(&refs, line, Commit::Async)
+                }
+            })
+            .map_err(sm_error)?;
+        }
         self.applied.set(last.index);
         Ok(out)
     }
