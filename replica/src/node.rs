@@ -10,12 +10,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 use tusk::{Commit, CommitTap, Store, Transaction};
 
@@ -75,25 +75,45 @@ pub struct Position {
 struct Role {
     /// The node leads and takes update transactions.
     leading: AtomicBool,
-    /// Why it stopped leading (it then takes none until opened again).
+    /// Why it stopped leading (it then takes none until rebuilt).
     lost: Mutex<Option<String>>,
 }
 
-/// See the module doc.
-pub struct ReplicatedNode {
-    id: NodeId,
-    addr: SocketAddr,
+/// What a rebuild replaces: the store and everything that runs on it.
+struct Member {
     store: Arc<Store>,
     raft: Raft,
     source: Arc<Source>,
     applied: Arc<AppliedWatch>,
     role: Arc<Role>,
+    /// Stops the server; the server's, proposer's and role watcher's tasks.
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// The node's parts that outlive rebuilds.
+struct Shared {
+    id: NodeId,
+    dir: PathBuf,
+    config: NodeConfig,
+    addr: SocketAddr,
     links: Arc<Links>,
-    commit_timeout: Duration,
-    rebuilt: bool,
-    stop: Option<oneshot::Sender<()>>,
+    /// `None` once the node is stopped.
+    member: RwLock<Option<Arc<Member>>>,
+    /// Rebuilds of the store in place since the node was opened (it stopped leading).
+    rebuilds: AtomicU64,
+    /// Set once the node is closed or crashed: no rebuild starts after.
+    closed: AtomicBool,
+    rt: tokio::runtime::Handle,
+}
+
+/// See the module doc.
+pub struct ReplicatedNode {
+    shared: Arc<Shared>,
+    /// Whether opening rebuilt the store (it had led).
+    rebuilt_at_open: bool,
     // Last: dropped after the tasks that run on it are stopped.
-    rt: tokio::runtime::Runtime,
+    rt: Option<tokio::runtime::Runtime>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplicaError {
@@ -105,18 +125,145 @@ fn raft_error(e: impl std::fmt::Display) -> ReplicaError {
     ReplicaError::Raft(e.to_string())
 }
 
-/// Opens the node's store in `dir`, rebuilt empty if its replica line says it led (its heap
-/// may hold records the group never committed; the group's log brings it back).
-fn open_store(dir: &Path, options: &tusk::Options, source: &Arc<Source>) -> Result<(Store, bool), ReplicaError> {
+/// Opens the node's store in `dir` (empty when `fresh`, or when its replica line says it led:
+/// its heap may hold records the group never committed; the group's log brings it back).
+/// Returns it and whether it was made empty so.
+fn open_store(dir: &Path, options: &tusk::Options, source: &Arc<Source>, fresh: bool) -> Result<(Store, bool), ReplicaError> {
     let tapped = source.clone();
     let options = tusk::Options { commit_tap: Some(CommitTap(Arc::new(move |lsn, record| tapped.tap(lsn, record)))), ..options.clone() };
-    let store = Store::open(dir, options.clone())?;
-    if !ReplicaLine::decode(store.replica()?).led {
-        return Ok((store, false));
+    if !fresh {
+        let store = Store::open(dir, options.clone())?;
+        if !ReplicaLine::decode(store.replica()?).led {
+            return Ok((store, false));
+        }
+        store.close()?;
     }
-    store.close()?;
-    std::fs::remove_dir_all(dir).map_err(io(format!("removing {}", dir.display())))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(io(format!("removing {}", dir.display())))?;
+    }
     Ok((Store::open(dir, options)?, true))
+}
+
+/// How long a rebuild waits for what ending tasks and callers let go of (a port, the
+/// group's log file, the old store).
+const LET_GO_WITHIN: Duration = Duration::from_secs(10);
+
+/// Retries `f` for up to [`LET_GO_WITHIN`] while it fails.
+fn patiently<T, E>(mut f: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let deadline = std::time::Instant::now() + LET_GO_WITHIN;
+    loop {
+        match f() {
+            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            done => return done,
+        }
+    }
+}
+
+/// `shared`'s only holder's value, once the others let go (within [`LET_GO_WITHIN`]).
+fn sole<T>(mut shared: Arc<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + LET_GO_WITHIN;
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(value) => return Some(value),
+            Err(_) if std::time::Instant::now() >= deadline => return None,
+            Err(back) => {
+                shared = back;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Starts a member: the store (rebuilt empty if `fresh`, or if it led), the group's log,
+    /// Raft, the server on the node's address, the proposer and the role watcher.
+    fn start_member(self: &Arc<Self>, fresh: bool, listener: Option<tokio::net::TcpListener>) -> Result<(Member, bool), ReplicaError> {
+        let config = &self.config;
+        let source = Arc::new(Source::default());
+        let (store, rebuilt) = open_store(&self.dir.join("store"), &config.store, &source, fresh)?;
+        // Until it leads, the store takes writes from the group only.
+        store.refuse_updates(true);
+        let store = Arc::new(store);
+        let log = patiently(|| LogStore::open(&self.dir.join("raft.redb"))).map_err(raft_error)?;
+        let origin = (config.id, rand::random::<u64>());
+        let led = Arc::new(AtomicBool::new(false));
+        let applied = Arc::new(AppliedWatch::default());
+        let machine = StateMachine { store: store.clone(), log: log.clone(), origin, led: led.clone(), applied: applied.clone() };
+        let network = Network { me: config.id, client: reqwest::Client::new(), links: self.links.clone() };
+        let raft_config = openraft::Config {
+            cluster_name: "tusk".into(),
+            heartbeat_interval: config.heartbeat.as_millis() as u64,
+            election_timeout_min: config.election_timeout.0.as_millis() as u64,
+            election_timeout_max: config.election_timeout.1.as_millis() as u64,
+            snapshot_policy: SnapshotPolicy::Never,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(raft_error)?;
+        let raft = self.rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log, machine)).map_err(raft_error)?;
+        let listener = match listener {
+            Some(l) => l,
+            None => patiently(|| self.rt.block_on(tokio::net::TcpListener::bind(self.addr))).map_err(io(format!("listening on {}", self.addr)))?,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let role = Arc::new(Role::default());
+        let served = crate::network::serve(listener, raft.clone(), self.links.clone(), async move {
+            let _ = stopped.await;
+        });
+        let tasks = vec![
+            self.rt.spawn(async move {
+                let _ = served.await;
+            }),
+            self.rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight)),
+            self.rt.spawn(watch_role(Arc::downgrade(self), origin, raft.clone(), store.clone(), source.clone(), led, role.clone())),
+        ];
+        Ok((Member { store, raft, source, applied, role, stop: Mutex::new(Some(stop)), tasks: Mutex::new(tasks) }, rebuilt))
+    }
+
+    fn member(&self) -> Arc<Member> {
+        self.member.read().clone().expect("a node's member lives until the node is closed")
+    }
+
+    /// Stops `member`'s work: it takes no more transactions, its server and tasks end, Raft
+    /// shuts down. Returns its store once nothing else holds it (`None`: still held).
+    fn stop_member(&self, member: Arc<Member>) -> Option<Store> {
+        member.role.leading.store(false, Ordering::SeqCst);
+        member.source.fail(format!("node {} stopped", self.id));
+        if let Some(stop) = member.stop.lock().take() {
+            let _ = stop.send(());
+        }
+        let _ = self.rt.block_on(member.raft.shutdown());
+        let tasks = std::mem::take(&mut *member.tasks.lock());
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = self.rt.block_on(task);
+        }
+        let Member { store, .. } = sole(member)?;
+        sole(store)
+    }
+
+    /// Replaces a member that stopped leading by one with a store rebuilt from the group's
+    /// log (run on a thread of its own: it stops the member's tasks).
+    fn rebuild(self: &Arc<Self>) {
+        // The write lock keeps callers out while the member changes.
+        let mut slot = self.member.write();
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(old) = slot.take() else { return };
+        if let Some(store) = self.stop_member(old) {
+            // Its writes the group did not commit go with it: dropped, not flushed.
+            store.crash();
+        }
+        // Without the old store let go of, the new one cannot open (its directory is
+        // locked): the node then stays stopped, as a failed open would leave it.
+        if let Ok((member, _)) = self.start_member(true, None) {
+            *slot = Some(Arc::new(member));
+            self.rebuilds.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl ReplicatedNode {
@@ -128,104 +275,99 @@ impl ReplicatedNode {
         if config.store.durability != tusk::Durability::On {
             return Err(ReplicaError::Raft("a replicated store needs durability on".into()));
         }
-        let source = Arc::new(Source::default());
-        let store_dir: PathBuf = dir.join("store");
-        let (store, rebuilt) = open_store(&store_dir, &config.store, &source)?;
-        // Until it leads, the store takes writes from the group only.
-        store.refuse_updates(true);
-        let store = Arc::new(store);
-        let log = LogStore::open(&dir.join("raft.redb")).map_err(raft_error)?;
-        let origin = (config.id, rand::random::<u64>());
-        let led = Arc::new(AtomicBool::new(false));
-        let applied = Arc::new(AppliedWatch::default());
-        let machine = StateMachine { store: store.clone(), log: log.clone(), origin, led: led.clone(), applied: applied.clone() };
-        let links = Arc::new(Links::default());
-        let network = Network { me: config.id, client: reqwest::Client::new(), links: links.clone() };
-        let raft_config = openraft::Config {
-            cluster_name: "tusk".into(),
-            heartbeat_interval: config.heartbeat.as_millis() as u64,
-            election_timeout_min: config.election_timeout.0.as_millis() as u64,
-            election_timeout_max: config.election_timeout.1.as_millis() as u64,
-            snapshot_policy: SnapshotPolicy::Never,
-            ..Default::default()
-        }
-        .validate()
-        .map_err(raft_error)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(format!("tusk-replica-{}", config.id))
             .enable_all()
             .build()
             .map_err(io("starting the node's runtime"))?;
-        let raft = rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log, machine)).map_err(raft_error)?;
         let listener = rt.block_on(tokio::net::TcpListener::bind(config.listen)).map_err(io(format!("listening on {}", config.listen)))?;
         let addr = listener.local_addr().map_err(io("the listening address"))?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        rt.spawn(crate::network::serve(listener, raft.clone(), links.clone(), async move {
-            let _ = stopped.await;
-        }));
-        let role = Arc::new(Role::default());
-        rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight));
-        rt.spawn(watch_role(config.id, origin, raft.clone(), store.clone(), source.clone(), led, role.clone()));
-        Ok(ReplicatedNode { id: config.id, addr, store, raft, source, applied, role, links, commit_timeout: config.commit_timeout, rebuilt, stop: Some(stop), rt })
+        let shared = Arc::new(Shared {
+            id: config.id,
+            dir: dir.to_path_buf(),
+            config,
+            addr,
+            links: Arc::new(Links::default()),
+            member: RwLock::new(None),
+            rebuilds: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            rt: rt.handle().clone(),
+        });
+        let (member, rebuilt) = shared.start_member(false, Some(listener))?;
+        *shared.member.write() = Some(Arc::new(member));
+        Ok(ReplicatedNode { shared, rt: Some(rt), rebuilt_at_open: rebuilt })
     }
 
     pub fn id(&self) -> NodeId {
-        self.id
+        self.shared.id
     }
 
     /// The address the group reaches this node at.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.shared.addr
     }
 
     /// Whether opening rebuilt the store from the group's log (it had led).
     pub fn rebuilt(&self) -> bool {
-        self.rebuilt
+        self.rebuilt_at_open
+    }
+
+    /// How many times the store was rebuilt from the group's log in place since the node
+    /// was opened (each time it stopped leading).
+    pub fn rebuilds(&self) -> u64 {
+        self.shared.rebuilds.load(Ordering::SeqCst)
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("the runtime lives until the node is dropped")
     }
 
     /// Makes a new group of `members` (this node among them): call on one node only, once.
     pub fn initialize(&self, members: &[(NodeId, SocketAddr)]) -> Result<(), ReplicaError> {
         let nodes: BTreeMap<NodeId, BasicNode> = members.iter().map(|&(id, addr)| (id, node_for(addr))).collect();
-        self.rt.block_on(self.raft.initialize(nodes)).map_err(raft_error)
+        let raft = self.shared.member().raft.clone();
+        self.rt().block_on(raft.initialize(nodes)).map_err(raft_error)
     }
 
     /// Adds a node to the group (first as a learner that catches up, then as a voter).
     /// Call on the leader.
     pub fn add_member(&self, id: NodeId, addr: SocketAddr) -> Result<(), ReplicaError> {
-        self.rt.block_on(async {
-            self.raft.add_learner(id, node_for(addr), true).await.map_err(raft_error)?;
-            let mut voters: std::collections::BTreeSet<NodeId> = self.raft.metrics().borrow().membership_config.membership().voter_ids().collect();
+        let raft = self.shared.member().raft.clone();
+        self.rt().block_on(async {
+            raft.add_learner(id, node_for(addr), true).await.map_err(raft_error)?;
+            let mut voters: std::collections::BTreeSet<NodeId> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
             voters.insert(id);
-            self.raft.change_membership(voters, false).await.map_err(raft_error)?;
+            raft.change_membership(voters, false).await.map_err(raft_error)?;
             Ok(())
         })
     }
 
     /// Removes a node from the group. Call on the leader.
     pub fn remove_member(&self, id: NodeId) -> Result<(), ReplicaError> {
-        self.rt.block_on(async {
-            let mut voters: std::collections::BTreeSet<NodeId> = self.raft.metrics().borrow().membership_config.membership().voter_ids().collect();
+        let raft = self.shared.member().raft.clone();
+        self.rt().block_on(async {
+            let mut voters: std::collections::BTreeSet<NodeId> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
             voters.remove(&id);
-            self.raft.change_membership(voters, false).await.map_err(raft_error)?;
+            raft.change_membership(voters, false).await.map_err(raft_error)?;
             Ok(())
         })
     }
 
     /// The group's leader as this node knows it.
     pub fn leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow().current_leader
+        self.shared.member().raft.metrics().borrow().current_leader
     }
 
-    /// Whether this node stopped leading: its heap may hold records the group never
-    /// committed, and it takes no transactions until it is opened again (and rebuilt).
+    /// Whether this node stopped leading and its store is not yet rebuilt (it takes no
+    /// transactions meanwhile; the rebuild starts at once).
     pub fn needs_rebuild(&self) -> bool {
-        self.role.lost.lock().is_some()
+        self.shared.member().role.lost.lock().is_some()
     }
 
     /// Whether this node leads and takes update transactions.
     pub fn is_leader(&self) -> bool {
-        self.role.leading.load(Ordering::SeqCst)
+        self.shared.member().role.leading.load(Ordering::SeqCst)
     }
 
     /// Runs `f` in a transaction on the leader (as [`Store::transact`]) and commits it with
@@ -234,76 +376,90 @@ impl ReplicatedNode {
     /// `Async` and `Partition` return once committed on this node (the record is proposed
     /// to the group in the background and lost if the leader fails first), without one.
     pub fn transact<T>(&self, mode: Commit, f: impl FnMut(&mut Transaction<'_>) -> Result<T, tusk::Error>) -> Result<(T, Option<Position>), ReplicaError> {
-        if !self.is_leader() {
-            return Err(ReplicaError::NotLeader { me: self.id, leader: self.leader() });
+        let member = self.shared.member();
+        if !member.role.leading.load(Ordering::SeqCst) {
+            return Err(ReplicaError::NotLeader { me: self.id(), leader: member.raft.metrics().borrow().current_leader });
         }
         let local = if mode == Commit::Sync { Commit::Async } else { mode };
-        let (value, lsn) = self.store.transact(local, f)?;
+        let (value, lsn) = member.store.transact(local, f)?;
         let Some(lsn) = lsn.filter(|_| mode == Commit::Sync) else { return Ok((value, None)) };
-        match self.source.wait_committed(lsn, self.commit_timeout) {
+        let timeout = self.shared.config.commit_timeout;
+        match member.source.wait_committed(lsn, timeout) {
             Ok(index) => Ok((value, Some(Position { index }))),
             Err(WaitError::Failed(why)) => Err(ReplicaError::NotCommitted { lsn, why }),
-            Err(WaitError::TimedOut) => Err(ReplicaError::CommitTimedOut { lsn, waited: self.commit_timeout }),
+            Err(WaitError::TimedOut) => Err(ReplicaError::CommitTimedOut { lsn, waited: timeout }),
         }
     }
 
     /// The store, for readers (transactions that only read, snapshots, GPU mirrors): on a
     /// follower it holds the group's log up to [`ReplicatedNode::applied`]. Update
-    /// transactions go through [`ReplicatedNode::transact`] on the leader.
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// transactions go through [`ReplicatedNode::transact`] on the leader. A rebuild puts a
+    /// new store in its place: hold it briefly (the rebuild waits for the old one to be let
+    /// go of).
+    pub fn store(&self) -> Arc<Store> {
+        self.shared.member().store.clone()
     }
 
     /// The last entry of the group's log this node's store holds.
     pub fn applied(&self) -> Position {
-        Position { index: self.applied.get() }
+        Position { index: self.shared.member().applied.get() }
     }
 
     /// Waits until this node's store holds the group's log up to `at` (a position a `Sync`
     /// commit returned, perhaps on another node); false if `timeout` passed first.
     pub fn wait_applied(&self, at: Position, timeout: Duration) -> bool {
-        self.applied.wait(at.index, timeout)
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            // A rebuild replaces the watch: wait on the current one, a slice at a time.
+            let member = self.shared.member();
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if member.applied.wait(at.index, left.min(Duration::from_millis(50))) {
+                return true;
+            }
+            if left.is_zero() {
+                return false;
+            }
+        }
     }
 
     /// The group's transport as this node uses it (cutting links, for tests).
     pub fn links(&self) -> &Links {
-        &self.links
+        &self.shared.links
     }
 
     /// Leaves the group's work and closes the store cleanly.
     pub fn close(mut self) -> Result<(), ReplicaError> {
-        self.stop_raft();
-        let store = self.store.clone();
-        drop(self);
-        match Arc::try_unwrap(store) {
-            Ok(store) => Ok(store.close()?),
-            Err(_) => Err(ReplicaError::Raft("the store is still in use by the node's tasks".into())),
+        match self.stop() {
+            Some(store) => Ok(store.close()?),
+            None => Err(ReplicaError::Raft("the store is still in use".into())),
         }
     }
 
     /// Stops as a killed process would: nothing more is written or flushed.
     pub fn crash(mut self) {
-        self.stop_raft();
-        let store = self.store.clone();
-        drop(self);
-        if let Ok(store) = Arc::try_unwrap(store) {
+        if let Some(store) = self.stop() {
             store.crash();
         }
     }
 
-    fn stop_raft(&mut self) {
-        self.role.leading.store(false, Ordering::SeqCst);
-        self.source.fail(format!("node {} stopped", self.id));
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = self.rt.block_on(self.raft.shutdown());
+    /// Stops the member (no rebuild starts after) and returns its store, once let go of.
+    fn stop(&mut self) -> Option<Store> {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        // A rebuild under way finishes first (it holds the write lock).
+        let member = self.shared.member.write().take()?;
+        self.shared.stop_member(member)
     }
 }
 
 impl Drop for ReplicatedNode {
     fn drop(&mut self) {
-        self.stop_raft();
+        if !self.shared.closed.load(Ordering::SeqCst) {
+            if let Some(store) = self.stop() {
+                drop(store);
+            }
+        }
+        // The runtime goes last, its tasks stopped.
+        drop(self.rt.take());
     }
 }
 
@@ -346,7 +502,8 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
 /// A node led again in a later term is deposed all the same: its metrics may show the two
 /// terms' leads with nothing between (the watch keeps only the latest), while its heap may
 /// hold records of the first term that the group never committed.
-async fn watch_role(id: NodeId, origin: (u64, u64), raft: Raft, store: Arc<Store>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
+async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raft, store: Arc<Store>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
+    let Some(id) = node.upgrade().map(|n| n.id) else { return };
     let mut metrics = raft.metrics();
     // The term this node took the lead in.
     let mut led_term = None;
@@ -362,6 +519,12 @@ async fn watch_role(id: NodeId, origin: (u64, u64), raft: Raft, store: Arc<Store
             let why = format!("node {id} stopped leading (term {term})");
             source.fail(why.clone());
             *role.lost.lock() = Some(why);
+            // Its heap may hold records the group never committed: rebuilt from the log, on
+            // a thread of its own (the rebuild stops this task).
+            if let Some(node) = node.upgrade() {
+                std::thread::Builder::new().name(format!("tusk-rebuild-{id}")).spawn(move || node.rebuild()).ok();
+            }
+            return;
         } else if leads && !was && role.lost.lock().is_none() {
             // An empty entry of its own, committed and applied: every entry before it is
             // then applied here, so the heap the node's transactions read holds the whole

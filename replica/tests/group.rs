@@ -17,6 +17,7 @@ fn config(id: u64) -> NodeConfig {
     c.store.heap_capacity = 256 << 20;
     c.store.log_partitions = 2;
     c.store.checkpoint_interval = Some(Duration::from_millis(200));
+    c.commit_timeout = Duration::from_secs(3);
     c
 }
 
@@ -225,6 +226,53 @@ fn followers_serve_snapshots_and_mirrors_of_what_they_applied() {
     let found = mirror.btree("orders").unwrap().get_batch(&keys).unwrap();
     assert!(keys.iter().zip(&found.values).all(|(k, v)| *v == Some(k * 10)));
     drop((snap, mirror));
+    for n in nodes {
+        n.close().unwrap();
+    }
+}
+
+/// A leader cut off from the others commits a transfer on its own store that the group never
+/// commits; the others elect a leader and go on. Healed, the old leader learns it was
+/// deposed and rebuilds its store from the group's log without being opened again: its
+/// uncommitted transfer is gone, and it converges.
+#[test]
+fn a_deposed_leader_rebuilds_in_place_and_drops_what_the_group_never_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir.path(), id, None)).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].initialize(&members).unwrap();
+    let refs: Vec<&ReplicatedNode> = nodes.iter().collect();
+    let l = leader_of(&refs);
+    open_bank(&nodes[l]);
+    transfer(&nodes[l], 50, 1).unwrap();
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    for &o in &others {
+        nodes[l].links().cut(nodes[o].id());
+        nodes[o].links().cut(nodes[l].id());
+    }
+    // Its own store takes the transfer; the group never will.
+    let lost = nodes[l].transact(Commit::Sync, |tx| {
+        let bank = tx.root("bank")?.unwrap();
+        tx.write_u64_at(bank, 0, 0)?;
+        tx.write_u64_at(bank, 8, 2 * START)
+    });
+    assert!(matches!(lost, Err(ReplicaError::CommitTimedOut { .. } | ReplicaError::NotCommitted { .. })), "{lost:?}");
+    let rest: Vec<&ReplicatedNode> = others.iter().map(|&o| &nodes[o]).collect();
+    let l2 = leader_of(&rest);
+    let at = transfer(rest[l2], 50, 7).unwrap();
+    for &o in &others {
+        nodes[l].links().heal_all();
+        nodes[o].links().heal_all();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nodes[l].rebuilds() == 0 {
+        assert!(Instant::now() < deadline, "the deposed leader rebuilds within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(nodes[l].wait_applied(at, Duration::from_secs(20)), "and catches up");
+    let expected = balances(rest[l2]);
+    assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START);
+    assert_eq!(balances(&nodes[l]), expected, "its uncommitted transfer is gone");
     for n in nodes {
         n.close().unwrap();
     }
