@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use tusk::{Commit, HeapPtr, Options, Store};
 use tusk_replica::ReplicatedNode;
 
-use super::group::LocalGroup;
+use super::group::{LocalGroup, Settings};
 use super::report::{median, rate};
 use super::{BenchDir, BenchOutput, CliResult};
 
@@ -32,6 +32,10 @@ pub struct ReplicatedArgs {
     /// Rounds (the figures are medians over them).
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Proposals the leader has in flight at once (comma-separated: each is run; default the
+    /// node's default).
+    #[arg(long, value_delimiter = ',')]
+    proposals_in_flight: Vec<usize>,
     #[command(flatten)]
     pub out: BenchOutput,
 }
@@ -108,8 +112,8 @@ fn alone(dir: &Path, threads: usize, duration: Duration) -> Result<Figures, Box<
     Ok(figures)
 }
 
-fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration) -> Result<Figures, Box<dyn std::error::Error>> {
-    let group = LocalGroup::start(dir, nodes, options(), Duration::from_secs(10))?;
+fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration, proposals_in_flight: usize) -> Result<Figures, Box<dyn std::error::Error>> {
+    let group = LocalGroup::start(dir, nodes, options(), Settings { proposals_in_flight, ..Settings::default() })?;
     let l = group.leader(Duration::from_secs(30)).ok_or("no leader elected")?;
     let figures = {
         let slot = group.node(l).ok_or("the leader is down")?;
@@ -122,49 +126,60 @@ fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration) -> Result
 }
 
 pub fn run(args: ReplicatedArgs) -> CliResult {
-    if args.nodes < 1 || args.rounds == 0 || args.threads.contains(&0) {
-        return Err("--nodes, --rounds and every --threads must be ≥ 1".into());
+    if args.nodes < 1 || args.rounds == 0 || args.threads.contains(&0) || args.proposals_in_flight.contains(&0) {
+        return Err("--nodes, --rounds, every --threads and --proposals-in-flight must be ≥ 1".into());
     }
     let duration = Duration::from_secs_f64(args.duration);
-    // (threads, alone, group) per round.
-    let mut runs: Vec<(usize, Figures, Figures)> = Vec::new();
+    let in_flight = if args.proposals_in_flight.is_empty() { vec![Settings::default().proposals_in_flight] } else { args.proposals_in_flight.clone() };
+    // (threads, proposals in flight, alone, group) per round: each group run beside the
+    // alone run of its round and thread count.
+    let mut runs: Vec<(usize, usize, f64, f64, f64, Figures)> = Vec::new();
     for round in 0..args.rounds {
         for &threads in &args.threads {
             let dir = BenchDir::new(args.out.dir.clone())?;
+            let mut groups = Vec::new();
             // The order flips every round, so that neither setup always runs first.
-            let (a, g) = if round % 2 == 0 {
-                let a = alone(&dir.path().join("alone"), threads, duration)?;
-                (a, group(&dir.path().join("group"), args.nodes, threads, duration)?)
-            } else {
-                let g = group(&dir.path().join("group"), args.nodes, threads, duration)?;
-                (alone(&dir.path().join("alone"), threads, duration)?, g)
-            };
-            runs.push((threads, a, g));
+            if round % 2 == 1 {
+                for (k, &f) in in_flight.iter().enumerate() {
+                    groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, f)?));
+                }
+            }
+            let a = alone(&dir.path().join("alone"), threads, duration)?;
+            if round % 2 == 0 {
+                for (k, &f) in in_flight.iter().enumerate() {
+                    groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, f)?));
+                }
+            }
+            for (f, g) in groups {
+                runs.push((threads, f, a.per_s, a.p50_us, a.p99_us, g));
+            }
         }
     }
     if !args.out.json {
         outln!("tusk bench replicated: Sync inserts, {} nodes on loopback against one store, {} s runs, medians of {} round(s)", args.nodes, args.duration, args.rounds);
-        outln!("{:>8} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>13} {:>13}", "threads", "alone/s", "p50 us", "p99 us", "group/s", "p50 us", "p99 us", "group/alone", "p50 +us");
+        outln!("{:>8} {:>9} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>13} {:>13}", "threads", "in flight", "alone/s", "p50 us", "p99 us", "group/s", "p50 us", "p99 us", "group/alone", "p50 +us");
     }
     for &threads in &args.threads {
-        let mine: Vec<&(usize, Figures, Figures)> = runs.iter().filter(|r| r.0 == threads).collect();
-        let m = |f: &dyn Fn(&(usize, Figures, Figures)) -> f64| median(&mine.iter().map(|r| f(r)).collect::<Vec<_>>());
-        let (a_s, a50, a99) = (m(&|r| r.1.per_s), m(&|r| r.1.p50_us), m(&|r| r.1.p99_us));
-        let (g_s, g50, g99) = (m(&|r| r.2.per_s), m(&|r| r.2.p50_us), m(&|r| r.2.p99_us));
-        let ratio = m(&|r| r.2.per_s / r.1.per_s);
-        let p50_delta = m(&|r| r.2.p50_us - r.1.p50_us);
-        if args.out.json {
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "bench": "replicated", "nodes": args.nodes, "threads": threads, "rounds": args.rounds,
-                    "alone_per_s": a_s, "alone_p50_us": a50, "alone_p99_us": a99,
-                    "group_per_s": g_s, "group_p50_us": g50, "group_p99_us": g99,
-                    "group_vs_alone": ratio, "p50_delta_us": p50_delta,
-                })
-            );
-        } else {
-            outln!("{threads:>8} {:>12} {a50:>9.1} {a99:>9.1} {:>12} {g50:>9.1} {g99:>9.1} {ratio:>13.3} {p50_delta:>13.1}", rate(a_s), rate(g_s));
+        for &f in &in_flight {
+            let mine: Vec<&(usize, usize, f64, f64, f64, Figures)> = runs.iter().filter(|r| r.0 == threads && r.1 == f).collect();
+            let m = |v: &dyn Fn(&(usize, usize, f64, f64, f64, Figures)) -> f64| median(&mine.iter().map(|r| v(r)).collect::<Vec<_>>());
+            let (a_s, a50, a99) = (m(&|r| r.2), m(&|r| r.3), m(&|r| r.4));
+            let (g_s, g50, g99) = (m(&|r| r.5.per_s), m(&|r| r.5.p50_us), m(&|r| r.5.p99_us));
+            let ratio = m(&|r| r.5.per_s / r.2);
+            let p50_delta = m(&|r| r.5.p50_us - r.3);
+            if args.out.json {
+                outln!(
+                    "{}",
+                    serde_json::json!({
+                        "bench": "replicated", "nodes": args.nodes, "threads": threads, "proposals_in_flight": f, "rounds": args.rounds,
+                        "alone_per_s": a_s, "alone_p50_us": a50, "alone_p99_us": a99,
+                        "group_per_s": g_s, "group_p50_us": g50, "group_p99_us": g99,
+                        "group_vs_alone": ratio, "p50_delta_us": p50_delta,
+                    })
+                );
+            } else {
+                outln!("{threads:>8} {f:>9} {:>12} {a50:>9.1} {a99:>9.1} {:>12} {g50:>9.1} {g99:>9.1} {ratio:>13.3} {p50_delta:>13.1}", rate(a_s), rate(g_s));
+            }
         }
     }
     Ok(())

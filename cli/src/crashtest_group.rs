@@ -16,7 +16,7 @@ use tusk::Options;
 use tusk_replica::network::MessageFaults;
 use tusk_replica::Position;
 
-use super::group::LocalGroup;
+use super::group::{LocalGroup, Settings};
 use super::group_bank::{self, Clock, Tally, PATIENCE};
 use super::report::table;
 use super::CliResult;
@@ -125,7 +125,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
     }
     let options = Options { heap_capacity: 256 << 20, checkpoint_interval: Some(Duration::from_millis(500)), ..Options::default() };
     // A commit whose leader was cut off gives up after this (its outcome then unknown).
-    let group = LocalGroup::start(dir, nodes, options, Duration::from_secs(2))?;
+    let group = LocalGroup::start(dir, nodes, options, Settings { commit_timeout: Duration::from_secs(2), ..Settings::default() })?;
     let bank = group_bank::load(&group, accounts, threads)?;
     let mut rng = SmallRng::seed_from_u64(seed);
     let stop = AtomicBool::new(false);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tusk::Options;
 use tusk_replica::Position;
 
-use super::group::LocalGroup;
+use super::group::{LocalGroup, Settings};
 use super::group_bank::{self, Clock, Tally, PATIENCE};
 use super::report::{human_rate, table};
 use super::CliResult;
@@ -30,7 +30,7 @@ pub fn run(dir: &std::path::Path, plan: Plan) -> CliResult {
         checkpoint_interval: Some(Duration::from_secs(1)),
         ..Options::default()
     };
-    let group = LocalGroup::start(dir, nodes, options, Duration::from_secs(10))?;
+    let group = LocalGroup::start(dir, nodes, options, Settings::default())?;
     let first = group.leader(PATIENCE).ok_or("no leader elected")?;
     outln!("tusk demo: {nodes} nodes on loopback, {accounts} accounts, {threads} threads, stores in {} (node {} leads)", dir.display(), first + 1);
 

@@ -9,36 +9,51 @@ use std::time::{Duration, Instant};
 
 use tusk_replica::{NodeConfig, ReplicatedNode};
 
+/// What the group's nodes are opened with beside their store's options.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// How long a `Sync` commit waits for the group.
+    pub commit_timeout: Duration,
+    /// Proposals the leader has in flight at once (`NodeConfig::proposals_in_flight`).
+    pub proposals_in_flight: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        let defaults = NodeConfig::new(0, "127.0.0.1:0".parse().expect("an address"));
+        Settings { commit_timeout: defaults.commit_timeout, proposals_in_flight: defaults.proposals_in_flight }
+    }
+}
+
 pub struct LocalGroup {
     dir: PathBuf,
     options: tusk::Options,
-    commit_timeout: Duration,
+    settings: Settings,
     addrs: Vec<SocketAddr>,
     slots: Vec<RwLock<Option<ReplicatedNode>>>,
 }
 
 /// Node `id`'s configuration: `options` for its store, but the group commit interval a
 /// replicated node's store has by default.
-fn config(id: u64, listen: SocketAddr, options: &tusk::Options, commit_timeout: Duration) -> NodeConfig {
-    let defaults = NodeConfig { commit_timeout, ..NodeConfig::new(id, listen) };
+fn config(id: u64, listen: SocketAddr, options: &tusk::Options, settings: Settings) -> NodeConfig {
+    let defaults = NodeConfig { commit_timeout: settings.commit_timeout, proposals_in_flight: settings.proposals_in_flight, ..NodeConfig::new(id, listen) };
     let store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
     NodeConfig { store, ..defaults }
 }
 
 impl LocalGroup {
-    /// Opens `n` nodes in `dir/n1..` with `options` and makes them a group; a `Sync` commit
-    /// waits up to `commit_timeout` for it.
-    pub fn start(dir: &Path, n: usize, options: tusk::Options, commit_timeout: Duration) -> Result<LocalGroup, tusk_replica::ReplicaError> {
+    /// Opens `n` nodes in `dir/n1..` with `options` and `settings` and makes them a group.
+    pub fn start(dir: &Path, n: usize, options: tusk::Options, settings: Settings) -> Result<LocalGroup, tusk_replica::ReplicaError> {
         let mut slots = Vec::with_capacity(n);
         let mut addrs = Vec::with_capacity(n);
         for id in 1..=n as u64 {
-            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(id, "127.0.0.1:0".parse().expect("an address"), &options, commit_timeout))?;
+            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(id, "127.0.0.1:0".parse().expect("an address"), &options, settings))?;
             addrs.push(node.addr());
             slots.push(RwLock::new(Some(node)));
         }
         let members: Vec<(u64, SocketAddr)> = addrs.iter().enumerate().map(|(i, &a)| (i as u64 + 1, a)).collect();
         slots[0].read().expect("not poisoned").as_ref().expect("open").initialize(&members)?;
-        Ok(LocalGroup { dir: dir.to_path_buf(), options, commit_timeout, addrs, slots })
+        Ok(LocalGroup { dir: dir.to_path_buf(), options, settings, addrs, slots })
     }
 
     pub fn len(&self) -> usize {
@@ -76,7 +91,7 @@ impl LocalGroup {
 
     /// Opens node `i` again on its address; returns whether it rebuilt its store.
     pub fn restart(&self, i: usize) -> Result<bool, tusk_replica::ReplicaError> {
-        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(i as u64 + 1, self.addrs[i], &self.options, self.commit_timeout))?;
+        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(i as u64 + 1, self.addrs[i], &self.options, self.settings))?;
         let rebuilt = node.rebuilt();
         *self.slots[i].write().expect("not poisoned") = Some(node);
         Ok(rebuilt)
