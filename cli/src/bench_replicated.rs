@@ -48,10 +48,19 @@ fn options() -> Options {
 }
 
 /// One run's figures.
+#[derive(Clone, Copy)]
 struct Figures {
     per_s: f64,
     p50_us: f64,
     p99_us: f64,
+}
+
+/// A group run and the alone run beside it.
+struct Run {
+    threads: usize,
+    in_flight: usize,
+    alone: Figures,
+    group: Figures,
 }
 
 /// `threads` clients committing for `duration` through `commit` (thread, its array, its
@@ -131,9 +140,8 @@ pub fn run(args: ReplicatedArgs) -> CliResult {
     }
     let duration = Duration::from_secs_f64(args.duration);
     let in_flight = if args.proposals_in_flight.is_empty() { vec![Settings::default().proposals_in_flight] } else { args.proposals_in_flight.clone() };
-    // (threads, proposals in flight, alone, group) per round: each group run beside the
-    // alone run of its round and thread count.
-    let mut runs: Vec<(usize, usize, f64, f64, f64, Figures)> = Vec::new();
+    // Each group run beside the alone run of its round and thread count.
+    let mut runs: Vec<Run> = Vec::new();
     for round in 0..args.rounds {
         for &threads in &args.threads {
             let dir = BenchDir::new(args.out.dir.clone())?;
@@ -150,8 +158,8 @@ pub fn run(args: ReplicatedArgs) -> CliResult {
                     groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, f)?));
                 }
             }
-            for (f, g) in groups {
-                runs.push((threads, f, a.per_s, a.p50_us, a.p99_us, g));
+            for (in_flight, group) in groups {
+                runs.push(Run { threads, in_flight, alone: a, group });
             }
         }
     }
@@ -161,12 +169,12 @@ pub fn run(args: ReplicatedArgs) -> CliResult {
     }
     for &threads in &args.threads {
         for &f in &in_flight {
-            let mine: Vec<&(usize, usize, f64, f64, f64, Figures)> = runs.iter().filter(|r| r.0 == threads && r.1 == f).collect();
-            let m = |v: &dyn Fn(&(usize, usize, f64, f64, f64, Figures)) -> f64| median(&mine.iter().map(|r| v(r)).collect::<Vec<_>>());
-            let (a_s, a50, a99) = (m(&|r| r.2), m(&|r| r.3), m(&|r| r.4));
-            let (g_s, g50, g99) = (m(&|r| r.5.per_s), m(&|r| r.5.p50_us), m(&|r| r.5.p99_us));
-            let ratio = m(&|r| r.5.per_s / r.2);
-            let p50_delta = m(&|r| r.5.p50_us - r.3);
+            let mine: Vec<&Run> = runs.iter().filter(|r| r.threads == threads && r.in_flight == f).collect();
+            let m = |v: &dyn Fn(&Run) -> f64| median(&mine.iter().map(|r| v(r)).collect::<Vec<_>>());
+            let (a_s, a50, a99) = (m(&|r| r.alone.per_s), m(&|r| r.alone.p50_us), m(&|r| r.alone.p99_us));
+            let (g_s, g50, g99) = (m(&|r| r.group.per_s), m(&|r| r.group.p50_us), m(&|r| r.group.p99_us));
+            let ratio = m(&|r| r.group.per_s / r.alone.per_s);
+            let p50_delta = m(&|r| r.group.p50_us - r.alone.p50_us);
             if args.out.json {
                 outln!(
                     "{}",
