@@ -277,3 +277,50 @@ fn a_deposed_leader_rebuilds_in_place_and_drops_what_the_group_never_committed()
         n.close().unwrap();
     }
 }
+
+/// Membership at run time: a fourth node added to a running group catches up from the
+/// group's log and votes; a member removed stops counting, and the group of three goes on
+/// even with one of them killed.
+#[test]
+fn members_are_added_and_removed_while_the_group_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open(dir.path(), id, None))).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
+    let up = |nodes: &[Option<ReplicatedNode>]| -> usize {
+        let refs: Vec<&ReplicatedNode> = nodes.iter().flatten().collect();
+        let l = leader_of(&refs);
+        nodes.iter().position(|n| n.as_ref().is_some_and(|n| n.id() == refs[l].id())).unwrap()
+    };
+    let l = up(&nodes);
+    open_bank(nodes[l].as_ref().unwrap());
+    transfer(nodes[l].as_ref().unwrap(), 100, 2).unwrap();
+
+    // Node 4 joins: as a learner it catches up, then it votes.
+    nodes.push(Some(open(dir.path(), 4, None)));
+    let fourth = nodes[3].as_ref().unwrap().addr();
+    nodes[l].as_ref().unwrap().add_member(4, fourth).unwrap();
+    let at = transfer(nodes[l].as_ref().unwrap(), 100, 4).unwrap();
+    assert!(nodes[3].as_ref().unwrap().wait_applied(at, Duration::from_secs(20)), "the new member catches up");
+    assert_eq!(balances(nodes[3].as_ref().unwrap()), balances(nodes[l].as_ref().unwrap()));
+
+    // A member other than the leader leaves; the group is the other three.
+    let gone = (0..3).find(|&i| i != l).unwrap();
+    nodes[l].as_ref().unwrap().remove_member(nodes[gone].as_ref().unwrap().id()).unwrap();
+    nodes[gone].take().unwrap().close().unwrap();
+    let at = transfer(nodes[l].as_ref().unwrap(), 50, 6).unwrap();
+    // Of the three members, one more may fail: the leader is killed, two remain a majority.
+    nodes[l].take().unwrap().crash();
+    let l2 = up(&nodes);
+    let at2 = transfer(nodes[l2].as_ref().unwrap(), 50, 8).unwrap();
+    assert!(at2 > at);
+    let expected = balances(nodes[l2].as_ref().unwrap());
+    assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START);
+    for n in nodes.iter().flatten() {
+        assert!(n.wait_applied(at2, Duration::from_secs(20)));
+        assert_eq!(balances(n), expected, "node {} alike", n.id());
+    }
+    for n in nodes.into_iter().flatten() {
+        n.close().unwrap();
+    }
+}
