@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tusk::{Commit, Options, Store};
 
 use super::report::{self, human_rate, table};
-use super::demo_bank::{Bank, ACCOUNTS_ROOT, INITIAL_BALANCE, STATS_ROOT};
+use super::demo_bank::{alloc_bank, Bank, ACCOUNTS_ROOT, INITIAL_BALANCE, STATS_ROOT};
 use super::{demo_gpu, demo_index, demo_replicated, demo_snapshot, CliResult, IoAt};
 
 const LOAD_BATCH: u64 = 8_192;
@@ -100,13 +100,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let load_started = Instant::now();
     let bar = ProgressBar::new(accounts);
     bar.set_style(ProgressStyle::with_template("load   [{bar:40}] {pos}/{len} accounts {rate}")?.with_key("rate", report::rate_key).progress_chars("=> "));
-    let ((bank, stats), _) = store.transact(Commit::Sync, |tx| {
-        let bank = tx.alloc(accounts * 8)?;
-        let stats = tx.alloc(8 * threads as u64)?;
-        tx.set_root(ACCOUNTS_ROOT, bank)?;
-        tx.set_root(STATS_ROOT, stats)?;
-        Ok((bank, stats))
-    })?;
+    let ((bank, stats), _) = store.transact(Commit::Sync, |tx| alloc_bank(tx, accounts, threads))?;
     let mut loaded = 0;
     while loaded < accounts {
         let end = (loaded + LOAD_BATCH).min(accounts);

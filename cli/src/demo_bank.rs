@@ -5,12 +5,34 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tusk::{Commit, HeapPtr, Store};
+use tusk::{Commit, HeapPtr, Store, Transaction};
 
 pub const INITIAL_BALANCE: u64 = 1_000;
 /// The root of the accounts (one u64 balance each) and of the per-thread transfer counts.
 pub const ACCOUNTS_ROOT: &str = "demo.accounts";
 pub const STATS_ROOT: &str = "demo.stats";
+
+/// Allocates the accounts (zeroed) and `threads` transfer counts, under their roots.
+pub fn alloc_bank(tx: &mut Transaction<'_>, accounts: u64, threads: usize) -> Result<(HeapPtr, HeapPtr), tusk::Error> {
+    let bank = tx.alloc(accounts * 8)?;
+    let stats = tx.alloc(8 * threads as u64)?;
+    tx.set_root(ACCOUNTS_ROOT, bank)?;
+    tx.set_root(STATS_ROOT, stats)?;
+    Ok((bank, stats))
+}
+
+/// Moves `amount` from account `from` to `to` if `from` holds it, and counts the transfer in
+/// slot `thread` of `stats`.
+pub fn transfer_in(tx: &mut Transaction<'_>, bank: HeapPtr, stats: HeapPtr, thread: usize, (from, to, amount): (u64, u64, u64)) -> Result<(), tusk::Error> {
+    let a = tx.read_u64_at(bank, from * 8)?;
+    if a >= amount && from != to {
+        tx.write_u64_at(bank, from * 8, a - amount)?;
+        let b = tx.read_u64_at(bank, to * 8)?;
+        tx.write_u64_at(bank, to * 8, b + amount)?;
+    }
+    let n = tx.read_u64_at(stats, thread as u64 * 8)?;
+    tx.write_u64_at(stats, thread as u64 * 8, n + 1)
+}
 
 /// The bank: `accounts` balances at `ptr`, per-thread transfer counts at `stats`.
 #[derive(Clone, Copy)]
@@ -56,16 +78,7 @@ impl Bank {
             // Offset from the audits' iterations (every 64th), which `continue` above: a Sync
             // commit on those would never happen.
             let mode = if (i + 2048).is_multiple_of(4096) { Commit::Sync } else { Commit::Async };
-            store.transact(mode, |tx| {
-                let a = tx.read_u64_at(bank, from * 8)?;
-                if a >= amount && from != to {
-                    tx.write_u64_at(bank, from * 8, a - amount)?;
-                    let b = tx.read_u64_at(bank, to * 8)?;
-                    tx.write_u64_at(bank, to * 8, b + amount)?;
-                }
-                let n = tx.read_u64_at(stats, thread as u64 * 8)?;
-                tx.write_u64_at(stats, thread as u64 * 8, n + 1)
-            })?;
+            store.transact(mode, |tx| transfer_in(tx, bank, stats, thread, (from, to, amount)))?;
             mine += 1;
             committed.fetch_add(1, Ordering::Relaxed);
         }

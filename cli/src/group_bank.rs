@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use tusk::{Commit, HeapPtr};
 use tusk_replica::{Position, ReplicaError, ReplicatedNode};
 
-use super::demo_bank::{ACCOUNTS_ROOT, INITIAL_BALANCE, STATS_ROOT};
+use super::demo_bank::{alloc_bank, transfer_in, INITIAL_BALANCE};
 use super::group::LocalGroup;
 
 const LOAD_BATCH: u64 = 8_192;
@@ -56,13 +56,7 @@ fn on_leader<T>(group: &LocalGroup, f: impl FnOnce(&ReplicatedNode) -> T) -> Res
 /// Loads `accounts` accounts through the leader in `Sync` batches.
 pub fn load(group: &LocalGroup, accounts: u64, threads: usize) -> Result<Bank, Box<dyn std::error::Error>> {
     Ok(on_leader(group, |leader| {
-        let ((bank, stats), _) = leader.transact(Commit::Sync, |tx| {
-            let bank = tx.alloc(accounts * 8)?;
-            let stats = tx.alloc(8 * threads as u64)?;
-            tx.set_root(ACCOUNTS_ROOT, bank)?;
-            tx.set_root(STATS_ROOT, stats)?;
-            Ok((bank, stats))
-        })?;
+        let ((bank, stats), _) = leader.transact(Commit::Sync, |tx| alloc_bank(tx, accounts, threads))?;
         let mut loaded = 0;
         while loaded < accounts {
             let end = (loaded + LOAD_BATCH).min(accounts);
@@ -84,16 +78,7 @@ pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock
         let Some(slot) = group.node(i) else { continue };
         let leader = slot.as_ref().expect("up");
         let (from, to, amount) = (rng.random_range(0..accounts), rng.random_range(0..accounts), rng.random_range(1..=50));
-        let done = leader.transact(Commit::Sync, |tx| {
-            let a = tx.read_u64_at(bank, from * 8)?;
-            if a >= amount && from != to {
-                tx.write_u64_at(bank, from * 8, a - amount)?;
-                let b = tx.read_u64_at(bank, to * 8)?;
-                tx.write_u64_at(bank, to * 8, b + amount)?;
-            }
-            let n = tx.read_u64_at(stats, t as u64 * 8)?;
-            tx.write_u64_at(stats, t as u64 * 8, n + 1)
-        });
+        let done = leader.transact(Commit::Sync, |tx| transfer_in(tx, bank, stats, t, (from, to, amount)));
         match done {
             Ok((_, position)) => {
                 tally.acked += 1;

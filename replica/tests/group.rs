@@ -29,6 +29,15 @@ fn open(dir: &Path, id: u64, listen: Option<SocketAddr>) -> ReplicatedNode {
     ReplicatedNode::open(dir.join(format!("n{id}")), c).unwrap()
 }
 
+/// Three nodes in `dir`, made a group; and which of them leads.
+fn group_of_three(dir: &Path) -> (Vec<ReplicatedNode>, usize) {
+    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir, id, None)).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].initialize(&members).unwrap();
+    let l = leader_of(&nodes.iter().collect::<Vec<_>>());
+    (nodes, l)
+}
+
 fn leader_of(nodes: &[&ReplicatedNode]) -> usize {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -88,11 +97,7 @@ fn transfer(leader: &ReplicatedNode, count: u64, seed: u64) -> Result<Position, 
 #[test]
 fn a_group_replicates_fails_over_and_converges() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir.path(), id, None)).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].initialize(&members).unwrap();
-    let refs: Vec<&ReplicatedNode> = nodes.iter().collect();
-    let l = leader_of(&refs);
+    let (nodes, l) = group_of_three(dir.path());
     let follower = &nodes[(l + 1) % 3];
     assert!(matches!(follower.transact(Commit::Sync, |_| Ok(())), Err(ReplicaError::NotLeader { .. })), "followers take no updates");
 
@@ -145,11 +150,7 @@ fn a_group_replicates_fails_over_and_converges() {
 #[test]
 fn a_leader_back_in_its_own_term_applies_the_log_before_it_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir.path(), id, None)).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].initialize(&members).unwrap();
-    let refs: Vec<&ReplicatedNode> = nodes.iter().collect();
-    let l = leader_of(&refs);
+    let (nodes, l) = group_of_three(dir.path());
     open_bank(&nodes[l]);
     transfer(&nodes[l], 300, 3).unwrap();
     let before = balances(&nodes[l]);
@@ -188,12 +189,9 @@ fn a_leader_back_in_its_own_term_applies_the_log_before_it_commits() {
 #[test]
 fn followers_serve_snapshots_and_mirrors_of_what_they_applied() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir.path(), id, None)).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].initialize(&members).unwrap();
-    let refs: Vec<&ReplicatedNode> = nodes.iter().collect();
-    let leader = refs[leader_of(&refs)];
-    let follower = *refs.iter().find(|n| !n.is_leader()).unwrap();
+    let (nodes, l) = group_of_three(dir.path());
+    let leader = &nodes[l];
+    let follower = nodes.iter().find(|n| !n.is_leader()).unwrap();
     let load = |range: std::ops::Range<u64>| {
         leader
             .transact(Commit::Sync, |tx| {
@@ -238,11 +236,7 @@ fn followers_serve_snapshots_and_mirrors_of_what_they_applied() {
 #[test]
 fn a_deposed_leader_rebuilds_in_place_and_drops_what_the_group_never_committed() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ReplicatedNode> = (1..=3).map(|id| open(dir.path(), id, None)).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].initialize(&members).unwrap();
-    let refs: Vec<&ReplicatedNode> = nodes.iter().collect();
-    let l = leader_of(&refs);
+    let (nodes, l) = group_of_three(dir.path());
     open_bank(&nodes[l]);
     transfer(&nodes[l], 50, 1).unwrap();
     let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
