@@ -1,7 +1,9 @@
 //! `tusk crashtest --nodes N`: the bank on a replicated group on loopback while faults strike
 //! it, cycle after cycle: the leader killed (and opened again: it rebuilds), a follower
 //! killed (and opened again), a node cut off from the others for longer than an election
-//! takes (a partition, healed: a leader cut off is deposed and rebuilds in place), and
+//! takes (a partition, healed: a leader cut off is deposed and rebuilds in place), a node
+//! killed with its disk's power cut (its store's unsynced writes rolled back by sector, the
+//! crash runs' power model), and
 //! every message dropped, delayed or sent twice with some probability. Worker threads run
 //! `Sync` transfers throughout, on whichever node leads. At the end every node must hold
 //! the group's log up to the last acknowledged commit, with money conserved, every
@@ -26,17 +28,21 @@ use super::CliResult;
 pub enum GroupFault {
     KillLeader,
     KillFollower,
+    /// A node (the leader or not) killed with its disk's power cut: of its store's writes
+    /// not yet synced, none, all or each sector with probability ½ reach the disk.
+    PowerCut,
     Partition,
     Messages,
 }
 
 impl GroupFault {
-    const ALL: [GroupFault; 4] = [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::Partition, GroupFault::Messages];
+    const ALL: [GroupFault; 5] = [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::PowerCut, GroupFault::Partition, GroupFault::Messages];
 
     fn name(self) -> &'static str {
         match self {
             GroupFault::KillLeader => "kill-leader",
             GroupFault::KillFollower => "kill-follower",
+            GroupFault::PowerCut => "power-cut",
             GroupFault::Partition => "partition",
             GroupFault::Messages => "messages",
         }
@@ -72,6 +78,20 @@ fn strike(group: &LocalGroup, fault: GroupFault, dwell: Duration, rng: &mut Smal
             let victim = if fault == GroupFault::KillLeader { group.leader(PATIENCE) } else { follower(group, rng) };
             if let Some(i) = victim {
                 group.kill(i);
+                std::thread::sleep(dwell);
+                rebuilt = group.restart(i)?;
+            }
+        }
+        GroupFault::PowerCut => {
+            let i = rng.random_range(0..group.len());
+            if group.node(i).is_some() {
+                let policy = rng.random_range(0..3u8);
+                let mut sectors = SmallRng::seed_from_u64(rng.random());
+                group.power_cut(i, &mut |_, _| match policy {
+                    0 => false,
+                    1 => true,
+                    _ => sectors.random_bool(0.5),
+                })?;
                 std::thread::sleep(dwell);
                 rebuilt = group.restart(i)?;
             }
@@ -125,7 +145,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
     }
     let options = Options { heap_capacity: 256 << 20, checkpoint_interval: Some(Duration::from_millis(500)), ..Options::default() };
     // A commit whose leader was cut off gives up after this (its outcome then unknown).
-    let group = LocalGroup::start(dir, nodes, options, Settings { commit_timeout: Duration::from_secs(2), ..Settings::default() })?;
+    let group = LocalGroup::start(dir, nodes, options, Settings { commit_timeout: Duration::from_secs(2), journaled: Some(Duration::from_micros(200)), ..Settings::default() })?;
     let bank = group_bank::load(&group, accounts, threads)?;
     let mut rng = SmallRng::seed_from_u64(seed);
     let stop = AtomicBool::new(false);

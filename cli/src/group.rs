@@ -9,6 +9,11 @@ use std::time::{Duration, Instant};
 
 use tusk_replica::{NodeConfig, ReplicatedNode};
 
+/// Node `id`'s write journal, when the group journals its writes.
+fn journal(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("n{id}")).join("journal")
+}
+
 /// What the group's nodes are opened with beside their store's options.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
@@ -16,12 +21,16 @@ pub struct Settings {
     pub commit_timeout: Duration,
     /// Proposals the leader has in flight at once (`NodeConfig::proposals_in_flight`).
     pub proposals_in_flight: usize,
+    /// Journal every write of each node's store (`Io::Recording`, in `n<id>/journal`) with
+    /// this window between a write and its sync, so that [`LocalGroup::power_cut`] can roll
+    /// back what a node had not synced.
+    pub journaled: Option<Duration>,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
         let defaults = NodeConfig::new(0, "127.0.0.1:0".parse().expect("an address"));
-        Settings { commit_timeout: defaults.commit_timeout, proposals_in_flight: defaults.proposals_in_flight }
+        Settings { commit_timeout: defaults.commit_timeout, proposals_in_flight: defaults.proposals_in_flight, journaled: None }
     }
 }
 
@@ -35,9 +44,12 @@ pub struct LocalGroup {
 
 /// Node `id`'s configuration: `options` for its store, but the group commit interval a
 /// replicated node's store has by default.
-fn config(id: u64, listen: SocketAddr, options: &tusk::Options, settings: Settings) -> NodeConfig {
+fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, settings: Settings) -> NodeConfig {
     let defaults = NodeConfig { commit_timeout: settings.commit_timeout, proposals_in_flight: settings.proposals_in_flight, ..NodeConfig::new(id, listen) };
-    let store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
+    let mut store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
+    if let Some(window) = settings.journaled {
+        store.io = tusk::Io::Recording(tusk::RecordConfig { journal: journal(dir, id), window });
+    }
     NodeConfig { store, ..defaults }
 }
 
@@ -47,7 +59,7 @@ impl LocalGroup {
         let mut slots = Vec::with_capacity(n);
         let mut addrs = Vec::with_capacity(n);
         for id in 1..=n as u64 {
-            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(id, "127.0.0.1:0".parse().expect("an address"), &options, settings))?;
+            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(dir, id, "127.0.0.1:0".parse().expect("an address"), &options, settings))?;
             addrs.push(node.addr());
             slots.push(RwLock::new(Some(node)));
         }
@@ -89,9 +101,24 @@ impl LocalGroup {
         }
     }
 
+    /// Kills node `i` and cuts its disk's power: of the writes its store had not synced,
+    /// `keep` decides sector by sector which reached the disk (a group that journals its
+    /// writes only). The node stays down.
+    pub fn power_cut(&self, i: usize, keep: &mut dyn FnMut(&Path, u64) -> bool) -> Result<tusk_storage::io::record::PowerCut, Box<dyn std::error::Error>> {
+        if self.settings.journaled.is_none() {
+            return Err("the group does not journal its writes".into());
+        }
+        self.kill(i);
+        let journal = journal(&self.dir, i as u64 + 1);
+        let cut = tusk_storage::io::record::power_cut(&journal, keep)?;
+        // What the journal said is applied: the store starts a new one when opened again.
+        std::fs::write(&journal, b"")?;
+        Ok(cut)
+    }
+
     /// Opens node `i` again on its address; returns whether it rebuilt its store.
     pub fn restart(&self, i: usize) -> Result<bool, tusk_replica::ReplicaError> {
-        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(i as u64 + 1, self.addrs[i], &self.options, self.settings))?;
+        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(&self.dir, i as u64 + 1, self.addrs[i], &self.options, self.settings))?;
         let rebuilt = node.rebuilt();
         *self.slots[i].write().expect("not poisoned") = Some(node);
         Ok(rebuilt)
