@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
@@ -90,6 +90,10 @@ impl Links {
 
 }
 
+/// The largest message body taken: an AppendEntries with tusk's largest record
+/// (`log_format::MAX_PAYLOAD`, 3 GiB) and room for its framing.
+const MAX_BODY: usize = if usize::BITS > 32 { (4u64 << 30) as usize } else { usize::MAX };
+
 /// The request header naming the calling node.
 const FROM: &str = "x-tusk-node";
 
@@ -142,6 +146,9 @@ pub async fn serve(listener: tokio::net::TcpListener, raft: Raft, links: Arc<Lin
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
         .route("/raft/snapshot", post(snapshot))
+        // axum refuses bodies past 2 MB by default: an entry holds a transaction's record, up
+        // to tusk's largest (3 GiB), and a refused AppendEntries would stall the group.
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Served { raft, links });
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }

@@ -318,3 +318,35 @@ fn members_are_added_and_removed_while_the_group_runs() {
         n.close().unwrap();
     }
 }
+
+/// A large transaction (a 4 MiB record, run in place) reaches every node: the transport
+/// carries entries past its HTTP server's default body limit (2 MB).
+#[test]
+fn a_large_transaction_reaches_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, l) = group_of_three(dir.path());
+    let words = 512 * 1024u64;
+    let (_, at) = nodes[l]
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(8 * words)?;
+            for i in 0..words {
+                tx.write_u64_at(p, 8 * i, i ^ 0x5A5A)?;
+            }
+            tx.set_root("large", p)
+        })
+        .unwrap();
+    for n in &nodes {
+        assert!(n.wait_applied(at.unwrap(), Duration::from_secs(30)), "node {} applies it", n.id());
+        let (sum, _) = n
+            .store()
+            .transact(Commit::Async, |tx| {
+                let p = tx.root("large")?.unwrap();
+                (0..words).map(|i| tx.read_u64_at(p, 8 * i)).sum::<Result<u64, _>>()
+            })
+            .unwrap();
+        assert_eq!(sum, (0..words).map(|i| i ^ 0x5A5A).sum::<u64>(), "node {}", n.id());
+    }
+    for n in nodes {
+        n.close().unwrap();
+    }
+}
