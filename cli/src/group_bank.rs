@@ -99,12 +99,13 @@ pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock
     tally
 }
 
-fn balances(node: &ReplicatedNode, bank: Bank) -> Result<(Vec<u64>, Vec<u64>), tusk::Error> {
-    let (both, _) = node.store().transact(Commit::Async, |tx| {
+fn balances(node: &ReplicatedNode, bank: Bank) -> Result<(Vec<u64>, Vec<u64>), String> {
+    let store = node.store().map_err(|e| e.to_string())?;
+    let (both, _) = store.transact(Commit::Async, |tx| {
         let b = (0..bank.accounts).map(|a| tx.read_u64_at(bank.bank, 8 * a)).collect::<Result<Vec<_>, _>>()?;
         let s = (0..bank.threads as u64).map(|t| tx.read_u64_at(bank.stats, 8 * t)).collect::<Result<Vec<_>, _>>()?;
         Ok((b, s))
-    })?;
+    }).map_err(|e| e.to_string())?;
     Ok(both)
 }
 

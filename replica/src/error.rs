@@ -18,6 +18,9 @@ pub enum ReplicaError {
     /// No majority committed the record within the node's commit timeout.
     #[error("LSN {lsn} not committed by the group within {waited:?}")]
     CommitTimedOut { lsn: u64, waited: std::time::Duration },
+    /// The node has stopped: closed, or its store's rebuild failed (open it again).
+    #[error("node {me} has stopped: {why}")]
+    Stopped { me: NodeId, why: String },
     /// The Raft engine refused or failed.
     #[error("raft: {0}")]
     Raft(String),

@@ -34,7 +34,7 @@
 //! // Read your write on a follower, once it holds the group's log up to the commit.
 //! let follower = nodes.iter().find(|n| !n.is_leader()).unwrap();
 //! assert!(follower.wait_applied(at.unwrap(), Duration::from_secs(10)));
-//! let (answer, _) = follower.store().transact(Commit::Async, |tx| {
+//! let (answer, _) = follower.store()?.transact(Commit::Async, |tx| {
 //!     let p = tx.root("answer")?.unwrap();
 //!     tx.read_u64(p)
 //! })?;

@@ -104,6 +104,8 @@ struct Shared {
     rebuilds: AtomicU64,
     /// Set once the node is closed or crashed: no rebuild starts after.
     closed: AtomicBool,
+    /// Why a rebuild failed (the node then has no member: it is stopped).
+    failure: Mutex<Option<String>>,
     rt: tokio::runtime::Handle,
 }
 
@@ -220,8 +222,12 @@ impl Shared {
         Ok((Member { store, raft, source, applied, role, stop: Mutex::new(Some(stop)), tasks: Mutex::new(tasks) }, rebuilt))
     }
 
-    fn member(&self) -> Arc<Member> {
-        self.member.read().clone().expect("a node's member lives until the node is closed")
+    /// The current member, or why there is none (a rebuild failed).
+    fn member(&self) -> Result<Arc<Member>, ReplicaError> {
+        self.member.read().clone().ok_or_else(|| ReplicaError::Stopped {
+            me: self.id,
+            why: self.failure.lock().clone().unwrap_or_else(|| "the node is closed".into()),
+        })
     }
 
     /// Stops `member`'s work: it takes no more transactions, its server and tasks end, Raft
@@ -259,9 +265,12 @@ impl Shared {
         }
         // Without the old store let go of, the new one cannot open (its directory is
         // locked): the node then stays stopped, as a failed open would leave it.
-        if let Ok((member, _)) = self.start_member(true, None) {
-            *slot = Some(Arc::new(member));
-            self.rebuilds.fetch_add(1, Ordering::SeqCst);
+        match self.start_member(true, None) {
+            Ok((member, _)) => {
+                *slot = Some(Arc::new(member));
+                self.rebuilds.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(e) => *self.failure.lock() = Some(format!("its store's rebuild failed: {e}")),
         }
     }
 }
@@ -292,6 +301,7 @@ impl ReplicatedNode {
             member: RwLock::new(None),
             rebuilds: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            failure: Mutex::new(None),
             rt: rt.handle().clone(),
         });
         let (member, rebuilt) = shared.start_member(false, Some(listener))?;
@@ -326,14 +336,14 @@ impl ReplicatedNode {
     /// Makes a new group of `members` (this node among them): call on one node only, once.
     pub fn initialize(&self, members: &[(NodeId, SocketAddr)]) -> Result<(), ReplicaError> {
         let nodes: BTreeMap<NodeId, BasicNode> = members.iter().map(|&(id, addr)| (id, node_for(addr))).collect();
-        let raft = self.shared.member().raft.clone();
+        let raft = self.shared.member()?.raft.clone();
         self.rt().block_on(raft.initialize(nodes)).map_err(raft_error)
     }
 
     /// Adds a node to the group (first as a learner that catches up, then as a voter).
     /// Call on the leader.
     pub fn add_member(&self, id: NodeId, addr: SocketAddr) -> Result<(), ReplicaError> {
-        let raft = self.shared.member().raft.clone();
+        let raft = self.shared.member()?.raft.clone();
         self.rt().block_on(async {
             raft.add_learner(id, node_for(addr), true).await.map_err(raft_error)?;
             let mut voters: std::collections::BTreeSet<NodeId> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
@@ -345,7 +355,7 @@ impl ReplicatedNode {
 
     /// Removes a node from the group. Call on the leader.
     pub fn remove_member(&self, id: NodeId) -> Result<(), ReplicaError> {
-        let raft = self.shared.member().raft.clone();
+        let raft = self.shared.member()?.raft.clone();
         self.rt().block_on(async {
             let mut voters: std::collections::BTreeSet<NodeId> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
             voters.remove(&id);
@@ -356,18 +366,18 @@ impl ReplicatedNode {
 
     /// The group's leader as this node knows it.
     pub fn leader(&self) -> Option<NodeId> {
-        self.shared.member().raft.metrics().borrow().current_leader
+        self.shared.member().ok()?.raft.metrics().borrow().current_leader
     }
 
     /// Whether this node stopped leading and its store is not yet rebuilt (it takes no
-    /// transactions meanwhile; the rebuild starts at once).
+    /// transactions meanwhile; the rebuild starts at once), or its rebuild failed.
     pub fn needs_rebuild(&self) -> bool {
-        self.shared.member().role.lost.lock().is_some()
+        self.shared.member().map_or(true, |m| m.role.lost.lock().is_some())
     }
 
     /// Whether this node leads and takes update transactions.
     pub fn is_leader(&self) -> bool {
-        self.shared.member().role.leading.load(Ordering::SeqCst)
+        self.shared.member().is_ok_and(|m| m.role.leading.load(Ordering::SeqCst))
     }
 
     /// Runs `f` in a transaction on the leader (as [`Store::transact`]) and commits it with
@@ -376,7 +386,7 @@ impl ReplicatedNode {
     /// `Async` and `Partition` return once committed on this node (the record is proposed
     /// to the group in the background and lost if the leader fails first), without one.
     pub fn transact<T>(&self, mode: Commit, f: impl FnMut(&mut Transaction<'_>) -> Result<T, tusk::Error>) -> Result<(T, Option<Position>), ReplicaError> {
-        let member = self.shared.member();
+        let member = self.shared.member()?;
         if !member.role.leading.load(Ordering::SeqCst) {
             return Err(ReplicaError::NotLeader { me: self.id(), leader: member.raft.metrics().borrow().current_leader });
         }
@@ -395,14 +405,14 @@ impl ReplicatedNode {
     /// follower it holds the group's log up to [`ReplicatedNode::applied`]. Update
     /// transactions go through [`ReplicatedNode::transact`] on the leader. A rebuild puts a
     /// new store in its place: hold it briefly (the rebuild waits for the old one to be let
-    /// go of).
-    pub fn store(&self) -> Arc<Store> {
-        self.shared.member().store.clone()
+    /// go of). `ReplicaError::Stopped` where a rebuild failed.
+    pub fn store(&self) -> Result<Arc<Store>, ReplicaError> {
+        Ok(self.shared.member()?.store.clone())
     }
 
     /// The last entry of the group's log this node's store holds.
     pub fn applied(&self) -> Position {
-        Position { index: self.shared.member().applied.get() }
+        Position { index: self.shared.member().map_or(0, |m| m.applied.get()) }
     }
 
     /// Waits until this node's store holds the group's log up to `at` (a position a `Sync`
@@ -411,7 +421,7 @@ impl ReplicatedNode {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             // A rebuild replaces the watch: wait on the current one, a slice at a time.
-            let member = self.shared.member();
+            let Ok(member) = self.shared.member() else { return false };
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if member.applied.wait(at.index, left.min(Duration::from_millis(50))) {
                 return true;

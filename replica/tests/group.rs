@@ -51,7 +51,7 @@ fn leader_of(nodes: &[&ReplicatedNode]) -> usize {
 
 fn balances(node: &ReplicatedNode) -> Vec<u64> {
     let (b, _) = node
-        .store()
+        .store().unwrap()
         .transact(Commit::Async, |tx| {
             let bank = tx.root("bank")?.expect("the bank is replicated");
             (0..ACCOUNTS).map(|a| tx.read_u64_at(bank, 8 * a)).collect::<Result<Vec<_>, _>>()
@@ -101,7 +101,7 @@ fn a_group_replicates_fails_over_and_converges() {
     let follower = &nodes[(l + 1) % 3];
     assert!(matches!(follower.transact(Commit::Sync, |_| Ok(())), Err(ReplicaError::NotLeader { .. })), "followers take no updates");
 
-    let written = follower.store().transact(Commit::Sync, |tx| tx.alloc(8).map(drop));
+    let written = follower.store().unwrap().transact(Commit::Sync, |tx| tx.alloc(8).map(drop));
     assert!(matches!(written, Err(tusk::Error::UpdatesRefused)), "a follower's store takes writes from the group only: {written:?}");
     let opened = open_bank(&nodes[l]);
     let at = transfer(&nodes[l], 200, 1).unwrap();
@@ -207,11 +207,11 @@ fn followers_serve_snapshots_and_mirrors_of_what_they_applied() {
     };
     let at = load(0..5_000);
     assert!(follower.wait_applied(at, Duration::from_secs(10)));
-    let snap = follower.store().snapshot(tusk::SnapshotMode::Memcpy).unwrap();
+    let snap = follower.store().unwrap().snapshot(tusk::SnapshotMode::Memcpy).unwrap();
     let orders = snap.btree("orders").unwrap();
     assert_eq!(orders.len().unwrap(), 5_000);
     assert_eq!(orders.sum(0..5_000).unwrap(), (0..5_000u128).map(|k| k * 10).sum::<u128>());
-    let mut mirror = follower.store().gpu_mirror(tusk::GpuOptions { backend: tusk::GpuBackend::Cpu, ..Default::default() }).unwrap();
+    let mut mirror = follower.store().unwrap().gpu_mirror(tusk::GpuOptions { backend: tusk::GpuBackend::Cpu, ..Default::default() }).unwrap();
     let keys: Vec<u64> = (0..6_000).step_by(7).collect();
     let found = mirror.btree("orders").unwrap().get_batch(&keys).unwrap();
     for (k, v) in keys.iter().zip(&found.values) {
@@ -338,7 +338,7 @@ fn a_large_transaction_reaches_every_node() {
     for n in &nodes {
         assert!(n.wait_applied(at.unwrap(), Duration::from_secs(30)), "node {} applies it", n.id());
         let (sum, _) = n
-            .store()
+            .store().unwrap()
             .transact(Commit::Async, |tx| {
                 let p = tx.root("large")?.unwrap();
                 (0..words).map(|i| tx.read_u64_at(p, 8 * i)).sum::<Result<u64, _>>()
