@@ -31,6 +31,7 @@
 
 mod checkpoints;
 mod error;
+mod heap_export;
 mod heap_loader;
 mod log_repairs;
 mod index;
@@ -46,6 +47,7 @@ pub use error::Error;
 pub use index::{Art, ArtOp, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 pub use mirror::{Answers, ArtLookupBuffers, GpuBackend, GpuDevices, GpuMirror, GpuOptions, LookupBuffers, MirrorArt, MirrorContents, MirrorBTree, RangeBuffers, StageTiming, SyncReport};
 pub use options::{Durability, Options};
+pub use heap_export::{install_heap, HeapExport, HeapShape};
 pub use replication::ReplicaWords;
 pub use tusk_txn::CommitTap;
 pub use snapshot::{

@@ -428,7 +428,9 @@ impl Checkpointer {
                 left += std::fs::metadata(&path).map_or(0, |m| m.len());
                 continue;
             }
-            if keep_spare {
+            // A segment another name shares (a heap installed from a file kept elsewhere,
+            // `tusk::install_heap`) is only unlinked: writing over it would change that file.
+            if keep_spare && !shared_with_another_name(&path) {
                 self.step(&spare)?;
                 std::fs::rename(&path, &spare).map_err(|e| io_err(&path, e))?;
                 keep_spare = false;
@@ -490,4 +492,10 @@ fn seal_image(out: &mut [u8], index: u64, epoch: u64, lsn: u64, offset: u64) -> 
     let header = ChunkHeader::of(index, epoch, lsn, &out[CHUNK_HEADER_SIZE..]);
     header.encode_into(out);
     ChunkEntry { image_epoch: epoch, offset, lsn, crc: header.crc }
+}
+
+/// Whether `path` has another name (a hard link) besides this one.
+fn shared_with_another_name(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).is_ok_and(|m| m.nlink() > 1)
 }
