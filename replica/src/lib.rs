@@ -50,8 +50,10 @@ pub mod error;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod snapshot_files;
 pub mod source;
 pub mod state_machine;
+pub mod stores;
 pub mod types;
 
 pub use error::ReplicaError;

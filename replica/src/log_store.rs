@@ -6,6 +6,7 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -28,6 +29,8 @@ const PURGED: &str = "purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// Bytes of entries appended since it was opened (what a snapshot makes up for).
+    appended: Arc<AtomicU64>,
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -47,7 +50,7 @@ impl LogStore {
         w.open_table(META).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.open_table(MEMBERSHIPS).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.commit().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        Ok(LogStore { db: Arc::new(db) })
+        Ok(LogStore { db: Arc::new(db), appended: Arc::default() })
     }
 
     fn meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
@@ -66,6 +69,11 @@ impl LogStore {
             t.insert(key, encode(value).as_slice()).map_err(|e| storage_error(kind, e))?;
         }
         w.commit().map_err(|e| storage_error(kind, e))
+    }
+
+    /// Bytes of entries appended since the log was opened.
+    pub fn appended_bytes(&self) -> u64 {
+        self.appended.load(Ordering::Relaxed)
     }
 
     /// Keeps a membership the state machine applied (synced before it returns).
@@ -192,7 +200,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             {
                 let mut t = w.open_table(LOG).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
                 for entry in entries {
-                    t.insert(entry.log_id.index, encode(&entry).as_slice()).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
+                    let bytes = encode(&entry);
+                    self.appended.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    t.insert(entry.log_id.index, bytes.as_slice()).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
                 }
             }
             w.commit().map_err(|e| storage_error(StorageIOError::write_logs, e))

@@ -5,7 +5,7 @@
 //! [`crate::source::Source`] and are proposed to the group in LSN order, batched; every
 //! member applies the group's committed entries to its store ([`crate::state_machine`]).
 //! A node that led, once it stops leading or is opened again, may hold records the group
-//! never committed: it rebuilds its store from the group's log when opened.
+//! never committed: it rebuilds its store from its last snapshot and the group's log.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,8 +22,10 @@ use tusk::{Commit, CommitTap, Store, Transaction};
 use crate::error::ReplicaError;
 use crate::log_store::LogStore;
 use crate::network::{node_for, Links, Network};
+use crate::snapshot_files::SnapshotFiles;
 use crate::source::{local_only, Source, WaitError};
-use crate::state_machine::{AppliedWatch, ReplicaLine, StateMachine};
+use crate::state_machine::{retire, store_from_snapshot, AppliedWatch, Machine, ReplicaLine, StateMachine};
+use crate::stores::{self, StoreSlot};
 use crate::types::{Batch, NodeId, Raft};
 
 /// How a node is set up.
@@ -47,6 +49,13 @@ pub struct NodeConfig {
     /// Proposals (entries of the group's log) the leader has in flight at once; records
     /// committed meanwhile wait and go together in the next (default 64).
     pub proposals_in_flight: usize,
+    /// Bytes of the group's log appended since the last snapshot at which the node makes a
+    /// new one (`None`, the default: the store's used heap, at least 64 MiB, so that the log
+    /// a snapshot replaces is about as large as the snapshot).
+    pub snapshot_after_log_bytes: Option<u64>,
+    /// Entries of the group's log kept below the last snapshot (default 1000): a member
+    /// that far behind still catches up from the log, one farther is sent the snapshot.
+    pub log_kept_after_snapshot: u64,
 }
 
 impl NodeConfig {
@@ -59,6 +68,8 @@ impl NodeConfig {
             election_timeout: (Duration::from_millis(300), Duration::from_millis(600)),
             commit_timeout: Duration::from_secs(10),
             proposals_in_flight: 64,
+            snapshot_after_log_bytes: None,
+            log_kept_after_snapshot: 1000,
         }
     }
 }
@@ -81,7 +92,8 @@ struct Role {
 
 /// What a rebuild replaces: the store and everything that runs on it.
 struct Member {
-    store: Arc<Store>,
+    /// The store (an installed snapshot puts another in its place).
+    stores: Arc<StoreSlot>,
     raft: Raft,
     source: Arc<Source>,
     applied: Arc<AppliedWatch>,
@@ -106,6 +118,8 @@ struct Shared {
     closed: AtomicBool,
     /// Why a rebuild failed (the node then has no member: it is stopped).
     failure: Mutex<Option<String>>,
+    /// Snapshots installed from other members since the node was opened.
+    installed: Arc<AtomicU64>,
     rt: tokio::runtime::Handle,
 }
 
@@ -127,23 +141,33 @@ fn raft_error(e: impl std::fmt::Display) -> ReplicaError {
     ReplicaError::Raft(e.to_string())
 }
 
-/// Opens the node's store in `dir` (empty when `fresh`, or when its replica line says it led:
-/// its heap may hold records the group never committed; the group's log brings it back).
-/// Returns it and whether it was made empty so.
-fn open_store(dir: &Path, options: &tusk::Options, source: &Arc<Source>, fresh: bool) -> Result<(Store, bool), ReplicaError> {
-    let tapped = source.clone();
-    let options = tusk::Options { commit_tap: Some(CommitTap(Arc::new(move |lsn, record| tapped.tap(lsn, record)))), ..options.clone() };
+/// Opens the node's store (the one `DIR/STORE` names). When `fresh`, or when its replica line
+/// says it led (its heap may hold records the group never committed), makes a new one from
+/// the node's last snapshot (empty without one) instead, for the group's log to bring up to
+/// date. Returns it and whether it was made anew.
+fn open_store(node_dir: &Path, options: &tusk::Options, log: &LogStore, snapshots: &SnapshotFiles, fresh: bool) -> Result<(Store, bool), ReplicaError> {
+    let current = stores::current(node_dir).map_err(io(format!("the store of {}", node_dir.display())))?;
     if !fresh {
-        let store = Store::open(dir, options.clone())?;
+        let store = Store::open(&current, options.clone())?;
         if !ReplicaLine::decode(store.replica()?).led {
             return Ok((store, false));
         }
         store.close()?;
     }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io(format!("removing {}", dir.display())))?;
+    let snapshot = snapshots.current().map_err(io(format!("the snapshots of {}", node_dir.display())))?;
+    let (store, dir) = match snapshot {
+        Some((meta, path)) => store_from_snapshot(node_dir, options, log, &path, &meta).map_err(raft_error)?,
+        None => {
+            let dir = stores::next(node_dir).map_err(io(format!("the stores of {}", node_dir.display())))?;
+            (Store::open(&dir, options.clone())?, dir)
+        }
+    };
+    stores::switch(node_dir, &dir).map_err(io(format!("switching the store of {}", node_dir.display())))?;
+    // Opened again after leading: the old store is closed (a rebuild in place retires it).
+    if !fresh && current.exists() {
+        std::fs::remove_dir_all(&current).map_err(io(format!("removing {}", current.display())))?;
     }
-    Ok((Store::open(dir, options)?, true))
+    Ok((store, true))
 }
 
 /// How long a rebuild waits for what ending tasks and callers let go of (a port, the
@@ -182,27 +206,47 @@ impl Shared {
     fn start_member(self: &Arc<Self>, fresh: bool, listener: Option<tokio::net::TcpListener>) -> Result<(Member, bool), ReplicaError> {
         let config = &self.config;
         let source = Arc::new(Source::default());
-        let (store, rebuilt) = open_store(&self.dir.join("store"), &config.store, &source, fresh)?;
+        let tapped = source.clone();
+        let store_options = tusk::Options { commit_tap: Some(CommitTap(Arc::new(move |lsn, record| tapped.tap(lsn, record)))), ..config.store.clone() };
+        let log = patiently(|| LogStore::open(&self.dir.join("raft.redb"))).map_err(raft_error)?;
+        let snapshots = SnapshotFiles::open(&self.dir).map_err(io(format!("the snapshots of {}", self.dir.display())))?;
+        let (store, rebuilt) = open_store(&self.dir, &store_options, &log, &snapshots, fresh)?;
         // Until it leads, the store takes writes from the group only.
         store.refuse_updates(true);
-        let store = Arc::new(store);
-        let log = patiently(|| LogStore::open(&self.dir.join("raft.redb"))).map_err(raft_error)?;
+        let stores = Arc::new(StoreSlot::new(Arc::new(store)));
         let origin = (config.id, rand::random::<u64>());
         let led = Arc::new(AtomicBool::new(false));
         let applied = Arc::new(AppliedWatch::default());
-        let machine = StateMachine { store: store.clone(), log: log.clone(), origin, led: led.clone(), applied: applied.clone() };
+        let machine = Arc::new(Machine {
+            node_dir: self.dir.clone(),
+            stores: stores.clone(),
+            store_options,
+            snapshots,
+            log: log.clone(),
+            source: source.clone(),
+            origin,
+            led: led.clone(),
+            applied: applied.clone(),
+            commit_timeout: config.commit_timeout,
+            installed: self.installed.clone(),
+        });
         let network = Network { me: config.id, client: reqwest::Client::new(), links: self.links.clone() };
         let raft_config = openraft::Config {
             cluster_name: "tusk".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
             election_timeout_min: config.election_timeout.0.as_millis() as u64,
             election_timeout_max: config.election_timeout.1.as_millis() as u64,
+            // Snapshots are made when the log since the last one is as large as the heap
+            // (`snapshot_when_due`), which no policy of openraft's counts.
             snapshot_policy: SnapshotPolicy::Never,
+            max_in_snapshot_log_to_keep: config.log_kept_after_snapshot,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT.as_millis() as u64,
             ..Default::default()
         }
         .validate()
         .map_err(raft_error)?;
-        let raft = self.rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log, machine)).map_err(raft_error)?;
+        let raft = self.rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log.clone(), StateMachine(machine))).map_err(raft_error)?;
         let listener = match listener {
             Some(l) => l,
             None => patiently(|| self.rt.block_on(tokio::net::TcpListener::bind(self.addr))).map_err(io(format!("listening on {}", self.addr)))?,
@@ -217,9 +261,10 @@ impl Shared {
                 let _ = served.await;
             }),
             self.rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight)),
-            self.rt.spawn(watch_role(Arc::downgrade(self), origin, raft.clone(), store.clone(), source.clone(), led, role.clone())),
+            self.rt.spawn(watch_role(Arc::downgrade(self), origin, raft.clone(), stores.clone(), source.clone(), led, role.clone())),
+            self.rt.spawn(snapshot_when_due(raft.clone(), log, stores.clone(), config.snapshot_after_log_bytes)),
         ];
-        Ok((Member { store, raft, source, applied, role, stop: Mutex::new(Some(stop)), tasks: Mutex::new(tasks) }, rebuilt))
+        Ok((Member { stores, raft, source, applied, role, stop: Mutex::new(Some(stop)), tasks: Mutex::new(tasks) }, rebuilt))
     }
 
     /// The current member, or why there is none (a rebuild failed).
@@ -231,8 +276,8 @@ impl Shared {
     }
 
     /// Stops `member`'s work: it takes no more transactions, its server and tasks end, Raft
-    /// shuts down. Returns its store once nothing else holds it (`None`: still held).
-    fn stop_member(&self, member: Arc<Member>) -> Option<Store> {
+    /// shuts down. Returns its store.
+    fn stop_member(&self, member: Arc<Member>) -> Arc<Store> {
         member.role.leading.store(false, Ordering::SeqCst);
         member.source.fail(format!("node {} stopped", self.id));
         if let Some(stop) = member.stop.lock().take() {
@@ -246,8 +291,8 @@ impl Shared {
         for task in tasks {
             let _ = self.rt.block_on(task);
         }
-        let Member { store, .. } = sole(member)?;
-        sole(store)
+        let store = member.stores.read().clone();
+        store
     }
 
     /// Replaces a member that stopped leading by one with a store rebuilt from the group's
@@ -259,12 +304,11 @@ impl Shared {
             return;
         }
         let Some(old) = slot.take() else { return };
-        if let Some(store) = self.stop_member(old) {
-            // Its writes the group did not commit go with it: dropped, not flushed.
-            store.crash();
-        }
-        // Without the old store let go of, the new one cannot open (its directory is
-        // locked): the node then stays stopped, as a failed open would leave it.
+        // Its writes the group did not commit go with it: dropped, not flushed, once its
+        // readers let go of it; the new store is made in a directory of its own meanwhile.
+        let store = self.stop_member(old);
+        let dir = store.dir().to_path_buf();
+        retire(store, dir);
         match self.start_member(true, None) {
             Ok((member, _)) => {
                 *slot = Some(Arc::new(member));
@@ -281,6 +325,8 @@ impl ReplicatedNode {
     pub fn open(dir: impl AsRef<Path>, config: NodeConfig) -> Result<ReplicatedNode, ReplicaError> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        // Stores an install or a rebuild left behind (the process ended before they were let go).
+        stores::remove_others(dir).map_err(io(format!("the stores of {}", dir.display())))?;
         if config.store.durability != tusk::Durability::On {
             return Err(ReplicaError::Raft("a replicated store needs durability on".into()));
         }
@@ -302,6 +348,7 @@ impl ReplicatedNode {
             rebuilds: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             failure: Mutex::new(None),
+            installed: Arc::default(),
             rt: rt.handle().clone(),
         });
         let (member, rebuilt) = shared.start_member(false, Some(listener))?;
@@ -391,7 +438,8 @@ impl ReplicatedNode {
             return Err(ReplicaError::NotLeader { me: self.id(), leader: member.raft.metrics().borrow().current_leader });
         }
         let local = if mode == Commit::Sync { Commit::Async } else { mode };
-        let (value, lsn) = member.store.transact(local, f)?;
+        let store = member.stores.read().clone();
+        let (value, lsn) = store.transact(local, f)?;
         let Some(lsn) = lsn.filter(|_| mode == Commit::Sync) else { return Ok((value, None)) };
         let timeout = self.shared.config.commit_timeout;
         match member.source.wait_committed(lsn, timeout) {
@@ -407,7 +455,29 @@ impl ReplicatedNode {
     /// new store in its place: hold it briefly (the rebuild waits for the old one to be let
     /// go of). `ReplicaError::Stopped` where a rebuild failed.
     pub fn store(&self) -> Result<Arc<Store>, ReplicaError> {
-        Ok(self.shared.member()?.store.clone())
+        Ok(self.shared.member()?.stores.read().clone())
+    }
+
+    /// Snapshots this node installed from other members since it was opened (each replaced
+    /// its store: a reader holding the old one reads the old state).
+    pub fn snapshots_installed(&self) -> u64 {
+        self.shared.installed.load(Ordering::SeqCst)
+    }
+
+    /// The entry of the group's log this node's last snapshot holds, and the last entry it
+    /// purged from its copy of the log.
+    pub fn snapshot_and_purged(&self) -> (Option<u64>, Option<u64>) {
+        self.shared.member().map_or((None, None), |m| {
+            let metrics = m.raft.metrics().borrow().clone();
+            (metrics.snapshot.map(|s| s.index), metrics.purged.map(|p| p.index))
+        })
+    }
+
+    /// Makes a snapshot now (it is made in the background; see
+    /// [`ReplicatedNode::snapshot_and_purged`]).
+    pub fn trigger_snapshot(&self) -> Result<(), ReplicaError> {
+        let raft = self.shared.member()?.raft.clone();
+        self.rt().block_on(raft.trigger().snapshot()).map_err(raft_error)
     }
 
     /// The last entry of the group's log this node's store holds.
@@ -439,7 +509,7 @@ impl ReplicatedNode {
 
     /// Leaves the group's work and closes the store cleanly.
     pub fn close(mut self) -> Result<(), ReplicaError> {
-        match self.stop() {
+        match self.stop().and_then(sole) {
             Some(store) => Ok(store.close()?),
             None => Err(ReplicaError::Raft("the store is still in use".into())),
         }
@@ -447,24 +517,24 @@ impl ReplicatedNode {
 
     /// Stops as a killed process would: nothing more is written or flushed.
     pub fn crash(mut self) {
-        if let Some(store) = self.stop() {
+        if let Some(store) = self.stop().and_then(sole) {
             store.crash();
         }
     }
 
-    /// Stops the member (no rebuild starts after) and returns its store, once let go of.
-    fn stop(&mut self) -> Option<Store> {
+    /// Stops the member (no rebuild starts after) and returns its store.
+    fn stop(&mut self) -> Option<Arc<Store>> {
         self.shared.closed.store(true, Ordering::SeqCst);
         // A rebuild under way finishes first (it holds the write lock).
         let member = self.shared.member.write().take()?;
-        self.shared.stop_member(member)
+        Some(self.shared.stop_member(member))
     }
 }
 
 impl Drop for ReplicatedNode {
     fn drop(&mut self) {
         if !self.shared.closed.load(Ordering::SeqCst) {
-            if let Some(store) = self.stop() {
+            if let Some(store) = self.stop().and_then(sole) {
                 drop(store);
             }
         }
@@ -512,7 +582,7 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
 /// A node led again in a later term is deposed all the same: its metrics may show the two
 /// terms' leads with nothing between (the watch keeps only the latest), while its heap may
 /// hold records of the first term that the group never committed.
-async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raft, store: Arc<Store>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
+async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raft, stores: Arc<StoreSlot>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
     let Some(id) = node.upgrade().map(|n| n.id) else { return };
     let mut metrics = raft.metrics();
     // The term this node took the lead in.
@@ -523,6 +593,7 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
             (m.state == ServerState::Leader && m.current_leader == Some(id), m.current_term)
         };
         let was = role.leading.load(Ordering::SeqCst);
+        let store = stores.read().clone();
         if was && (!leads || led_term != Some(term)) {
             store.refuse_updates(true);
             role.leading.store(false, Ordering::SeqCst);
@@ -563,6 +634,34 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
         }
         if metrics.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Bytes of snapshot one message carries while a member installs it.
+const SNAPSHOT_CHUNK_BYTES: u64 = 16 << 20;
+/// How long one such message may take.
+const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The least log since the last snapshot that makes a new one, by default.
+const SNAPSHOT_AFTER_AT_LEAST: u64 = 64 << 20;
+/// How often the node checks whether a snapshot is due.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(200);
+
+/// Makes a snapshot once the group's log appended since the last one reaches `every` bytes
+/// (by default the store's used heap, at least [`SNAPSHOT_AFTER_AT_LEAST`]); openraft then
+/// purges the log below it (keeping [`NodeConfig::log_kept_after_snapshot`] entries, and
+/// on a leader whatever a member is still being sent).
+async fn snapshot_when_due(raft: Raft, log: LogStore, stores: Arc<StoreSlot>, every: Option<u64>) {
+    let mut since = log.appended_bytes();
+    loop {
+        tokio::time::sleep(SNAPSHOT_POLL).await;
+        let due = every.unwrap_or_else(|| stores.read().heap_used().max(SNAPSHOT_AFTER_AT_LEAST));
+        let now = log.appended_bytes();
+        if now - since >= due {
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            since = now;
         }
     }
 }

@@ -1,7 +1,5 @@
 //! The group's Raft types: what one log entry carries, and what applying it answers.
 
-use std::io::Cursor;
-
 use serde::{Deserialize, Serialize};
 
 /// One entry of the group's log: the records a leader's store appended, in LSN order, from
@@ -26,7 +24,7 @@ openraft::declare_raft_types!(
     pub TypeConfig:
         D = Batch,
         R = Applied,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
 );
 
 pub type NodeId = u64;
@@ -34,6 +32,7 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type StorageError = openraft::StorageError<NodeId>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
 pub type Raft = openraft::Raft<TypeConfig>;
 
 /// A storage error from any error, `kind` one of `StorageIOError`'s constructors (what

@@ -1,0 +1,178 @@
+//! Catch-up by snapshot: nodes make snapshots of their heaps as the group's log grows and
+//! purge the log below them; a member the log no longer reaches, or a new one, installs a
+//! snapshot (the heap image as its store's checkpoint) and then the log after it; a leader's
+//! snapshot, taken while its transactions run, holds exactly what the group committed; a
+//! node that led rebuilds from its own snapshot and the log left after it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tusk_replica::{NodeConfig, ReplicatedNode};
+
+mod common;
+use common::*;
+
+/// Snapshots every 64 KiB of log, 5 entries kept below them.
+fn snapshotting(id: u64) -> NodeConfig {
+    let mut c = config(id);
+    c.snapshot_after_log_bytes = Some(64 << 10);
+    c.log_kept_after_snapshot = 5;
+    c
+}
+
+fn open_snapshotting(dir: &Path, id: u64, listen: Option<SocketAddr>) -> ReplicatedNode {
+    open_with(dir, snapshotting(id), listen)
+}
+
+/// Waits until `node` made a snapshot and purged its log past `index`.
+fn purged_past(node: &ReplicatedNode, index: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let (Some(snapshot), Some(purged)) = node.snapshot_and_purged() {
+            if purged > index {
+                return (snapshot, purged);
+            }
+        }
+        assert!(Instant::now() < deadline, "node {} purged no log past {index}: {:?}", node.id(), node.snapshot_and_purged());
+        node.trigger_snapshot().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn members_the_log_no_longer_reaches_catch_up_by_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open_snapshotting(dir.path(), id, None))).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
+    let l = leader_of(&nodes.iter().flatten().collect::<Vec<_>>());
+    open_bank(nodes[l].as_ref().unwrap());
+    transfer(nodes[l].as_ref().unwrap(), 50, 1).unwrap();
+
+    // A follower goes down; the group goes on past what the log keeps.
+    let f = (l + 1) % 3;
+    let down = nodes[f].take().unwrap();
+    let (down_id, down_addr, down_at) = (down.id(), down.addr(), down.applied());
+    down.crash();
+    let leader = nodes[l].as_ref().unwrap();
+    let at = transfer(leader, 600, 2).unwrap();
+    let (snapshot, purged) = purged_past(leader, down_at.index + 5);
+    assert!(snapshot >= purged, "the log is purged only below a snapshot: {snapshot} {purged}");
+
+    // Back: the log no longer reaches its position, so the leader sends its snapshot.
+    let back = open_snapshotting(dir.path(), down_id, Some(down_addr));
+    assert!(!back.rebuilt(), "a follower keeps its store when opened");
+    assert!(back.wait_applied(at, Duration::from_secs(30)), "the member catches up");
+    assert!(back.snapshots_installed() >= 1, "by a snapshot");
+    assert_eq!(balances(&back), balances(leader));
+    let named = std::fs::read_to_string(dir.path().join(format!("n{down_id}/STORE"))).unwrap();
+    assert!(named.starts_with("store."), "the installed store is the node's store: {named}");
+    nodes[f] = Some(back);
+
+    // A new member joins after the purge: it starts from a snapshot too.
+    nodes.push(Some(open_snapshotting(dir.path(), 4, None)));
+    let fourth = nodes[3].as_ref().unwrap().addr();
+    nodes[l].as_ref().unwrap().add_member(4, fourth).unwrap();
+    let at = transfer(nodes[l].as_ref().unwrap(), 100, 3).unwrap();
+    let expected = balances(nodes[l].as_ref().unwrap());
+    assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START);
+    for n in nodes.iter().flatten() {
+        assert!(n.wait_applied(at, Duration::from_secs(30)), "node {} catches up", n.id());
+        assert_eq!(balances(n), expected, "node {} alike", n.id());
+    }
+    assert!(nodes[3].as_ref().unwrap().snapshots_installed() >= 1, "the new member installed a snapshot");
+
+    // Installed stores are durable: closed and opened again, the nodes hold the same.
+    for n in nodes.iter_mut() {
+        if let Some(node) = n.take() {
+            node.close().unwrap();
+        }
+    }
+    let again: Vec<ReplicatedNode> = [down_id, 4].into_iter().map(|id| open_snapshotting(dir.path(), id, Some(members.iter().find(|m| m.0 == id).map_or(fourth, |m| m.1)))).collect();
+    for n in &again {
+        assert!(n.applied() >= at, "node {} reopened at {:?}", n.id(), n.applied());
+        assert_eq!(balances(n), expected, "node {} reopened", n.id());
+    }
+    for n in again {
+        n.close().unwrap();
+    }
+}
+
+/// The leader snapshots while writers commit: its image runs ahead of the group, and the
+/// snapshot's tail must make it exact. Killed and opened again, it rebuilds from that
+/// snapshot and what is left of the log, and converges with the others.
+#[test]
+fn a_leaders_snapshot_holds_what_the_group_committed_and_rebuilds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // One proposal in flight: the records committed meanwhile go together in the next
+    // entry, so entries span the LSN a snapshot's image is copied at.
+    let batching = |id| NodeConfig { proposals_in_flight: 1, ..snapshotting(id) };
+    let mut nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open_with(dir.path(), batching(id), None))).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
+    let l = leader_of(&nodes.iter().flatten().collect::<Vec<_>>());
+    open_bank(nodes[l].as_ref().unwrap());
+    let leader = nodes[l].as_ref().unwrap();
+    let stop = AtomicBool::new(false);
+    let first_snapshot = leader.snapshot_and_purged().0;
+    let at = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..8u64)
+            .map(|w| {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut last = None;
+                    let mut round = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        last = Some(transfer(leader, 20, w * 1000 + round).unwrap());
+                        round += 1;
+                    }
+                    last.unwrap()
+                })
+            })
+            .collect();
+        // Snapshots made while the writers run.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut made = 0;
+        let mut seen = first_snapshot;
+        while made < 10 {
+            assert!(Instant::now() < deadline, "the leader made {made} snapshots in 20 s");
+            leader.trigger_snapshot().unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            let now = leader.snapshot_and_purged().0;
+            if now > seen {
+                made += 1;
+                seen = now;
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        writers.into_iter().map(|w| w.join().unwrap()).max().unwrap()
+    });
+    let expected = balances(leader);
+    assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START);
+    let (snapshot, _) = purged_past(leader, 0);
+
+    // The leader dies; opened again, it had led: its store is made from its snapshot.
+    let old = nodes[l].take().unwrap();
+    let (id, addr) = (old.id(), old.addr());
+    old.crash();
+    let back = open_snapshotting(dir.path(), id, Some(addr));
+    assert!(back.rebuilt());
+    assert!(back.wait_applied(at, Duration::from_secs(30)));
+    assert!(back.applied().index >= snapshot);
+    assert_eq!(balances(&back), expected, "the snapshot and the log after it make the committed state");
+    nodes[l] = Some(back);
+    let rest: Vec<&ReplicatedNode> = nodes.iter().flatten().collect();
+    let l2 = leader_of(&rest);
+    let at2 = transfer(rest[l2], 50, 9).unwrap();
+    let expected = balances(rest[l2]);
+    for n in &rest {
+        assert!(n.wait_applied(at2, Duration::from_secs(30)));
+        assert_eq!(balances(n), expected, "node {} alike", n.id());
+    }
+    for n in nodes.into_iter().flatten() {
+        n.close().unwrap();
+    }
+}
+
