@@ -25,12 +25,21 @@ pub struct Settings {
     /// this window between a write and its sync, so that [`LocalGroup::power_cut`] can roll
     /// back what a node had not synced.
     pub journaled: Option<Duration>,
+    /// `NodeConfig::snapshot_after_log_bytes` and `log_kept_after_snapshot`.
+    pub snapshot_after_log_bytes: Option<u64>,
+    pub log_kept_after_snapshot: u64,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
         let defaults = NodeConfig::new(0, "127.0.0.1:0".parse().expect("an address"));
-        Settings { commit_timeout: defaults.commit_timeout, proposals_in_flight: defaults.proposals_in_flight, journaled: None }
+        Settings {
+            commit_timeout: defaults.commit_timeout,
+            proposals_in_flight: defaults.proposals_in_flight,
+            journaled: None,
+            snapshot_after_log_bytes: defaults.snapshot_after_log_bytes,
+            log_kept_after_snapshot: defaults.log_kept_after_snapshot,
+        }
     }
 }
 
@@ -45,7 +54,13 @@ pub struct LocalGroup {
 /// Node `id`'s configuration: `options` for its store, but the group commit interval a
 /// replicated node's store has by default.
 fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, settings: Settings) -> NodeConfig {
-    let defaults = NodeConfig { commit_timeout: settings.commit_timeout, proposals_in_flight: settings.proposals_in_flight, ..NodeConfig::new(id, listen) };
+    let defaults = NodeConfig {
+        commit_timeout: settings.commit_timeout,
+        proposals_in_flight: settings.proposals_in_flight,
+        snapshot_after_log_bytes: settings.snapshot_after_log_bytes,
+        log_kept_after_snapshot: settings.log_kept_after_snapshot,
+        ..NodeConfig::new(id, listen)
+    };
     let mut store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
     if let Some(window) = settings.journaled {
         store.io = tusk::Io::Recording(tusk::RecordConfig { journal: journal(dir, id), window });
