@@ -28,6 +28,8 @@ pub struct Settings {
     /// `NodeConfig::snapshot_after_log_bytes` and `log_kept_after_snapshot`.
     pub snapshot_after_log_bytes: Option<u64>,
     pub log_kept_after_snapshot: u64,
+    /// `NodeConfig::election_timeout`.
+    pub election_timeout: (Duration, Duration),
 }
 
 impl Default for Settings {
@@ -39,6 +41,7 @@ impl Default for Settings {
             journaled: None,
             snapshot_after_log_bytes: defaults.snapshot_after_log_bytes,
             log_kept_after_snapshot: defaults.log_kept_after_snapshot,
+            election_timeout: defaults.election_timeout,
         }
     }
 }
@@ -59,6 +62,7 @@ fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, sett
         proposals_in_flight: settings.proposals_in_flight,
         snapshot_after_log_bytes: settings.snapshot_after_log_bytes,
         log_kept_after_snapshot: settings.log_kept_after_snapshot,
+        election_timeout: settings.election_timeout,
         ..NodeConfig::new(id, listen)
     };
     let mut store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };

@@ -21,6 +21,7 @@ mod bench_gpu;
 mod bench_index;
 mod bench_peers;
 mod bench_reopen;
+mod bench_catchup;
 mod bench_replicated;
 mod bench_snapshot;
 mod bench_store;
@@ -112,6 +113,9 @@ enum Bench {
     Batch(bench_batch::BatchArgs),
     /// `Sync` commits on a replicated group on loopback against one store alone.
     Replicated(bench_replicated::ReplicatedArgs),
+    /// A follower far behind a replicated group catches up by snapshot, against the disk's
+    /// sequential write rate.
+    Catchup(bench_catchup::CatchupArgs),
 }
 
 /// The file systems of `--fs` (`tusk crashtest`, `tusk bench`).
@@ -153,6 +157,7 @@ impl Bench {
             Bench::Peers(a) => &mut a.out.dir,
             Bench::Batch(a) => &mut a.out.dir,
             Bench::Replicated(a) => &mut a.out.dir,
+            Bench::Catchup(a) => &mut a.out.dir,
         }
     }
 
@@ -168,6 +173,7 @@ impl Bench {
             Bench::Peers(a) => a.out.json,
             Bench::Batch(a) => a.out.json,
             Bench::Replicated(a) => a.out.json,
+            Bench::Catchup(a) => a.out.json,
         }
     }
 
@@ -182,6 +188,7 @@ impl Bench {
             Bench::Peers(args) => bench_peers::run(args),
             Bench::Batch(args) => bench_batch::run(args),
             Bench::Replicated(args) => bench_replicated::run(args),
+            Bench::Catchup(args) => bench_catchup::run(args),
         }
     }
 }

@@ -1,27 +1,34 @@
-//! The group's transport: openraft's three calls as HTTP POSTs of bincode bodies (axum serves
-//! them, reqwest sends them), `/raft/append`, `/raft/vote` and `/raft/snapshot`.
+//! The group's transport: openraft's calls as HTTP POSTs (axum serves them, reqwest sends
+//! them): `/raft/append` and `/raft/vote` with bincode bodies, and `/raft/snapshot`, a whole
+//! snapshot streamed from its file into a file of the receiver's (openraft's
+//! `generic-snapshot-data`: no chunks of it are held in memory or answered one by one).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use futures_util::StreamExt;
+use openraft::error::{Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse};
-use openraft::BasicNode;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::storage::Snapshot;
+use openraft::{BasicNode, OptionalSend, Vote};
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::types::{NodeId, Raft, TypeConfig};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::snapshot_files::SnapshotFiles;
+use crate::types::{NodeId, Raft, SnapshotMeta, TypeConfig};
 
 /// Faults of the messages this node sends (crash runs): each call is dropped (it fails as
 /// unreachable, unsent), delayed, or sent twice (the second answer is the one used), each
@@ -101,7 +108,12 @@ const FROM: &str = "x-tusk-node";
 struct Served {
     raft: Raft,
     links: Arc<Links>,
+    /// Where snapshots sent to this node are received.
+    snapshots: SnapshotFiles,
 }
+
+/// Bytes of a snapshot read from its file per piece of the stream.
+const STREAM_PIECE: usize = 1 << 20;
 
 fn refused_from(served: &Served, headers: &axum::http::HeaderMap) -> bool {
     headers.get(FROM).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).is_some_and(|from| served.links.is_cut(from))
@@ -133,15 +145,58 @@ async fn vote(State(s): State<Served>, headers: axum::http::HeaderMap, body: Byt
     reply(&s.raft.vote(request::<VoteRequest<NodeId>>(&body)?).await)
 }
 
-async fn snapshot(State(s): State<Served>, headers: axum::http::HeaderMap, body: Bytes) -> Reply {
+/// A snapshot stream: `[u64 length][bincode (vote, meta)]`, then the snapshot file's bytes.
+/// Received into a file of the node's snapshots, then installed.
+async fn snapshot(State(s): State<Served>, headers: axum::http::HeaderMap, body: Body) -> Reply {
     if refused_from(&s, &headers) {
         return Err((CUT.0, CUT.1.into()));
     }
-    reply(&s.raft.install_snapshot(request::<InstallSnapshotRequest<TypeConfig>>(&body)?).await)
+    let bad = |e: String| (StatusCode::BAD_REQUEST, e);
+    let failed = |e: std::io::Error| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let mut stream = body.into_data_stream();
+    let mut head: Vec<u8> = Vec::new();
+    let (vote, meta, rest) = loop {
+        if head.len() >= 8 {
+            let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes")) as usize;
+            if len > 1 << 20 {
+                return Err(bad(format!("a snapshot head of {len} bytes")));
+            }
+            if head.len() >= 8 + len {
+                let (vote, meta): (Vote<NodeId>, SnapshotMeta) = bincode::deserialize(&head[8..8 + len]).map_err(|e| bad(e.to_string()))?;
+                break (vote, meta, head.split_off(8 + len));
+            }
+        }
+        match stream.next().await {
+            Some(Ok(piece)) => head.extend_from_slice(&piece),
+            Some(Err(e)) => return Err(bad(e.to_string())),
+            None => return Err(bad("the snapshot stream ended in its head".into())),
+        }
+    };
+    let (file, path) = s.snapshots.new_file("receiving").map_err(failed)?;
+    let mut file = tokio::fs::File::from_std(file);
+    let received: Result<(), (StatusCode, String)> = async {
+        file.write_all(&rest).await.map_err(failed)?;
+        while let Some(piece) = stream.next().await {
+            file.write_all(&piece.map_err(|e| bad(e.to_string()))?).await.map_err(failed)?;
+        }
+        file.flush().await.map_err(failed)
+    }
+    .await;
+    if let Err(e) = received {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
+    reply(&s.raft.install_full_snapshot(vote, Snapshot { meta, snapshot: Box::new(file) }).await)
 }
 
 /// Serves `raft` on `listener` until `stop` resolves.
-pub async fn serve(listener: tokio::net::TcpListener, raft: Raft, links: Arc<Links>, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    raft: Raft,
+    links: Arc<Links>,
+    snapshots: SnapshotFiles,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let app = Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
@@ -149,7 +204,7 @@ pub async fn serve(listener: tokio::net::TcpListener, raft: Raft, links: Arc<Lin
         // axum refuses bodies past 2 MB by default: an entry holds a transaction's record, up
         // to tusk's largest (3 GiB), and a refused AppendEntries would stall the group.
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Served { raft, links });
+        .with_state(Served { raft, links, snapshots });
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }
 
@@ -229,12 +284,54 @@ impl RaftNetwork<TypeConfig> for Peer {
         self.call("append", &rpc, &option).await
     }
 
-    async fn install_snapshot(
+    /// Streams the snapshot's file (see the `snapshot` route); the answer comes once the peer
+    /// installed it. Links and message faults apply as to any call (a stream is dropped or
+    /// delayed, never sent twice).
+    async fn full_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>> {
-        self.call("snapshot", &rpc, &option).await
+        vote: Vote<NodeId>,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        let fate = self.links.fate();
+        if self.links.is_cut(self.target) || fate.drop {
+            return Err(StreamingError::Unreachable(Unreachable::new(&CallError(format!("link to node {} cut, or the snapshot dropped", self.target)))));
+        }
+        if let Some(delay) = fate.delay {
+            tokio::time::sleep(delay).await;
+        }
+        let network = |e: &dyn std::error::Error| StreamingError::Network(NetworkError::new(&CallError(e.to_string())));
+        let head = bincode::serialize(&(vote, &snapshot.meta)).map_err(|e| network(&e))?;
+        let mut file = *snapshot.snapshot;
+        file.seek(std::io::SeekFrom::Start(0)).await.map_err(|e| network(&e))?;
+        let mut prefix = (head.len() as u64).to_le_bytes().to_vec();
+        prefix.extend_from_slice(&head);
+        let pieces = futures_util::stream::unfold(file, |mut file| async move {
+            let mut buf = vec![0u8; STREAM_PIECE];
+            match file.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(Bytes::from(buf)), file))
+                }
+                Err(e) => Some((Err(e), file)),
+            }
+        });
+        let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(prefix)) }).chain(pieces);
+        let send = self.client.post(format!("http://{}/raft/snapshot", self.addr)).header(FROM, self.me.to_string()).body(reqwest::Body::wrap_stream(body)).send();
+        let sent = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            sent = send => sent.map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?,
+        };
+        if !sent.status().is_success() {
+            let status = sent.status();
+            let text = sent.text().await.unwrap_or_default();
+            return Err(StreamingError::Unreachable(Unreachable::new(&CallError(format!("node {}: {status}: {text}", self.target)))));
+        }
+        let bytes = sent.bytes().await.map_err(|e| network(&e))?;
+        let answer: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> = bincode::deserialize(&bytes).map_err(|e| network(&e))?;
+        answer.map_err(|e| StreamingError::RemoteError(RemoteError::new(self.target, e)))
     }
 
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {

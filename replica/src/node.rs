@@ -221,7 +221,7 @@ impl Shared {
             node_dir: self.dir.clone(),
             stores: stores.clone(),
             store_options,
-            snapshots,
+            snapshots: snapshots.clone(),
             log: log.clone(),
             source: source.clone(),
             origin,
@@ -240,8 +240,6 @@ impl Shared {
             // (`snapshot_when_due`), which no policy of openraft's counts.
             snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.log_kept_after_snapshot,
-            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
-            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT.as_millis() as u64,
             ..Default::default()
         }
         .validate()
@@ -253,7 +251,7 @@ impl Shared {
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let role = Arc::new(Role::default());
-        let served = crate::network::serve(listener, raft.clone(), self.links.clone(), async move {
+        let served = crate::network::serve(listener, raft.clone(), self.links.clone(), snapshots, async move {
             let _ = stopped.await;
         });
         let tasks = vec![
@@ -638,10 +636,6 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
     }
 }
 
-/// Bytes of snapshot one message carries while a member installs it.
-const SNAPSHOT_CHUNK_BYTES: u64 = 16 << 20;
-/// How long one such message may take.
-const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The least log since the last snapshot that makes a new one, by default.
 const SNAPSHOT_AFTER_AT_LEAST: u64 = 64 << 20;
 /// How often the node checks whether a snapshot is due.
