@@ -106,7 +106,7 @@ pub fn install_heap(dir: &Path, images: &Path, shape: HeapShape) -> Result<(), E
         return Err(Error::Io { path: dir.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "installing a heap makes a new store directory") });
     }
     let entries = check_images(images, shape)?;
-    let building = dir.with_extension("installing");
+    let building = installing_dir(dir);
     if building.exists() {
         std::fs::remove_dir_all(&building).map_err(io_error(&building))?;
     }
@@ -124,6 +124,14 @@ pub fn install_heap(dir: &Path, images: &Path, shape: HeapShape) -> Result<(), E
     std::fs::rename(&building, dir).map_err(io_error(dir))?;
     sync_dir(dir.parent().unwrap_or(Path::new(".")))?;
     Ok(())
+}
+
+/// Where [`install_heap`] makes `dir` before it renames it into place (`DIR.installing`):
+/// what a crash leaves there is garbage, removed by the next install to `dir`.
+pub fn installing_dir(dir: &Path) -> std::path::PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".installing");
+    dir.with_file_name(name)
 }
 
 /// Reads and checks every image of `images`; their manifest entries.

@@ -47,7 +47,7 @@ pub use error::Error;
 pub use index::{Art, ArtOp, ArtRange, ArtStats, BTree, BTreeOp, BTreeRange, BTreeStats, BatchOutcome};
 pub use mirror::{Answers, ArtLookupBuffers, GpuBackend, GpuDevices, GpuMirror, GpuOptions, LookupBuffers, MirrorArt, MirrorContents, MirrorBTree, RangeBuffers, StageTiming, SyncReport};
 pub use options::{Durability, Options};
-pub use heap_export::{install_heap, HeapExport, HeapShape};
+pub use heap_export::{install_heap, installing_dir, HeapExport, HeapShape};
 pub use replication::ReplicaWords;
 pub use tusk_txn::CommitTap;
 pub use snapshot::{

@@ -115,7 +115,7 @@ fn a_damaged_or_short_image_is_refused_and_nothing_is_made() {
         }
         other => panic!("a flipped bit installed: {other:?}"),
     }
-    assert!(!target.exists() && !target.with_extension("installing").exists());
+    assert!(!target.exists() && !tusk::installing_dir(&target).exists());
 
     // Cut short: fewer bytes than the images.
     bytes[at] ^= 0x10;

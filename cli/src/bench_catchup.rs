@@ -8,16 +8,17 @@
 //! the follower checks and installs it as its store's checkpoint, and applies the log after
 //! it. Catch-up time runs from the open until the follower has applied the leader's last
 //! commit; its rate is the snapshot's bytes over that time. The disk's rate is a file of the
-//! same size written in 8 MiB writes and one fdatasync, in the follower's directory, in the
-//! same round (before the catch-up in even rounds, after it in odd ones). Each further round
-//! kills the follower again and commits a little more, so that a newer snapshot is needed.
+//! same size written and synced as the follower writes a snapshot it receives, in its
+//! directory, just before and just after the catch-up (their mean); the system's dirty
+//! pages are written before each. Each further round kills the follower again and commits a little more, so
+//! that a newer snapshot is needed.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use tusk::{Commit, HeapPtr, Options};
+use tusk_replica::snapshot_stream::{Bytes, Writer};
 use tusk_replica::ReplicatedNode;
 
 use super::group::{LocalGroup, Settings};
@@ -102,21 +103,26 @@ fn blocks_crc(node: &ReplicatedNode, table: HeapPtr, count: u64, step: u64) -> R
     Ok(h.finalize())
 }
 
-/// Writes `bytes` to a file in `dir` in 8 MiB writes and one fdatasync; bytes per second.
+/// Writes `bytes` to a new file in `dir` as a follower writes a snapshot it receives (pieces
+/// of 1 MiB from a thread of their own, synced every 64 MiB on another and at the end:
+/// `tusk_replica::snapshot_stream::Writer`), the system's dirty pages written first; bytes
+/// per second. The disk's sequential write rate as the follower can use it at best.
 fn disk_rate(dir: &Path, bytes: u64) -> Result<f64, Box<dyn std::error::Error>> {
+    nix::unistd::sync();
     let path = dir.join("disk-probe");
-    let chunk = vec![0x5Au8; 8 << 20];
+    let piece = Bytes::from(vec![0x5Au8; tusk_replica::snapshot_stream::PIECE]);
     let started = Instant::now();
-    let mut f = std::fs::File::create(&path)?;
+    let writer = Writer::new(std::fs::File::create(&path)?)?;
     let mut left = bytes;
     while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        f.write_all(&chunk[..n])?;
+        let n = left.min(piece.len() as u64) as usize;
+        if !writer.write_blocking(piece.slice(..n)) {
+            break;
+        }
         left -= n as u64;
     }
-    f.sync_data()?;
+    writer.finish_blocking()?;
     let rate = bytes as f64 / started.elapsed().as_secs_f64();
-    drop(f);
     std::fs::remove_file(&path)?;
     Ok(rate)
 }
@@ -178,8 +184,9 @@ pub fn run(args: CatchupArgs) -> CliResult {
         };
         let snapshot_bytes = snapshot_bytes(&dir.path().join(format!("n{}", l + 1)))?;
         let node_dir = dir.path().join(format!("n{}", f + 1));
-        let probe_first = round % 2 == 0;
-        let mut disk = if probe_first { disk_rate(&node_dir, snapshot_bytes)? } else { 0.0 };
+        // The disk's rate before and after the catch-up, their mean.
+        let before = disk_rate(&node_dir, snapshot_bytes)?;
+        nix::unistd::sync();
         let started = Instant::now();
         group.restart(f)?;
         let (catchup, loaded, installed) = {
@@ -198,9 +205,7 @@ pub fn run(args: CatchupArgs) -> CliResult {
         if installed == 0 {
             return Err("the follower caught up from the log, not by a snapshot: the bench measured nothing".into());
         }
-        if !probe_first {
-            disk = disk_rate(&node_dir, snapshot_bytes)?;
-        }
+        let disk = (before + disk_rate(&node_dir, snapshot_bytes)?) / 2.0;
         let (mine, theirs) = {
             let step = (count / 64).max(1);
             (blocks_crc(up(&group, f)?.as_ref().expect("up"), table, count, step)?, blocks_crc(up(&group, l)?.as_ref().expect("up"), table, count, step)?)

@@ -534,6 +534,21 @@ fn bench_replicated_compares_the_group_with_one_store() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `tusk bench catchup --json`: the follower catches up by a snapshot (the bench fails if it
+/// caught up from the log), and the rate is the snapshot's bytes over the catch-up time.
+#[test]
+fn bench_catchup_measures_a_snapshot_install_against_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&["bench", "catchup", "--mib", "16", "--rounds", "2", "--dir", dir.path().to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let v = json(out.trim());
+    let (bytes, seconds, rate, disk) = (v["snapshot_bytes"].as_f64().unwrap(), v["catchup_s"].as_f64().unwrap(), v["catchup_bytes_per_s"].as_f64().unwrap(), v["disk_bytes_per_s"].as_f64().unwrap());
+    assert!(bytes >= (16 << 20) as f64, "the snapshot holds the 16 MiB the follower missed: {v}");
+    assert!(seconds > 0.0 && rate > 0.0 && disk > 0.0, "{v}");
+    assert!(v["loaded_s"].as_f64().unwrap() >= seconds, "{v}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the run's group is removed");
+}
+
 /// `tusk crashtest --nodes 3`: the group's faults, cycle after cycle, and nothing lost. Seed 3
 /// failed every run while a leader restored in its old term took transactions before it had
 /// applied the log (it wrote counts read from a heap without them).

@@ -23,6 +23,10 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// reports with its applied position after a restart.
 const MEMBERSHIPS: TableDefinition<u64, &[u8]> = TableDefinition::new("memberships");
 const VOTE: &str = "vote";
+/// redb's page cache (its default is 1 GiB): entries are read back once or twice (sent to
+/// members, applied) soon after they are written, and a large transaction's entry would
+/// otherwise stay cached beside the heap that holds it already.
+const CACHE_BYTES: usize = 64 << 20;
 const PURGED: &str = "purged";
 
 /// The log store (cheap to clone: readers share the database).
@@ -44,7 +48,10 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StorageErr
 impl LogStore {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<LogStore, StorageError> {
-        let db = Database::create(path).map_err(|e| storage_error(StorageIOError::read_logs, format!("{}: {e}", path.display())))?;
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| storage_error(StorageIOError::read_logs, format!("{}: {e}", path.display())))?;
         let w = db.begin_write().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.open_table(LOG).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.open_table(META).map_err(|e| storage_error(StorageIOError::write_logs, e))?;

@@ -25,9 +25,8 @@ use rand::{Rng, SeedableRng};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
-
 use crate::snapshot_files::SnapshotFiles;
+use crate::snapshot_stream::{read_pieces, Writer};
 use crate::types::{NodeId, Raft, SnapshotMeta, TypeConfig};
 
 /// Faults of the messages this node sends (crash runs): each call is dropped (it fails as
@@ -101,6 +100,10 @@ impl Links {
 /// (`log_format::MAX_PAYLOAD`, 3 GiB) and room for its framing.
 const MAX_BODY: usize = if usize::BITS > 32 { (4u64 << 30) as usize } else { usize::MAX };
 
+/// How soon a peer that was unreachable is tried again (a refused connection on loopback or
+/// a LAN costs next to nothing).
+const RETRY_UNREACHABLE: Duration = Duration::from_millis(50);
+
 /// The request header naming the calling node.
 const FROM: &str = "x-tusk-node";
 
@@ -112,8 +115,6 @@ struct Served {
     snapshots: SnapshotFiles,
 }
 
-/// Bytes of a snapshot read from its file per piece of the stream.
-const STREAM_PIECE: usize = 1 << 20;
 
 fn refused_from(served: &Served, headers: &axum::http::HeaderMap) -> bool {
     headers.get(FROM).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).is_some_and(|from| served.links.is_cut(from))
@@ -173,19 +174,23 @@ async fn snapshot(State(s): State<Served>, headers: axum::http::HeaderMap, body:
         }
     };
     let (file, path) = s.snapshots.new_file("receiving").map_err(failed)?;
-    let mut file = tokio::fs::File::from_std(file);
-    let received: Result<(), (StatusCode, String)> = async {
-        file.write_all(&rest).await.map_err(failed)?;
+    let writer = Writer::new(file).map_err(failed)?;
+    let received: Result<std::fs::File, (StatusCode, String)> = async {
+        let mut open = writer.write(Bytes::from(rest)).await;
         while let Some(piece) = stream.next().await {
-            file.write_all(&piece.map_err(|e| bad(e.to_string()))?).await.map_err(failed)?;
+            let piece = piece.map_err(|e| bad(e.to_string()))?;
+            open = open && writer.write(piece).await;
         }
-        file.flush().await.map_err(failed)
+        writer.finish().await.map_err(failed)
     }
     .await;
-    if let Err(e) = received {
-        let _ = std::fs::remove_file(&path);
-        return Err(e);
-    }
+    let file = match received {
+        Ok(file) => tokio::fs::File::from_std(file),
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+    };
     reply(&s.raft.install_full_snapshot(vote, Snapshot { meta, snapshot: Box::new(file) }).await)
 }
 
@@ -303,21 +308,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         }
         let network = |e: &dyn std::error::Error| StreamingError::Network(NetworkError::new(&CallError(e.to_string())));
         let head = bincode::serialize(&(vote, &snapshot.meta)).map_err(|e| network(&e))?;
-        let mut file = *snapshot.snapshot;
-        file.seek(std::io::SeekFrom::Start(0)).await.map_err(|e| network(&e))?;
+        let mut file = snapshot.snapshot.into_std().await;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(|e| network(&e))?;
         let mut prefix = (head.len() as u64).to_le_bytes().to_vec();
         prefix.extend_from_slice(&head);
-        let pieces = futures_util::stream::unfold(file, |mut file| async move {
-            let mut buf = vec![0u8; STREAM_PIECE];
-            match file.read(&mut buf).await {
-                Ok(0) => None,
-                Ok(n) => {
-                    buf.truncate(n);
-                    Some((Ok(Bytes::from(buf)), file))
-                }
-                Err(e) => Some((Err(e), file)),
-            }
-        });
+        let pieces = futures_util::stream::unfold(read_pieces(file), |mut rx| async move { rx.recv().await.map(|piece| (piece, rx)) });
         let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(prefix)) }).chain(pieces);
         let send = self.client.post(format!("http://{}/raft/snapshot", self.addr)).header(FROM, self.me.to_string()).body(reqwest::Body::wrap_stream(body)).send();
         let sent = tokio::select! {
@@ -336,6 +331,12 @@ impl RaftNetwork<TypeConfig> for Peer {
 
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         self.call("vote", &rpc, &option).await
+    }
+
+    /// Retries a peer that was unreachable every [`RETRY_UNREACHABLE`] (openraft's default,
+    /// 500 ms, left a member back from a restart waiting that long for the leader to notice).
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(RETRY_UNREACHABLE))
     }
 }
 

@@ -71,3 +71,29 @@ pub fn remove_others(node_dir: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pointer_names_one_store_and_the_others_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path();
+        assert_eq!(current(node).unwrap(), node.join("store"), "a node without the pointer uses `store`");
+        std::fs::create_dir(node.join("store")).unwrap();
+        let first = next(node).unwrap();
+        assert_eq!(first, node.join("store.1"));
+        std::fs::create_dir(&first).unwrap();
+        switch(node, &first).unwrap();
+        assert_eq!(current(node).unwrap(), first);
+        // What a crash mid-install leaves: a half-made directory past the current one.
+        std::fs::create_dir(tusk::installing_dir(&node.join("store.2"))).unwrap();
+        assert_eq!(next(node).unwrap(), node.join("store.3"), "past every generation there is, half-made ones too");
+        std::fs::write(node.join("raft.redb"), b"not a store").unwrap();
+        remove_others(node).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(node).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, vec!["STORE", "raft.redb", "store.1"]);
+    }
+}
