@@ -16,8 +16,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tusk::Options;
 use tusk_replica::network::MessageFaults;
-use tusk_replica::{Position, ReplicatedNode};
+use tusk_replica::{Position, Rebuilt, ReplicatedNode};
 
+use super::crashtest::faults::flip_bit_in;
 use super::group::{LocalGroup, Settings};
 use super::group_bank::{self, Clock, Tally, PATIENCE};
 use super::report::table;
@@ -33,10 +34,14 @@ pub enum GroupFault {
     PowerCut,
     Partition,
     Messages,
+    /// A node (the leader or not) killed and a bit of one of its store's files flipped
+    /// (log segments, checkpoint images, manifests; not an image file it shares with its
+    /// snapshot, which would damage the copy it heals from too).
+    Bitflip,
 }
 
 impl GroupFault {
-    const ALL: [GroupFault; 5] = [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::PowerCut, GroupFault::Partition, GroupFault::Messages];
+    const ALL: [GroupFault; 6] = [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::PowerCut, GroupFault::Partition, GroupFault::Messages, GroupFault::Bitflip];
 
     fn name(self) -> &'static str {
         match self {
@@ -45,6 +50,7 @@ impl GroupFault {
             GroupFault::PowerCut => "power-cut",
             GroupFault::Partition => "partition",
             GroupFault::Messages => "messages",
+            GroupFault::Bitflip => "bitflip",
         }
     }
 }
@@ -84,11 +90,21 @@ fn grown(now: &[u64], before: &[u64]) -> u64 {
     now.iter().zip(before).map(|(now, was)| now.saturating_sub(*was)).sum()
 }
 
-/// Strikes the group with `fault` for `dwell`, then heals it; returns whether a node killed
-/// and opened again rebuilt its store from the group's log (it had led).
-fn strike(group: &LocalGroup, fault: GroupFault, dwell: Duration, rng: &mut SmallRng) -> Result<bool, Box<dyn std::error::Error>> {
-    let mut rebuilt = false;
+/// Strikes the group with `fault` for `dwell`, then heals it; returns why a node killed and
+/// opened again made its store anew, if it did (it had led, or its store was damaged).
+fn strike(group: &LocalGroup, fault: GroupFault, dwell: Duration, rng: &mut SmallRng) -> Result<Option<Rebuilt>, Box<dyn std::error::Error>> {
+    let mut rebuilt = None;
     match fault {
+        GroupFault::Bitflip => {
+            let i = rng.random_range(0..group.len());
+            if group.node(i).is_some_and(|n| n.is_some()) {
+                group.kill(i);
+                let store = tusk_replica::stores::current(&group.node_dir(i))?;
+                flip_bit_in(&store, rng, |p| std::fs::metadata(p).is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) == 1))?;
+                std::thread::sleep(dwell);
+                rebuilt = group.restart(i)?;
+            }
+        }
         GroupFault::KillLeader | GroupFault::KillFollower => {
             let victim = if fault == GroupFault::KillLeader { group.leader(PATIENCE) } else { follower(group, rng) };
             if let Some(i) = victim {
@@ -177,7 +193,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
     let started = Instant::now();
     let (never, resumed, last_index) = (AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX), AtomicU64::new(0));
     let mut struck = [0u64; GroupFault::ALL.len()];
-    let (mut reopened, mut in_place, mut installed) = (0u64, 0u64, 0u64);
+    let (mut reopened, mut healed, mut in_place, mut installed) = (0u64, 0u64, 0u64, 0u64);
     let mut stalled = 0;
     let outcome: Result<Vec<Tally>, Box<dyn std::error::Error>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
@@ -191,7 +207,11 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
             for _ in 0..cycles {
                 let k = rng.random_range(0..GroupFault::ALL.len());
                 let (before, installs_before) = (rebuilds(&group), installs(&group));
-                reopened += u64::from(strike(&group, GroupFault::ALL[k], dwell, &mut rng)?);
+                match strike(&group, GroupFault::ALL[k], dwell, &mut rng)? {
+                    Some(Rebuilt::Damaged(_)) => healed += 1,
+                    Some(_) => reopened += 1,
+                    None => {}
+                }
                 struck[k] += 1;
                 // Healed: the group must commit again within the patience.
                 let committed = last_index.load(Ordering::SeqCst);
@@ -231,7 +251,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
             serde_json::json!({
                 "crashtest": "group", "nodes": nodes, "cycles": cycles, "seed": seed,
                 "faults": GroupFault::ALL.iter().zip(struck).map(|(f, n)| (f.name().to_string(), n)).collect::<std::collections::BTreeMap<_, _>>(),
-                "acknowledged": acked, "unknown": uncertain, "rebuilt_when_reopened": reopened, "rebuilt_in_place": in_place, "snapshots_installed": installed,
+                "acknowledged": acked, "unknown": uncertain, "rebuilt_when_reopened": reopened, "rebuilt_from_damage": healed, "rebuilt_in_place": in_place, "snapshots_installed": installed,
                 "stalled": stalled, "lost": if verified.is_ok() { 0 } else { 1 }, "seconds": started.elapsed().as_secs_f64(),
                 "failure": verified.as_ref().err(),
             })
@@ -242,7 +262,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
             &[
                 ("faults", counts.join(", ")),
                 ("transfers acknowledged", format!("{acked} (outcome unknown: {uncertain})")),
-                ("stores rebuilt from the group's log", format!("{reopened} when opened after leading, {in_place} in place after losing the lead")),
+                ("stores rebuilt from the group's log", format!("{reopened} when opened after leading, {healed} found damaged when opened, {in_place} in place (lead lost, or Raft failed)")),
                 ("snapshots installed by members behind the log", installed.to_string()),
                 ("verified on every node", verified.as_ref().map_or_else(|e| format!("FAILED: {e}"), |()| "money conserved, every acknowledged transfer present, all nodes alike".into())),
                 ("seconds", format!("{:.1}", started.elapsed().as_secs_f64())),

@@ -75,7 +75,7 @@ pub fn run(dir: &std::path::Path, plan: Plan) -> CliResult {
     let new_leader = group.leader(PATIENCE).ok_or("no leader after the kill")?;
 
     let back_started = Instant::now();
-    let rebuilt = group.restart(killed)?;
+    let rebuilt = group.restart(killed)?.is_some();
     let last = Position { index: last_index.load(Ordering::SeqCst) };
     group_bank::verify(&group, bank, &tallies, last)?;
     let caught_up = back_started.elapsed();

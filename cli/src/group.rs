@@ -87,6 +87,11 @@ impl LocalGroup {
         Ok(LocalGroup { dir: dir.to_path_buf(), options, settings, addrs, slots })
     }
 
+    /// Node `i`'s directory.
+    pub fn node_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("n{}", i + 1))
+    }
+
     pub fn len(&self) -> usize {
         self.slots.len()
     }
@@ -136,9 +141,9 @@ impl LocalGroup {
     }
 
     /// Opens node `i` again on its address; returns whether it rebuilt its store.
-    pub fn restart(&self, i: usize) -> Result<bool, tusk_replica::ReplicaError> {
+    pub fn restart(&self, i: usize) -> Result<Option<tusk_replica::Rebuilt>, tusk_replica::ReplicaError> {
         let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(&self.dir, i as u64 + 1, self.addrs[i], &self.options, self.settings))?;
-        let rebuilt = node.rebuilt();
+        let rebuilt = node.rebuilt_why().cloned();
         *self.slots[i].write().expect("not poisoned") = Some(node);
         Ok(rebuilt)
     }

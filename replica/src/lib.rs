@@ -58,5 +58,5 @@ pub mod stores;
 pub mod types;
 
 pub use error::ReplicaError;
-pub use node::{NodeConfig, Position, ReplicatedNode};
+pub use node::{NodeConfig, Position, Rebuilt, ReplicatedNode};
 pub use types::NodeId;

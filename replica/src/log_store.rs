@@ -78,6 +78,11 @@ impl LogStore {
         w.commit().map_err(|e| storage_error(kind, e))
     }
 
+    /// The last entry purged from the log (what a snapshot must reach to rebuild from).
+    pub fn purged(&self) -> Result<Option<LogId>, StorageError> {
+        self.meta(PURGED)
+    }
+
     /// Bytes of entries appended since the log was opened.
     pub fn appended_bytes(&self) -> u64 {
         self.appended.load(Ordering::Relaxed)

@@ -88,6 +88,8 @@ struct Role {
     leading: AtomicBool,
     /// Why it stopped leading (it then takes none until rebuilt).
     lost: Mutex<Option<String>>,
+    /// The member is being stopped on purpose: Raft ending is no failure then.
+    stopping: AtomicBool,
 }
 
 /// What a rebuild replaces: the store and everything that runs on it.
@@ -127,7 +129,7 @@ struct Shared {
 pub struct ReplicatedNode {
     shared: Arc<Shared>,
     /// Whether opening rebuilt the store (it had led).
-    rebuilt_at_open: bool,
+    rebuilt_at_open: Option<Rebuilt>,
     // Last: dropped after the tasks that run on it are stopped.
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -145,16 +147,35 @@ fn raft_error(e: impl std::fmt::Display) -> ReplicaError {
 /// says it led (its heap may hold records the group never committed), makes a new one from
 /// the node's last snapshot (empty without one) instead, for the group's log to bring up to
 /// date. Returns it and whether it was made anew.
-fn open_store(node_dir: &Path, options: &tusk::Options, log: &LogStore, snapshots: &SnapshotFiles, fresh: bool) -> Result<(Store, bool), ReplicaError> {
+fn open_store(node_dir: &Path, options: &tusk::Options, log: &LogStore, snapshots: &SnapshotFiles, fresh: bool) -> Result<(Store, Option<Rebuilt>), ReplicaError> {
     let current = stores::current(node_dir).map_err(io(format!("the store of {}", node_dir.display())))?;
-    if !fresh {
-        let store = Store::open(&current, options.clone())?;
-        if !ReplicaLine::decode(store.replica()?).led {
-            return Ok((store, false));
+    let why = if fresh {
+        Rebuilt::InPlace
+    } else {
+        match Store::open(&current, options.clone()) {
+            Ok(store) => {
+                if !ReplicaLine::decode(store.replica()?).led {
+                    return Ok((store, None));
+                }
+                store.close()?;
+                Rebuilt::Led
+            }
+            // Damage recovery may not repair: the group holds what the store held.
+            Err(e @ tusk::Error::Corrupt { .. }) => Rebuilt::Damaged(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
-        store.close()?;
-    }
+    };
     let snapshot = snapshots.current().map_err(io(format!("the snapshots of {}", node_dir.display())))?;
+    let purged = log.purged().map_err(raft_error)?;
+    if snapshot.as_ref().and_then(|(meta, _)| meta.last_log_id) < purged {
+        // Entries the node's log dropped are in no snapshot it has: an empty store would
+        // apply the log after them on nothing.
+        return Err(ReplicaError::Raft(format!(
+            "node {}: its log was purged through entry {} and it holds no snapshot that far: the store cannot be rebuilt here (remove the node from the group and add it anew)",
+            node_dir.display(),
+            purged.map_or(0, |p| p.index)
+        )));
+    }
     let (store, dir) = match snapshot {
         Some((meta, path)) => store_from_snapshot(node_dir, options, log, &path, &meta).map_err(raft_error)?,
         None => {
@@ -163,11 +184,23 @@ fn open_store(node_dir: &Path, options: &tusk::Options, log: &LogStore, snapshot
         }
     };
     stores::switch(node_dir, &dir).map_err(io(format!("switching the store of {}", node_dir.display())))?;
-    // Opened again after leading: the old store is closed (a rebuild in place retires it).
+    // Opened again after leading, or found damaged: the old store is closed (a rebuild in
+    // place retires it).
     if !fresh && current.exists() {
         std::fs::remove_dir_all(&current).map_err(io(format!("removing {}", current.display())))?;
     }
-    Ok((store, true))
+    Ok((store, Some(why)))
+}
+
+/// Why a node's store was made anew from its snapshot and the group's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rebuilt {
+    /// It had led: its heap may hold records the group never committed.
+    Led,
+    /// Opening it found damage recovery does not repair (the error).
+    Damaged(String),
+    /// In place, while the node ran (it stopped leading, or its Raft failed).
+    InPlace,
 }
 
 /// How long a rebuild waits for what ending tasks and callers let go of (a port, the
@@ -203,7 +236,7 @@ fn sole<T>(mut shared: Arc<T>) -> Option<T> {
 impl Shared {
     /// Starts a member: the store (rebuilt empty if `fresh`, or if it led), the group's log,
     /// Raft, the server on the node's address, the proposer and the role watcher.
-    fn start_member(self: &Arc<Self>, fresh: bool, listener: Option<tokio::net::TcpListener>) -> Result<(Member, bool), ReplicaError> {
+    fn start_member(self: &Arc<Self>, fresh: bool, listener: Option<tokio::net::TcpListener>) -> Result<(Member, Option<Rebuilt>), ReplicaError> {
         let config = &self.config;
         let source = Arc::new(Source::default());
         let tapped = source.clone();
@@ -276,6 +309,7 @@ impl Shared {
     /// Stops `member`'s work: it takes no more transactions, its server and tasks end, Raft
     /// shuts down. Returns its store.
     fn stop_member(&self, member: Arc<Member>) -> Arc<Store> {
+        member.role.stopping.store(true, Ordering::SeqCst);
         member.role.leading.store(false, Ordering::SeqCst);
         member.source.fail(format!("node {} stopped", self.id));
         if let Some(stop) = member.stop.lock().take() {
@@ -363,13 +397,19 @@ impl ReplicatedNode {
         self.shared.addr
     }
 
-    /// Whether opening rebuilt the store from the group's log (it had led).
+    /// Whether opening made the store anew from the node's snapshot and the group's log (it
+    /// had led, or its store was damaged: [`ReplicatedNode::rebuilt_why`]).
     pub fn rebuilt(&self) -> bool {
-        self.rebuilt_at_open
+        self.rebuilt_at_open.is_some()
     }
 
-    /// How many times the store was rebuilt from the group's log in place since the node
-    /// was opened (each time it stopped leading).
+    /// Why opening made the store anew, if it did.
+    pub fn rebuilt_why(&self) -> Option<&Rebuilt> {
+        self.rebuilt_at_open.as_ref()
+    }
+
+    /// How many times the store was rebuilt in place since the node was opened (each time
+    /// it stopped leading, or its Raft failed on an error of its store or log).
     pub fn rebuilds(&self) -> u64 {
         self.shared.rebuilds.load(Ordering::SeqCst)
     }
@@ -631,6 +671,18 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
             }
         }
         if metrics.changed().await.is_err() {
+            // Raft ended. Unless the member is being stopped, it failed: its state machine
+            // (the store: damage found in a chunk read on demand, an I/O error) or its log.
+            // The member is rebuilt from the node's snapshot and the group's log.
+            if !role.stopping.load(Ordering::SeqCst) {
+                role.leading.store(false, Ordering::SeqCst);
+                stores.read().refuse_updates(true);
+                source.fail(format!("node {id}'s Raft stopped"));
+                *role.lost.lock() = Some(format!("node {id}'s Raft stopped on an error"));
+                if let Some(node) = node.upgrade() {
+                    std::thread::Builder::new().name(format!("tusk-rebuild-{id}")).spawn(move || node.rebuild()).ok();
+                }
+            }
             return;
         }
     }

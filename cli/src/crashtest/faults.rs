@@ -185,8 +185,13 @@ pub struct Flip {
 
 /// Flips one random bit of one random non-empty file.
 pub fn flip_bit(dir: &Path, rng: &mut SmallRng) -> Result<Option<Flip>, CrashtestError> {
+    flip_bit_in(dir, rng, |_| true)
+}
+
+/// Flips one random bit of one random non-empty file of those `eligible` keeps.
+pub fn flip_bit_in(dir: &Path, rng: &mut SmallRng, eligible: impl Fn(&Path) -> bool) -> Result<Option<Flip>, CrashtestError> {
     let mut files = Vec::new();
-    for path in flippable(dir)? {
+    for path in flippable(dir)?.into_iter().filter(|p| eligible(p)) {
         let len = std::fs::metadata(&path).map_err(|e| CrashtestError::io(&path, e))?.len();
         if len > 0 {
             files.push((path, len));
