@@ -110,8 +110,8 @@ fn balances(node: &ReplicatedNode, bank: Bank) -> Result<(Vec<u64>, Vec<u64>), S
 }
 
 /// Every node, once it holds the group's log up to `last`: money conserved, every
-/// acknowledged transfer there and none beyond those whose outcome was unknown, and every
-/// node's balances alike.
+/// acknowledged transfer there and none beyond those whose outcome was unknown, every
+/// node's balances alike, and then, at one position, every node's heap alike.
 pub fn verify(group: &LocalGroup, bank: Bank, tallies: &[Tally], last: Position) -> Result<(), String> {
     let mut reference: Option<Vec<u64>> = None;
     for i in 0..group.len() {
@@ -136,5 +136,66 @@ pub fn verify(group: &LocalGroup, bank: Bank, tallies: &[Tally], last: Position)
             Some(_) => {}
         }
     }
-    Ok(())
+    heaps_alike(group)
+}
+
+/// Every node's heap at one position of the group's log (the highest any has applied, once
+/// no node moves), byte for byte but for each node's own replica line: its crc32.
+fn heaps_alike(group: &LocalGroup) -> Result<(), String> {
+    let deadline = Instant::now() + PATIENCE;
+    for _ in 0..10 {
+        let at = settled(group, deadline)?;
+        let mut digests = Vec::with_capacity(group.len());
+        for i in 0..group.len() {
+            let slot = group.node(i).ok_or(format!("node {} is down", i + 1))?;
+            digests.push(heap_crc(slot.as_ref().expect("up")).map_err(|e| format!("node {}: {e}", i + 1))?);
+        }
+        // Nothing moved while the heaps were read: they are at `at`.
+        if settled(group, deadline)? != at {
+            continue;
+        }
+        return match digests.iter().position(|d| *d != digests[0]) {
+            None => Ok(()),
+            Some(i) => Err(format!("node {}'s heap differs from node 1's at position {at}: {digests:x?}", i + 1)),
+        };
+    }
+    Err("the group's nodes kept applying entries: no position to compare their heaps at".into())
+}
+
+/// Waits until every node has applied the same entry and none moves for a moment; that entry.
+fn settled(group: &LocalGroup, deadline: Instant) -> Result<u64, String> {
+    let applied = || -> Result<Vec<u64>, String> {
+        (0..group.len()).map(|i| group.node(i).and_then(|n| n.as_ref().map(|n| n.applied().index)).ok_or(format!("node {} is down", i + 1))).collect()
+    };
+    loop {
+        let first = applied()?;
+        std::thread::sleep(Duration::from_millis(100));
+        let again = applied()?;
+        if first == again && again.iter().all(|&a| a == again[0]) {
+            return Ok(again[0]);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the nodes did not settle at one position within {PATIENCE:?}: {again:?}"));
+        }
+    }
+}
+
+/// The crc32 of `node`'s heap up to its used extent, its replica line read as zeros.
+fn heap_crc(node: &ReplicatedNode) -> Result<u32, Box<dyn std::error::Error>> {
+    let snap = node.store()?.snapshot(tusk::SnapshotMode::Memcpy)?;
+    let extent = snap.info().extent;
+    let line = tusk_storage::layout::REPLICA_OFF..tusk_storage::layout::REPLICA_OFF + 8 * tusk_storage::layout::REPLICA_WORDS as u64;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut at = 0;
+    while at < extent {
+        let n = (extent - at).min(buf.len() as u64) as usize;
+        snap.read(HeapPtr(at), &mut buf[..n])?;
+        for off in line.clone().filter(|o| (at..at + n as u64).contains(o)) {
+            buf[(off - at) as usize] = 0;
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(h.finalize())
 }
