@@ -333,7 +333,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         self.call("vote", &rpc, &option).await
     }
 
-    /// Retries a peer that was unreachable every [`RETRY_UNREACHABLE`] (openraft's default,
+    /// Retries a peer that was unreachable every 50 ms (`RETRY_UNREACHABLE`; openraft's default,
     /// 500 ms, left a member back from a restart waiting that long for the leader to notice).
     fn backoff(&self) -> openraft::network::Backoff {
         openraft::network::Backoff::new(std::iter::repeat(RETRY_UNREACHABLE))
