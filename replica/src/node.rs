@@ -37,6 +37,9 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// The store's options: every member must be opened with the same heap layout
     /// (`heap_capacity`), since members apply each other's writes at the same offsets.
+    /// A node opened again loads its store whole (`HeapLoad::Whole`, whatever `heap_load`
+    /// says), so that damage is found before it serves; a store installed from a snapshot,
+    /// its images checked as they were installed, opens on demand.
     /// [`NodeConfig::new`] sets `group_commit_interval` to 10 ms: what a member commits is
     /// durable in the group's log first, so its store's own log need not be flushed every
     /// millisecond beside it (measured: 10–15% more `Sync` commits on 2 cores).
@@ -152,7 +155,10 @@ fn open_store(node_dir: &Path, options: &tusk::Options, log: &LogStore, snapshot
     let why = if fresh {
         Rebuilt::InPlace
     } else {
-        match Store::open(&current, options.clone()) {
+        // Loaded whole, so that damage recovery does not repair is found now, while the
+        // group can still make the store anew, not by a reader later (a chunk read on
+        // demand fails that read alone; the node would go on with a hole in its heap).
+        match Store::open(&current, tusk::Options { heap_load: tusk::HeapLoad::Whole, ..options.clone() }) {
             Ok(store) => {
                 if !ReplicaLine::decode(store.replica()?).led {
                     return Ok((store, None));
