@@ -297,7 +297,10 @@ impl Shared {
             self.rt.spawn(async move {
                 let _ = served.await;
             }),
-            self.rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight)),
+            self.rt.spawn(propose(raft.clone(), source.clone(), origin, config.proposals_in_flight, {
+                let (node, id, role, stores, source) = (Arc::downgrade(self), config.id, role.clone(), stores.clone(), source.clone());
+                Arc::new(move |why: String| depose(&node, id, &role, &stores.read(), &source, why))
+            })),
             self.rt.spawn(watch_role(Arc::downgrade(self), origin, raft.clone(), stores.clone(), source.clone(), led, role.clone())),
             self.rt.spawn(snapshot_when_due(raft.clone(), log, stores.clone(), config.snapshot_after_log_bytes)),
         ];
@@ -478,7 +481,9 @@ impl ReplicatedNode {
     /// to the group in the background and lost if the leader fails first), without one.
     pub fn transact<T>(&self, mode: Commit, f: impl FnMut(&mut Transaction<'_>) -> Result<T, tusk::Error>) -> Result<(T, Option<Position>), ReplicaError> {
         let member = self.shared.member()?;
-        if !member.role.leading.load(Ordering::SeqCst) {
+        // (A failed source means the lead is being given up: nothing is committed locally that
+        // the group would never see.)
+        if !member.role.leading.load(Ordering::SeqCst) || member.source.is_failed() {
             return Err(ReplicaError::NotLeader { me: self.id(), leader: member.raft.metrics().borrow().current_leader });
         }
         let local = if mode == Commit::Sync { Commit::Async } else { mode };
@@ -590,7 +595,7 @@ impl Drop for ReplicatedNode {
 /// Proposes the records the source has ready, one entry at a time, in LSN order, without
 /// waiting for one to commit before proposing the next (openraft keeps their order): up to
 /// `in_flight` are pending at once.
-async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight: usize) {
+async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight: usize, lose: Arc<dyn Fn(String) + Send + Sync>) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     loop {
         let (records, last) = source.take_ready();
@@ -606,10 +611,13 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         match raft.client_write_ff(Batch { origin, records }).await {
             Ok(answer) => {
-                let source = source.clone();
+                let (source, lose) = (source.clone(), lose.clone());
                 tokio::spawn(async move {
                     match answer.await {
                         Ok(Ok(written)) => source.committed(last, written.log_id.index),
+                        // Raft no longer has this node lead, whatever its metrics say yet (a
+                        // crash run saw them lag 9.7 s while every commit failed at once).
+                        Ok(Err(e @ openraft::error::ClientWriteError::ForwardToLeader(_))) => lose(format!("proposal refused: {e}")),
                         Ok(Err(e)) => source.fail(format!("proposal failed: {e}")),
                         Err(_) => source.fail("the group's engine stopped".into()),
                     }
@@ -618,6 +626,25 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
             }
             Err(e) => source.fail(format!("proposal failed: {e}")),
         }
+    }
+}
+
+/// Gives up the lead for good: no more transactions, what waits for the group fails, and the
+/// store (its heap may hold records the group never committed) is rebuilt on a thread of its
+/// own. Whoever comes first (the role's watcher, a proposal Raft refused) does it, once.
+fn depose(node: &std::sync::Weak<Shared>, id: NodeId, role: &Role, store: &Store, source: &Source, why: String) {
+    store.refuse_updates(true);
+    role.leading.store(false, Ordering::SeqCst);
+    source.fail(why.clone());
+    {
+        let mut lost = role.lost.lock();
+        if lost.is_some() {
+            return;
+        }
+        *lost = Some(why);
+    }
+    if let Some(node) = node.upgrade() {
+        std::thread::Builder::new().name(format!("tusk-rebuild-{id}")).spawn(move || node.rebuild()).ok();
     }
 }
 
@@ -639,16 +666,7 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
         let was = role.leading.load(Ordering::SeqCst);
         let store = stores.read().clone();
         if was && (!leads || led_term != Some(term)) {
-            store.refuse_updates(true);
-            role.leading.store(false, Ordering::SeqCst);
-            let why = format!("node {id} stopped leading (term {term})");
-            source.fail(why.clone());
-            *role.lost.lock() = Some(why);
-            // Its heap may hold records the group never committed: rebuilt from the log, on
-            // a thread of its own (the rebuild stops this task).
-            if let Some(node) = node.upgrade() {
-                std::thread::Builder::new().name(format!("tusk-rebuild-{id}")).spawn(move || node.rebuild()).ok();
-            }
+            depose(&node, id, &role, &store, &source, format!("node {id} stopped leading (term {term})"));
             return;
         } else if leads && !was && role.lost.lock().is_none() {
             // An empty entry of its own, committed and applied: every entry before it is

@@ -131,6 +131,11 @@ impl Source {
         s.failed = None;
     }
 
+    /// Whether no LSN will be committed any more (it failed, or does not lead).
+    pub fn is_failed(&self) -> bool {
+        self.state.lock().failed.is_some()
+    }
+
     /// Stops taking LSNs: what is waiting fails with `why`.
     pub fn fail(&self, why: String) {
         let mut s = self.state.lock();
