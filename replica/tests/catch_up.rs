@@ -44,10 +44,7 @@ fn purged_past(node: &ReplicatedNode, index: u64) -> (u64, u64) {
 #[test]
 fn members_the_log_no_longer_reaches_catch_up_by_snapshot() {
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open_snapshotting(dir.path(), id, None))).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
-    let l = leader_of(&nodes.iter().flatten().collect::<Vec<_>>());
+    let (mut nodes, members, l) = started(dir.path(), snapshotting);
     open_bank(nodes[l].as_ref().unwrap());
     transfer(nodes[l].as_ref().unwrap(), 50, 1).unwrap();
 
@@ -109,10 +106,7 @@ fn a_leaders_snapshot_holds_what_the_group_committed_and_rebuilds_it() {
     // One proposal in flight: the records committed meanwhile go together in the next
     // entry, so entries span the LSN a snapshot's image is copied at.
     let batching = |id| NodeConfig { proposals_in_flight: 1, ..snapshotting(id) };
-    let mut nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open_with(dir.path(), batching(id), None))).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
-    let l = leader_of(&nodes.iter().flatten().collect::<Vec<_>>());
+    let (mut nodes, _, l) = started(dir.path(), batching);
     open_bank(nodes[l].as_ref().unwrap());
     let leader = nodes[l].as_ref().unwrap();
     let stop = AtomicBool::new(false);
@@ -208,10 +202,7 @@ fn flip_a_bit(store: &Path, rng: &mut impl rand::Rng) {
 fn a_damaged_store_is_made_anew_from_the_snapshot_and_the_log() {
     use rand::SeedableRng;
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open_snapshotting(dir.path(), id, None))).collect();
-    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
-    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
-    let l = leader_of(&nodes.iter().flatten().collect::<Vec<_>>());
+    let (mut nodes, _, l) = started(dir.path(), snapshotting);
     open_bank(nodes[l].as_ref().unwrap());
     let f = (l + 1) % 3;
     let (id, addr) = (nodes[f].as_ref().unwrap().id(), nodes[f].as_ref().unwrap().addr());

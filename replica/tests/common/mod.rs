@@ -98,3 +98,13 @@ pub fn transfer(leader: &ReplicatedNode, count: u64, seed: u64) -> Result<Positi
     Ok(last)
 }
 
+
+/// Three nodes in `dir` opened with `config(id)`, made a group: the nodes (as slots a test
+/// can empty), their ids and addresses, and which of them leads.
+pub fn started(dir: &Path, config: impl Fn(u64) -> NodeConfig) -> (Vec<Option<ReplicatedNode>>, Vec<(u64, SocketAddr)>, usize) {
+    let nodes: Vec<Option<ReplicatedNode>> = (1..=3).map(|id| Some(open_with(dir, config(id), None))).collect();
+    let members: Vec<(u64, SocketAddr)> = nodes.iter().flatten().map(|n| (n.id(), n.addr())).collect();
+    nodes[0].as_ref().unwrap().initialize(&members).unwrap();
+    let l = leader_of(&nodes.iter().flatten().collect::<Vec<_>>());
+    (nodes, members, l)
+}
