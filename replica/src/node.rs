@@ -225,8 +225,13 @@ fn patiently<T, E>(mut f: impl FnMut() -> Result<T, E>) -> Result<T, E> {
 }
 
 /// `shared`'s only holder's value, once the others let go (within [`LET_GO_WITHIN`]).
-fn sole<T>(mut shared: Arc<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + LET_GO_WITHIN;
+fn sole<T>(shared: Arc<T>) -> Option<T> {
+    sole_within(shared, LET_GO_WITHIN)
+}
+
+/// `shared`'s only holder's value, once the others let go within `wait`.
+pub(crate) fn sole_within<T>(mut shared: Arc<T>, wait: Duration) -> Option<T> {
+    let deadline = std::time::Instant::now() + wait;
     loop {
         match Arc::try_unwrap(shared) {
             Ok(value) => return Some(value),

@@ -138,26 +138,18 @@ pub fn store_from_snapshot(node_dir: &Path, options: &tusk::Options, log: &LogSt
     Ok((store, dir))
 }
 
+/// How long a retired store waits for its readers to let go of it.
+const RETIRE_WITHIN: Duration = Duration::from_secs(600);
+
 /// Lets `store` (in `dir`, no longer the node's) go once nobody holds it, and deletes its
 /// directory; on a thread of its own, since readers may hold it a while.
 pub fn retire(store: Arc<Store>, dir: PathBuf) {
     let spawned = std::thread::Builder::new().name("tusk-retire".into()).spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let mut store = store;
-        loop {
-            match Arc::try_unwrap(store) {
-                Ok(s) => {
-                    s.crash();
-                    let _ = std::fs::remove_dir_all(&dir);
-                    return;
-                }
-                // Left for the node's next open, which deletes directories not in use.
-                Err(_) if Instant::now() >= deadline => return,
-                Err(back) => {
-                    store = back;
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
+        // Not let go of in time: left for the node's next open, which deletes directories
+        // not in use.
+        if let Some(store) = crate::node::sole_within(store, RETIRE_WITHIN) {
+            store.crash();
+            let _ = std::fs::remove_dir_all(&dir);
         }
     });
     drop(spawned);
