@@ -113,6 +113,15 @@ fn balances(node: &ReplicatedNode, bank: Bank) -> Result<(Vec<u64>, Vec<u64>), S
 /// acknowledged transfer there and none beyond those whose outcome was unknown, every
 /// node's balances alike, and then, at one position, every node's heap alike.
 pub fn verify(group: &LocalGroup, bank: Bank, tallies: &[Tally], last: Position) -> Result<(), String> {
+    // Balances are compared with every node at one position: a transfer of unknown outcome
+    // may commit after `last`, and be applied on one node before another.
+    for i in 0..group.len() {
+        let slot = group.node(i).ok_or(format!("node {} is down", i + 1))?;
+        if !slot.as_ref().expect("up").wait_applied(last, PATIENCE) {
+            return Err(format!("node {} did not apply the group's log up to {} within {PATIENCE:?}", i + 1, last.index));
+        }
+    }
+    settled(group, Instant::now() + PATIENCE)?;
     let mut reference: Option<Vec<u64>> = None;
     for i in 0..group.len() {
         let slot = group.node(i).ok_or(format!("node {} is down", i + 1))?;
