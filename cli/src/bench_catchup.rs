@@ -2,8 +2,8 @@
 //! sequential write rate in the same run.
 //!
 //! A group of three on loopback; one follower is killed, the leader commits `--mib` MiB of
-//! blocks of pseudo-random bytes (4 MiB per `Sync` transaction), makes a snapshot and purges
-//! its log below it. The follower is opened again: its log ends before what the leader
+//! blocks of pseudo-random bytes (4 MiB per `Sync` transaction); it and the other follower
+//! make a snapshot and purge their logs below it. The follower is opened again: its log ends before what the leader
 //! keeps, so the leader sends the snapshot (the heap image, streamed with its checksums),
 //! the follower checks and installs it as its store's checkpoint, and applies the log after
 //! it. Catch-up time runs from the open until the follower has applied the leader's last
@@ -172,16 +172,25 @@ pub fn run(args: CatchupArgs) -> CliResult {
             let leader = leader.as_ref().expect("up");
             let last = load(leader, table, count, count + more)?;
             count += more;
-            leader.trigger_snapshot()?;
+            last
+        };
+        // Every member up purges its log: whichever leads when the follower returns (a
+        // restarted node's election can move the lead), it can only send a snapshot.
+        for i in (0..3).filter(|&i| i != f) {
+            let node = up(&group, i)?;
+            let node = node.as_ref().expect("up");
+            if !node.wait_applied(tusk_replica::Position { index: last }, PATIENCE) {
+                return Err(format!("node {} did not apply entry {last} within {PATIENCE:?}", i + 1).into());
+            }
+            node.trigger_snapshot()?;
             let deadline = Instant::now() + PATIENCE;
-            while leader.snapshot_and_purged().1.is_none_or(|p| p < last) {
+            while node.snapshot_and_purged().1.is_none_or(|p| p < last) {
                 if Instant::now() > deadline {
-                    return Err(format!("the leader made no snapshot through entry {last}").into());
+                    return Err(format!("node {} made no snapshot through entry {last}", i + 1).into());
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            last
-        };
+        }
         let snapshot_bytes = snapshot_bytes(&dir.path().join(format!("n{}", l + 1)))?;
         let node_dir = dir.path().join(format!("n{}", f + 1));
         // The disk's rate before and after the catch-up, their mean.
@@ -203,7 +212,8 @@ pub fn run(args: CatchupArgs) -> CliResult {
             (catchup, started.elapsed(), node.snapshots_installed())
         };
         if installed == 0 {
-            return Err("the follower caught up from the log, not by a snapshot: the bench measured nothing".into());
+            let now = group.leader(Duration::ZERO).map_or("none".to_string(), |i| format!("node {}", i + 1));
+            return Err(format!("the follower caught up from the log, not by a snapshot: the bench measured nothing (leader at the load: node {}, now: {now})", l + 1).into());
         }
         let disk = (before + disk_rate(&node_dir, snapshot_bytes)?) / 2.0;
         let (mine, theirs) = {
