@@ -47,6 +47,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod error;
+pub mod log_segments;
 pub mod log_store;
 pub mod network;
 pub mod node;

@@ -1,7 +1,7 @@
-//! The group's Raft log, vote and committed position, durable in a redb database beside the
-//! node's store (`raft.redb`): every append is one redb transaction, synced before openraft
-//! hears it is durable, so that a `Sync` commit acknowledged by a majority is on a majority's
-//! disks.
+//! The group's Raft log: its entries in segment files (`raft-log/`, [`crate::log_segments`]),
+//! told durable to openraft only once synced, so that a `Sync` commit acknowledged by a
+//! majority is on a majority's disks; the vote, the purged position and the memberships
+//! applied in a redb database beside them (`raft.redb`), each write synced.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -10,29 +10,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use tusk_storage::io::Io;
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::log_segments::Segments;
 use crate::types::{storage_error, Entry, LogId, NodeId, StorageError, StoredMembership, TypeConfig};
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// The memberships applied, by the index of their entry: the state machine's, which it
 /// reports with its applied position after a restart.
 const MEMBERSHIPS: TableDefinition<u64, &[u8]> = TableDefinition::new("memberships");
 const VOTE: &str = "vote";
-/// redb's page cache (its default is 1 GiB): entries are read back once or twice (sent to
-/// members, applied) soon after they are written, and a large transaction's entry would
-/// otherwise stay cached beside the heap that holds it already.
-const CACHE_BYTES: usize = 64 << 20;
+/// redb's page cache (its default is 1 GiB; it holds a few small rows here).
+const CACHE_BYTES: usize = 4 << 20;
 const PURGED: &str = "purged";
 
 /// The log store (cheap to clone: readers share the database).
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    entries: Segments,
     /// Bytes of entries appended since it was opened (what a snapshot makes up for).
     appended: Arc<AtomicU64>,
 }
@@ -45,28 +45,35 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StorageErr
     bincode::deserialize(bytes).map_err(|e| storage_error(StorageIOError::read_logs, format!("{what}: {e}")))
 }
 
+fn read_meta<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>, StorageError> {
+    let r = db.begin_read().map_err(|e| storage_error(StorageIOError::read_logs, e))?;
+    let t = r.open_table(META).map_err(|e| storage_error(StorageIOError::read_logs, e))?;
+    match t.get(key).map_err(|e| storage_error(StorageIOError::read_logs, e))? {
+        Some(v) => Ok(Some(decode(v.value(), key)?)),
+        None => Ok(None),
+    }
+}
+
 impl LogStore {
-    /// Opens (or creates) the database at `path`.
-    pub fn open(path: &Path) -> Result<LogStore, StorageError> {
+    /// Opens (or creates) the log in node directory `dir` (`raft.redb`, `raft-log/`), its
+    /// entries written through `io`.
+    pub fn open(dir: &Path, io: &Io) -> Result<LogStore, StorageError> {
+        let path = dir.join("raft.redb");
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
-            .create(path)
+            .create(&path)
             .map_err(|e| storage_error(StorageIOError::read_logs, format!("{}: {e}", path.display())))?;
         let w = db.begin_write().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        w.open_table(LOG).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.open_table(META).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.open_table(MEMBERSHIPS).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
         w.commit().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        Ok(LogStore { db: Arc::new(db), appended: Arc::default() })
+        let purged: Option<LogId> = read_meta(&db, PURGED)?;
+        let entries = Segments::open(&dir.join("raft-log"), io, purged.map(|id| id.index)).map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?;
+        Ok(LogStore { db: Arc::new(db), entries, appended: Arc::default() })
     }
 
     fn meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
-        let r = self.db.begin_read().map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        let t = r.open_table(META).map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        match t.get(key).map_err(|e| storage_error(StorageIOError::read_logs, e))? {
-            Some(v) => Ok(Some(decode(v.value(), key)?)),
-            None => Ok(None),
-        }
+        read_meta(&self.db, key)
     }
 
     fn set_meta<T: Serialize>(&self, key: &str, value: &T, kind: fn(openraft::AnyError) -> StorageIOError<NodeId>) -> Result<(), StorageError> {
@@ -81,6 +88,11 @@ impl LogStore {
     /// The last entry purged from the log (what a snapshot must reach to rebuild from).
     pub fn purged(&self) -> Result<Option<LogId>, StorageError> {
         self.meta(PURGED)
+    }
+
+    /// See [`Segments::sync_in_background`].
+    pub fn sync_in_background(&self, background: bool) {
+        self.entries.sync_in_background(background);
     }
 
     /// Bytes of entries appended since the log was opened.
@@ -131,43 +143,13 @@ impl LogStore {
         if end.is_some_and(|e| e < start) {
             return Ok(Vec::new());
         }
-        let r = self.db.begin_read().map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        let t = r.open_table(LOG).map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        let rows = match end {
-            Some(e) => t.range(start..=e),
-            None => t.range(start..),
-        }
-        .map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (_, v) = row.map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-            out.push(decode(v.value(), "log entry")?);
-        }
-        Ok(out)
+        let rows = self.entries.read(start, end.unwrap_or(u64::MAX)).map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?;
+        rows.iter().map(|(_, bytes)| decode(bytes, "log entry")).collect()
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
-        let r = self.db.begin_read().map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        let t = r.open_table(LOG).map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        let last = t.last().map_err(|e| storage_error(StorageIOError::read_logs, e))?;
-        match last {
-            Some((_, v)) => Ok(Some(decode::<Entry>(v.value(), "log entry")?.log_id)),
-            None => Ok(None),
-        }
-    }
-
-    /// Removes the entries with indexes in `range` (and records `purged`, when purging).
-    fn remove(&self, range: impl RangeBounds<u64> + Clone, purged: Option<&LogId>) -> Result<(), StorageError> {
-        let w = self.db.begin_write().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        {
-            let mut t = w.open_table(LOG).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-            t.retain_in(range, |_, _| false).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-            if let Some(purged) = purged {
-                let mut m = w.open_table(META).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-                m.insert(PURGED, encode(purged).as_slice()).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-            }
-        }
-        w.commit().map_err(|e| storage_error(StorageIOError::write_logs, e))
+        let Some(last) = self.entries.last() else { return Ok(None) };
+        Ok(self.entries(last..=last)?.pop().map(|e| e.log_id))
     }
 }
 
@@ -182,7 +164,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.meta(PURGED)?;
-        let last_log_id = self.last_entry_id()?.or(last_purged_log_id);
+        // (Entries at or below the purge may wait in a segment to be deleted.)
+        let last_log_id = self.last_entry_id()?.filter(|last| last_purged_log_id.is_none_or(|p| last.index > p.index)).or(last_purged_log_id);
         Ok(LogState { last_purged_log_id, last_log_id })
     }
 
@@ -207,30 +190,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let written = (|| {
-            let w = self.db.begin_write().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-            {
-                let mut t = w.open_table(LOG).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-                for entry in entries {
-                    let bytes = encode(&entry);
-                    self.appended.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    t.insert(entry.log_id.index, bytes.as_slice()).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-                }
-            }
-            w.commit().map_err(|e| storage_error(StorageIOError::write_logs, e))
-        })();
-        match &written {
-            Ok(()) => callback.log_io_completed(Ok(())),
-            Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
-        }
-        written
+        let entries: Vec<(u64, Vec<u8>)> = entries.into_iter().map(|e| (e.log_id.index, encode(&e))).collect();
+        self.appended.fetch_add(entries.iter().map(|(_, b)| b.len() as u64).sum(), Ordering::Relaxed);
+        // openraft hears once the sync thread has synced them; a failure stops the group's
+        // engine on this node (its writes are then lost to it, as a crash's are).
+        let written = self.entries.append(&entries, Box::new(move |synced| callback.log_io_completed(synced)));
+        written.map_err(|e| storage_error(StorageIOError::write_logs, e.to_string()))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.remove(log_id.index.., None)
+        self.entries.truncate(log_id.index).map_err(|e| storage_error(StorageIOError::write_logs, e.to_string()))
     }
 
+    /// The purged position is kept first: entries below it in a segment not yet deleted are
+    /// then ignored at the next open.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.remove(..=log_id.index, Some(&log_id))
+        self.set_meta(PURGED, &log_id, StorageIOError::write_logs)?;
+        self.entries.purge(log_id.index).map_err(|e| storage_error(StorageIOError::write_logs, e.to_string()))
     }
 }
