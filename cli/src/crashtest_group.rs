@@ -2,9 +2,11 @@
 //! it, cycle after cycle: the leader killed (and opened again: it rebuilds), a follower
 //! killed (and opened again), a node cut off from the others for longer than an election
 //! takes (a partition, healed: a leader cut off is deposed and rebuilds in place), a node
-//! killed with its disk's power cut (its store's unsynced writes rolled back by sector, the
-//! crash runs' power model), and
-//! every message dropped, delayed or sent twice with some probability. Worker threads run
+//! killed with its disk's power cut (its store's and its copy of the group's log's unsynced
+//! writes rolled back by sector, the crash runs' power model), a bit flipped in one of a
+//! killed node's store files, a node's disk failing its writes and syncs (EIO, ENOSPC) until
+//! replaced, and every message dropped, delayed or sent twice with some probability. Worker
+//! threads run
 //! `Sync` transfers throughout, on whichever node leads. At the end every node must hold
 //! the group's log up to the last acknowledged commit, with money conserved, every
 //! acknowledged transfer present, and all balances alike. Every wait is bounded.
@@ -38,10 +40,16 @@ pub enum GroupFault {
     /// (log segments, checkpoint images, manifests; not an image file it shares with its
     /// snapshot, which would damage the copy it heals from too).
     Bitflip,
+    /// A node's disk (the leader's or not) fails every write and sync with EIO or ENOSPC
+    /// after a few more succeed, its store's and its copy of the group's log alike; the node
+    /// gives up what it can no longer do (the lead, its Raft) and the others go on. Then
+    /// the disk is replaced: the node killed and opened again on it.
+    DiskErrors,
 }
 
 impl GroupFault {
-    const ALL: [GroupFault; 6] = [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::PowerCut, GroupFault::Partition, GroupFault::Messages, GroupFault::Bitflip];
+    const ALL: [GroupFault; 7] =
+        [GroupFault::KillLeader, GroupFault::KillFollower, GroupFault::PowerCut, GroupFault::Partition, GroupFault::Messages, GroupFault::Bitflip, GroupFault::DiskErrors];
 
     fn name(self) -> &'static str {
         match self {
@@ -51,6 +59,7 @@ impl GroupFault {
             GroupFault::Partition => "partition",
             GroupFault::Messages => "messages",
             GroupFault::Bitflip => "bitflip",
+            GroupFault::DiskErrors => "disk-errors",
         }
     }
 }
@@ -102,6 +111,17 @@ fn strike(group: &LocalGroup, fault: GroupFault, dwell: Duration, rng: &mut Smal
                 let store = tusk_replica::stores::current(&group.node_dir(i))?;
                 flip_bit_in(&store, rng, |p| std::fs::metadata(p).is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) == 1))?;
                 std::thread::sleep(dwell);
+                rebuilt = group.restart(i)?;
+            }
+        }
+        GroupFault::DiskErrors => {
+            let i = rng.random_range(0..group.len());
+            if group.node(i).is_some_and(|n| n.is_some()) {
+                let errno = if rng.random_bool(0.5) { libc::EIO } else { libc::ENOSPC };
+                group.fail_disk(i, rng.random_range(0..200), errno)?;
+                std::thread::sleep(dwell);
+                group.kill(i);
+                group.mend_disk(i);
                 rebuilt = group.restart(i)?;
             }
         }
@@ -252,6 +272,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
                 "crashtest": "group", "nodes": nodes, "cycles": cycles, "seed": seed,
                 "faults": GroupFault::ALL.iter().zip(struck).map(|(f, n)| (f.name().to_string(), n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "acknowledged": acked, "unknown": uncertain, "rebuilt_when_reopened": reopened, "rebuilt_from_damage": healed, "rebuilt_in_place": in_place, "snapshots_installed": installed,
+                "disk_requests_failed": group.disk_failures(),
                 "stalled": stalled, "lost": if verified.is_ok() { 0 } else { 1 }, "seconds": started.elapsed().as_secs_f64(),
                 "failure": verified.as_ref().err(),
             })
@@ -264,6 +285,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
                 ("transfers acknowledged", format!("{acked} (outcome unknown: {uncertain})")),
                 ("stores rebuilt from the group's log", format!("{reopened} when opened after leading, {healed} found damaged when opened, {in_place} in place (lead lost, or Raft failed)")),
                 ("snapshots installed by members behind the log", installed.to_string()),
+                ("disk requests failed", group.disk_failures().to_string()),
                 ("verified on every node", verified.as_ref().map_or_else(|e| format!("FAILED: {e}"), |()| "money conserved, every acknowledged transfer present, all nodes alike".into())),
                 ("seconds", format!("{:.1}", started.elapsed().as_secs_f64())),
             ],

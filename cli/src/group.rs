@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use tusk_replica::{NodeConfig, ReplicatedNode};
@@ -52,11 +52,13 @@ pub struct LocalGroup {
     settings: Settings,
     addrs: Vec<SocketAddr>,
     slots: Vec<RwLock<Option<ReplicatedNode>>>,
+    /// Each node's disk faults (a group that journals its writes: they fail its requests).
+    disks: Vec<Arc<tusk::FaultPlan>>,
 }
 
 /// Node `id`'s configuration: `options` for its store, but the group commit interval a
 /// replicated node's store has by default.
-fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, settings: Settings) -> NodeConfig {
+fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, settings: Settings, disk: &Arc<tusk::FaultPlan>) -> NodeConfig {
     let defaults = NodeConfig {
         commit_timeout: settings.commit_timeout,
         proposals_in_flight: settings.proposals_in_flight,
@@ -67,7 +69,7 @@ fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, sett
     };
     let mut store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };
     if let Some(window) = settings.journaled {
-        store.io = tusk::Io::Recording(tusk::RecordConfig { journal: journal(dir, id), window });
+        store.io = tusk::Io::Recording(tusk::RecordConfig { journal: journal(dir, id), window, faults: Some(disk.clone()) });
     }
     NodeConfig { store, ..defaults }
 }
@@ -77,14 +79,15 @@ impl LocalGroup {
     pub fn start(dir: &Path, n: usize, options: tusk::Options, settings: Settings) -> Result<LocalGroup, tusk_replica::ReplicaError> {
         let mut slots = Vec::with_capacity(n);
         let mut addrs = Vec::with_capacity(n);
+        let disks: Vec<_> = (0..n).map(|_| tusk::FaultPlan::new()).collect();
         for id in 1..=n as u64 {
-            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(dir, id, "127.0.0.1:0".parse().expect("an address"), &options, settings))?;
+            let node = ReplicatedNode::open(dir.join(format!("n{id}")), config(dir, id, "127.0.0.1:0".parse().expect("an address"), &options, settings, &disks[id as usize - 1]))?;
             addrs.push(node.addr());
             slots.push(RwLock::new(Some(node)));
         }
         let members: Vec<(u64, SocketAddr)> = addrs.iter().enumerate().map(|(i, &a)| (i as u64 + 1, a)).collect();
         slots[0].read().expect("not poisoned").as_ref().expect("open").initialize(&members)?;
-        Ok(LocalGroup { dir: dir.to_path_buf(), options, settings, addrs, slots })
+        Ok(LocalGroup { dir: dir.to_path_buf(), options, settings, addrs, slots, disks })
     }
 
     /// Node `i`'s directory.
@@ -140,9 +143,30 @@ impl LocalGroup {
         Ok(cut)
     }
 
+    /// Node `i`'s disk fails every request (writes and syncs of its store and of its copy of
+    /// the group's log) with `errno` after `after` more succeed, until mended (a group that
+    /// journals its writes only).
+    pub fn fail_disk(&self, i: usize, after: u64, errno: i32) -> Result<(), Box<dyn std::error::Error>> {
+        if self.settings.journaled.is_none() {
+            return Err("the group does not journal its writes".into());
+        }
+        self.disks[i].fail_after(after, errno);
+        Ok(())
+    }
+
+    /// Node `i`'s disk fails nothing any more.
+    pub fn mend_disk(&self, i: usize) {
+        self.disks[i].fail_after(u64::MAX, libc::EIO);
+    }
+
+    /// Requests the nodes' disks failed so far.
+    pub fn disk_failures(&self) -> u64 {
+        self.disks.iter().map(|d| d.failures()).sum()
+    }
+
     /// Opens node `i` again on its address; returns whether it rebuilt its store.
     pub fn restart(&self, i: usize) -> Result<Option<tusk_replica::Rebuilt>, tusk_replica::ReplicaError> {
-        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(&self.dir, i as u64 + 1, self.addrs[i], &self.options, self.settings))?;
+        let node = ReplicatedNode::open(self.dir.join(format!("n{}", i + 1)), config(&self.dir, i as u64 + 1, self.addrs[i], &self.options, self.settings, &self.disks[i]))?;
         let rebuilt = node.rebuilt_why().cloned();
         *self.slots[i].write().expect("not poisoned") = Some(node);
         Ok(rebuilt)

@@ -563,5 +563,6 @@ fn crashtest_on_three_nodes_loses_nothing() {
     let faults = run["faults"].as_object().unwrap();
     assert_eq!(faults.values().map(|n| n.as_u64().unwrap()).sum::<u64>(), 25, "{run}");
     assert!(faults.values().all(|n| n.as_u64().unwrap() > 0), "every fault struck: {run}");
+    assert!(run["disk_requests_failed"].as_u64().unwrap() > 0, "a disk failed requests: {run}");
     assert!(run["acknowledged"].as_u64().unwrap() > 0);
 }

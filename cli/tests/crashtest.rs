@@ -85,7 +85,7 @@ fn power_cut_keeps_every_sync_commit() {
         let opts = Options {
             heap_capacity: 16 << 20,
             log_partitions: 2,
-            io: Io::Recording(RecordConfig { journal: journal.clone(), window: Duration::ZERO }),
+            io: Io::Recording(RecordConfig { journal: journal.clone(), window: Duration::ZERO, faults: None }),
             checkpoint_interval: None,
             ..Options::default()
         };

@@ -375,7 +375,7 @@ impl Shared {
 
 impl ReplicatedNode {
     /// Opens (or creates) the node in `dir`: its store in `dir/store`, the group's log in
-    /// `dir/raft.redb`. A new group is made with [`ReplicatedNode::initialize`] on one node.
+    /// `dir/raft-log/` and `dir/raft.redb`. A new group is made with [`ReplicatedNode::initialize`] on one node.
     pub fn open(dir: impl AsRef<Path>, config: NodeConfig) -> Result<ReplicatedNode, ReplicaError> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
@@ -501,7 +501,16 @@ impl ReplicatedNode {
         }
         let local = if mode == Commit::Sync { Commit::Async } else { mode };
         let store = member.stores.read().clone();
-        let (value, lsn) = store.transact(local, f)?;
+        let (value, lsn) = match store.transact(local, f) {
+            Ok(done) => done,
+            Err(e @ tusk::Error::LogFailed(_)) => {
+                // The store's disk fails it: no transaction can commit here any more, so the
+                // lead goes to a member that can (this one rebuilds, or stops if it cannot).
+                depose(&Arc::downgrade(&self.shared), self.id(), &member.role, &store, &member.source, format!("node {}'s store failed: {e}", self.id()));
+                return Err(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let Some(lsn) = lsn.filter(|_| mode == Commit::Sync) else { return Ok((value, None)) };
         let timeout = self.shared.config.commit_timeout;
         match member.source.wait_committed(lsn, timeout) {

@@ -182,7 +182,7 @@ impl Reporter {
 pub fn run(config: &ChildConfig) -> Result<(), CrashtestError> {
     let plan = FaultPlan::new();
     let io = match (&config.journal, config.eio_after) {
-        (Some(journal), _) => Io::Recording(RecordConfig { journal: journal.clone(), window: Duration::from_micros(config.window_us) }),
+        (Some(journal), _) => Io::Recording(RecordConfig { journal: journal.clone(), window: Duration::from_micros(config.window_us), faults: None }),
         (None, Some(_)) => Io::Faulty(plan.clone()),
         (None, None) => Io::Auto,
     };

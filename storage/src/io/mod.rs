@@ -63,7 +63,8 @@ pub enum Io {
     /// The automatic backend wrapped in fault injection (for tests and crash runs).
     Faulty(Arc<FaultPlan>),
     /// Plain pwrite + fdatasync that journals every write and sync, so that a crash run can
-    /// apply a power cut afterwards ([`record::power_cut`]).
+    /// apply a power cut afterwards ([`record::power_cut`]); with `faults`, failing the
+    /// requests a plan refuses as `Faulty` does.
     Recording(RecordConfig),
 }
 
@@ -112,7 +113,13 @@ pub fn open_backend(io: &Io) -> std::io::Result<Box<dyn IoBackend>> {
         Io::Uring => Ok(Box::new(uring::UringIo::new()?)),
         Io::Sync => Ok(Box::new(sync::SyncIo)),
         Io::Faulty(plan) => Ok(Box::new(fault::FaultyIo::new(open_backend(&Io::Auto)?, plan.clone()))),
-        Io::Recording(config) => Ok(Box::new(record::RecordingIo::new(config)?)),
+        Io::Recording(config) => {
+            let recording = Box::new(record::RecordingIo::new(config)?);
+            Ok(match &config.faults {
+                Some(plan) => Box::new(fault::FaultyIo::new(recording, plan.clone())),
+                None => recording,
+            })
+        }
     }
 }
 

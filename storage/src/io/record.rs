@@ -38,6 +38,9 @@ pub struct RecordConfig {
     /// Pause between writing a batch and syncing it: widens the window in which a crash
     /// finds writes not yet durable.
     pub window: Duration,
+    /// Failures to inject as well (a group's crash runs cut a node's power and fail its
+    /// disk): requests the plan refuses are neither written nor journaled.
+    pub faults: Option<std::sync::Arc<super::FaultPlan>>,
 }
 
 /// Writes through plain pwrite + fdatasync, journaling every write and every sync.
@@ -295,7 +298,7 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     fn backend(dir: &Path) -> RecordingIo {
-        RecordingIo::new(&RecordConfig { journal: dir.join("journal"), window: Duration::ZERO }).unwrap()
+        RecordingIo::new(&RecordConfig { journal: dir.join("journal"), window: Duration::ZERO, faults: None }).unwrap()
     }
 
     /// Runs one request and forgets its sync entry, as if the kill came between the write and
