@@ -36,6 +36,9 @@ pub struct ReplicatedArgs {
     /// node's default).
     #[arg(long, value_delimiter = ',')]
     proposals_in_flight: Vec<usize>,
+    /// Worker threads of each node's async runtime (default the node's default).
+    #[arg(long)]
+    runtime_threads: Option<usize>,
     #[command(flatten)]
     pub out: BenchOutput,
 }
@@ -121,8 +124,8 @@ fn alone(dir: &Path, threads: usize, duration: Duration) -> Result<Figures, Box<
     Ok(figures)
 }
 
-fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration, proposals_in_flight: usize) -> Result<Figures, Box<dyn std::error::Error>> {
-    let group = LocalGroup::start(dir, nodes, options(), Settings { proposals_in_flight, ..Settings::default() })?;
+fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration, settings: Settings) -> Result<Figures, Box<dyn std::error::Error>> {
+    let group = LocalGroup::start(dir, nodes, options(), settings)?;
     let l = group.leader(Duration::from_secs(30)).ok_or("no leader elected")?;
     let figures = {
         let slot = group.node(l).ok_or("the leader is down")?;
@@ -139,7 +142,11 @@ pub fn run(args: ReplicatedArgs) -> CliResult {
         return Err("--nodes, --rounds, every --threads and --proposals-in-flight must be ≥ 1".into());
     }
     let duration = Duration::from_secs_f64(args.duration);
-    let in_flight = if args.proposals_in_flight.is_empty() { vec![Settings::default().proposals_in_flight] } else { args.proposals_in_flight.clone() };
+    let defaults = Settings { runtime_threads: args.runtime_threads.unwrap_or(Settings::default().runtime_threads), ..Settings::default() };
+    if defaults.runtime_threads == 0 {
+        return Err("--runtime-threads must be ≥ 1".into());
+    }
+    let in_flight = if args.proposals_in_flight.is_empty() { vec![defaults.proposals_in_flight] } else { args.proposals_in_flight.clone() };
     // Each group run beside the alone run of its round and thread count.
     let mut runs: Vec<Run> = Vec::new();
     for round in 0..args.rounds {
@@ -149,13 +156,13 @@ pub fn run(args: ReplicatedArgs) -> CliResult {
             // The order flips every round, so that neither setup always runs first.
             if round % 2 == 1 {
                 for (k, &f) in in_flight.iter().enumerate() {
-                    groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, f)?));
+                    groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, Settings { proposals_in_flight: f, ..defaults })?));
                 }
             }
             let a = alone(&dir.path().join("alone"), threads, duration)?;
             if round % 2 == 0 {
                 for (k, &f) in in_flight.iter().enumerate() {
-                    groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, f)?));
+                    groups.push((f, group(&dir.path().join(format!("group{k}")), args.nodes, threads, duration, Settings { proposals_in_flight: f, ..defaults })?));
                 }
             }
             for (in_flight, group) in groups {

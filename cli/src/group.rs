@@ -30,6 +30,8 @@ pub struct Settings {
     pub log_kept_after_snapshot: u64,
     /// `NodeConfig::election_timeout`.
     pub election_timeout: (Duration, Duration),
+    /// `NodeConfig::runtime_threads`.
+    pub runtime_threads: usize,
 }
 
 impl Default for Settings {
@@ -42,6 +44,7 @@ impl Default for Settings {
             snapshot_after_log_bytes: defaults.snapshot_after_log_bytes,
             log_kept_after_snapshot: defaults.log_kept_after_snapshot,
             election_timeout: defaults.election_timeout,
+            runtime_threads: defaults.runtime_threads,
         }
     }
 }
@@ -65,6 +68,7 @@ fn config(dir: &Path, id: u64, listen: SocketAddr, options: &tusk::Options, sett
         snapshot_after_log_bytes: settings.snapshot_after_log_bytes,
         log_kept_after_snapshot: settings.log_kept_after_snapshot,
         election_timeout: settings.election_timeout,
+        runtime_threads: settings.runtime_threads,
         ..NodeConfig::new(id, listen)
     };
     let mut store = tusk::Options { group_commit_interval: defaults.store.group_commit_interval, ..options.clone() };

@@ -210,6 +210,11 @@ pub async fn serve(
         // to tusk's largest (3 GiB), and a refused AppendEntries would stall the group.
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Served { raft, links, snapshots });
+    // Answers go out at once, not held back for the peer's acknowledgement (Nagle), as the
+    // client's requests do (reqwest sets TCP_NODELAY).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+        let _ = stream.set_nodelay(true);
+    });
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }
 

@@ -677,13 +677,15 @@ fn depose(node: &std::sync::Weak<Shared>, id: NodeId, role: &Role, store: &Store
 /// hold records of the first term that the group never committed.
 async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raft, stores: Arc<StoreSlot>, source: Arc<Source>, led: Arc<AtomicBool>, role: Arc<Role>) {
     let Some(id) = node.upgrade().map(|n| n.id) else { return };
-    let mut metrics = raft.metrics();
+    // The server's metrics change with its role, vote or membership only (the whole
+    // metrics change with every entry, and would wake this task for each).
+    let mut metrics = raft.server_metrics();
     // The term this node took the lead in.
     let mut led_term = None;
     loop {
         let (leads, term) = {
             let m = metrics.borrow_and_update();
-            (m.state == ServerState::Leader && m.current_leader == Some(id), m.current_term)
+            (m.state == ServerState::Leader && m.current_leader == Some(id), m.vote.leader_id().get_term())
         };
         let was = role.leading.load(Ordering::SeqCst);
         let store = stores.read().clone();
@@ -705,8 +707,8 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
                     store.write_replica(line.encode(), Commit::Sync)
                 });
                 let still = {
-                    let m = raft.metrics().borrow().clone();
-                    m.state == ServerState::Leader && m.current_term == term
+                    let m = raft.server_metrics().borrow().clone();
+                    m.state == ServerState::Leader && m.vote.leader_id().get_term() == term
                 };
                 if marked.is_ok() && still {
                     led_term = Some(term);
@@ -738,7 +740,7 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
 /// followers'; a follower syncs its own appends (it answers the leader once they are durable,
 /// and a hand-off would only add to that).
 async fn sync_log_as_role_wants(raft: Raft, log: LogStore) {
-    let mut metrics = raft.metrics();
+    let mut metrics = raft.server_metrics();
     loop {
         log.sync_in_background(metrics.borrow_and_update().state == ServerState::Leader);
         if metrics.changed().await.is_err() {
