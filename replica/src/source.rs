@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use tusk_storage::log_format::decode_validated;
 
 thread_local! {
@@ -56,14 +56,16 @@ struct State {
     positions: VecDeque<(u64, u64)>,
     /// Why no LSN will be committed any more (leadership lost, a proposal failed).
     failed: Option<String>,
+    /// Committers waiting, by the LSN each waits for: woken only once it is committed (a
+    /// condition variable woke every committer at every commit, tens of needless thread
+    /// switches per commit with many committers).
+    waiters: Vec<(u64, std::thread::Thread)>,
 }
 
 /// See the module doc.
 #[derive(Default)]
 pub struct Source {
     state: Mutex<State>,
-    /// Committers waiting for `committed`.
-    committed_changed: Condvar,
     /// The proposer's wake-up.
     pub ready: tokio::sync::Notify,
 }
@@ -142,8 +144,7 @@ impl Source {
         s.leading = false;
         s.early.clear();
         s.failed.get_or_insert(why);
-        drop(s);
-        self.committed_changed.notify_all();
+        wake(s, |_| true);
     }
 
     /// Takes the records ready in LSN order, up to [`MAX_BATCH_BYTES`] (at least one), and
@@ -167,10 +168,9 @@ impl Source {
         }
         if last != 0 {
             s.taken.push_back((last, if out.is_empty() { Taken::PassedOver } else { Taken::Proposed(None) }));
-            let moved = advance(&mut s);
-            drop(s);
-            if moved {
-                self.committed_changed.notify_all();
+            if advance(&mut s) {
+                let committed = s.committed;
+                wake(s, |lsn| lsn <= committed);
             }
         }
         (out, last)
@@ -193,10 +193,9 @@ impl Source {
             }
         }
         s.last_index = s.last_index.max(index);
-        let moved = advance(&mut s);
-        drop(s);
-        if moved {
-            self.committed_changed.notify_all();
+        if advance(&mut s) {
+            let committed = s.committed;
+            wake(s, |lsn| lsn <= committed);
         }
     }
 
@@ -204,19 +203,49 @@ impl Source {
     /// (or a later one).
     pub fn wait_committed(&self, lsn: u64, timeout: Duration) -> Result<u64, WaitError> {
         let deadline = Instant::now() + timeout;
-        let mut s = self.state.lock();
+        let me = std::thread::current();
         loop {
-            if s.committed >= lsn {
-                let at = s.positions.partition_point(|&(last, _)| last < lsn);
-                return Ok(s.positions.get(at).or(s.positions.back()).map_or(0, |&(_, index)| index));
-            }
-            if let Some(why) = &s.failed {
-                return Err(WaitError::Failed(why.clone()));
-            }
-            if self.committed_changed.wait_until(&mut s, deadline).timed_out() {
-                return Err(WaitError::TimedOut);
-            }
+            let left = {
+                let mut s = self.state.lock();
+                let done = if s.committed >= lsn {
+                    let at = s.positions.partition_point(|&(last, _)| last < lsn);
+                    Some(Ok(s.positions.get(at).or(s.positions.back()).map_or(0, |&(_, index)| index)))
+                } else if let Some(why) = &s.failed {
+                    Some(Err(WaitError::Failed(why.clone())))
+                } else {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    left.is_zero().then_some(Err(WaitError::TimedOut)).or_else(|| {
+                        // (A spurious wake-up finds itself still listed.)
+                        if !s.waiters.iter().any(|(_, t)| t.id() == me.id()) {
+                            s.waiters.push((lsn, me.clone()));
+                        }
+                        None
+                    })
+                };
+                if let Some(done) = done {
+                    s.waiters.retain(|(_, t)| t.id() != me.id());
+                    return done;
+                }
+                deadline.saturating_duration_since(Instant::now())
+            };
+            std::thread::park_timeout(left);
         }
+    }
+}
+
+/// Wakes the committers waiting for an LSN `ready` says is settled (committed, or failed).
+fn wake(mut s: parking_lot::MutexGuard<'_, State>, ready: impl Fn(u64) -> bool) {
+    let mut woken = Vec::new();
+    s.waiters.retain(|(lsn, thread)| {
+        let go = ready(*lsn);
+        if go {
+            woken.push(thread.clone());
+        }
+        !go
+    });
+    drop(s);
+    for thread in woken {
+        thread.unpark();
     }
 }
 
@@ -273,6 +302,38 @@ mod tests {
         source.committed(1, 5);
         assert_eq!(source.wait_committed(1, Duration::ZERO), Ok(5));
         assert_eq!(source.wait_committed(2, Duration::ZERO), Ok(5));
+    }
+
+    /// A commit wakes the committers of the LSNs it covers; the others stay parked, listed.
+    #[test]
+    fn a_commit_wakes_only_the_committers_it_covers() {
+        let source = std::sync::Arc::new(Source::default());
+        source.lead(0);
+        let waiters: Vec<_> = (1..=3u64)
+            .map(|lsn| {
+                let s = source.clone();
+                std::thread::spawn(move || s.wait_committed(lsn, Duration::from_secs(20)))
+            })
+            .collect();
+        while source.state.lock().waiters.len() < 3 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for lsn in 1..=2 {
+            source.tap(lsn, &record(lsn, 1));
+        }
+        assert_eq!(source.take_ready().1, 2);
+        source.committed(2, 7);
+        let mut waiters = waiters.into_iter();
+        for _ in 1..=2 {
+            assert_eq!(waiters.next().unwrap().join().unwrap(), Ok(7));
+        }
+        let third = waiters.next().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!third.is_finished(), "LSN 3 is not committed");
+        assert_eq!(source.state.lock().waiters.iter().map(|w| w.0).collect::<Vec<_>>(), vec![3]);
+        source.fail("lost the lead".into());
+        assert_eq!(third.join().unwrap(), Err(WaitError::Failed("lost the lead".into())));
+        assert!(source.state.lock().waiters.is_empty());
     }
 
     #[test]
