@@ -229,7 +229,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer { me: self.me, target, addr: node.addr.clone(), client: self.client.clone(), links: self.links.clone() }
+        // Parsed once: the append route is called for every entry sent.
+        let append_url = reqwest::Url::parse(&format!("http://{}/raft/append", node.addr)).ok();
+        Peer { me: self.me, target, addr: node.addr.clone(), append_url, client: self.client.clone(), links: self.links.clone() }
     }
 }
 
@@ -238,6 +240,7 @@ pub struct Peer {
     me: NodeId,
     target: NodeId,
     addr: String,
+    append_url: Option<reqwest::Url>,
     client: reqwest::Client,
     links: Arc<Links>,
 }
@@ -261,9 +264,13 @@ impl Peer {
             tokio::time::sleep(delay).await;
         }
         let body = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let url = match (&self.append_url, route) {
+            (Some(url), "append") => url.clone(),
+            _ => reqwest::Url::parse(&format!("http://{}/raft/{route}", self.addr)).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
+        };
         let send = || {
             self.client
-                .post(format!("http://{}/raft/{route}", self.addr))
+                .post(url.clone())
                 .header(FROM, self.me.to_string())
                 .timeout(option.hard_ttl())
                 .body(body.clone())

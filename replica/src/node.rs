@@ -50,7 +50,10 @@ pub struct NodeConfig {
     /// How long a `Sync` commit waits for the group (default 10 s).
     pub commit_timeout: Duration,
     /// Proposals (entries of the group's log) the leader has in flight at once; records
-    /// committed meanwhile wait and go together in the next (default 64).
+    /// committed meanwhile wait and go together in the next (default 8: fewer, fuller
+    /// entries; against 64, measured on 2 cores in three interleaved rounds, the same rate
+    /// at 16 clients, and at 64 clients 0.25x one store against 0.22x, p99 2.1 against
+    /// 3.4–4.0 ms).
     pub proposals_in_flight: usize,
     /// Bytes of the group's log appended since the last snapshot at which the node makes a
     /// new one (`None`, the default: the store's used heap, at least 64 MiB, so that the log
@@ -76,7 +79,7 @@ impl NodeConfig {
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(300), Duration::from_millis(600)),
             commit_timeout: Duration::from_secs(10),
-            proposals_in_flight: 64,
+            proposals_in_flight: 8,
             snapshot_after_log_bytes: None,
             log_kept_after_snapshot: 1000,
             runtime_threads: 1,
