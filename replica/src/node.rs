@@ -365,8 +365,23 @@ impl Shared {
         // readers let go of it; the new store is made in a directory of its own meanwhile.
         let store = self.stop_member(old);
         let dir = store.dir().to_path_buf();
-        retire(store, dir);
-        match self.start_member(true, None) {
+        // Held by nobody else, it goes now (its heap's memory before the new one's is
+        // taken); else once its readers let go of it.
+        let held = Arc::try_unwrap(store).map(Store::crash).err();
+        let started = self.start_member(true, None);
+        // The old directory goes only once `STORE` names another: a rebuild that failed
+        // before it made a new store (its disk failing, say) leaves the old one the node's,
+        // for its next open (which rebuilds again if the store had led). Deleting it first
+        // left `STORE` naming a directory being deleted while the node was opened again.
+        let replaced = stores::current(&self.dir).is_ok_and(|current| current != dir);
+        match held {
+            Some(store) => retire(store, replaced.then_some(dir)),
+            None if replaced => {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            None => {}
+        }
+        match started {
             Ok((member, _)) => {
                 *slot = Some(Arc::new(member));
                 self.rebuilds.fetch_add(1, Ordering::SeqCst);

@@ -142,14 +142,18 @@ pub fn store_from_snapshot(node_dir: &Path, options: &tusk::Options, log: &LogSt
 const RETIRE_WITHIN: Duration = Duration::from_secs(600);
 
 /// Lets `store` (in `dir`, no longer the node's) go once nobody holds it, and deletes its
-/// directory; on a thread of its own, since readers may hold it a while.
-pub fn retire(store: Arc<Store>, dir: PathBuf) {
+/// directory; on a thread of its own, since readers may hold it a while. `dir` `None`: the
+/// directory stays (it is still the one the node's `STORE` names).
+pub fn retire(store: Arc<Store>, dir: Option<PathBuf>) {
     let spawned = std::thread::Builder::new().name("tusk-retire".into()).spawn(move || {
         // Not let go of in time: left for the node's next open, which deletes directories
         // not in use.
         if let Some(store) = crate::node::sole_within(store, RETIRE_WITHIN) {
+            // Dropped as a crash drops it: writes the group did not commit are not flushed.
             store.crash();
-            let _ = std::fs::remove_dir_all(&dir);
+            if let Some(dir) = dir {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
         }
     });
     drop(spawned);
@@ -172,7 +176,7 @@ impl Machine {
         stores::switch(&self.node_dir, &dir).map_err(snapshot_error)?;
         let old_dir = self.store().dir().to_path_buf();
         let old = std::mem::replace(&mut *self.stores.write(), Arc::new(store));
-        retire(old, old_dir);
+        retire(old, Some(old_dir));
         self.applied.set(meta.last_log_id.map_or(0, |id| id.index));
         self.installed.fetch_add(1, Ordering::SeqCst);
         Ok(())

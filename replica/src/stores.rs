@@ -66,7 +66,12 @@ pub fn remove_others(node_dir: &Path) -> std::io::Result<()> {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if generation(&name).is_some() && entry.path() != keep {
-            std::fs::remove_dir_all(entry.path())?;
+            match std::fs::remove_dir_all(entry.path()) {
+                // A store retired by the node's last run may still be going (its thread
+                // deletes it once let go of).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
         }
     }
     Ok(())

@@ -53,6 +53,13 @@ fn disk_fails(i_is_leader: bool, errno: i32) {
     let expected = balances(others[leader_of(&others)]);
     assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START, "money is conserved");
 
+    // Its rebuild fails on the failing disk and the node stops. (Its old store directory
+    // stays the node's: a rebuild once deleted it first, and the node then failed to open.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while nodes[i].as_ref().unwrap().store().is_ok() {
+        assert!(Instant::now() < deadline, "the member whose disk fails stops");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // The disk replaced: the node opened again on its address catches up.
     nodes[i].take().unwrap().crash();
     disks[i].fail_after(u64::MAX, errno);
