@@ -75,10 +75,7 @@ fn members_the_log_no_longer_reaches_catch_up_by_snapshot() {
     let at = transfer(nodes[l].as_ref().unwrap(), 100, 3).unwrap();
     let expected = balances(nodes[l].as_ref().unwrap());
     assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START);
-    for n in nodes.iter().flatten() {
-        assert!(n.wait_applied(at, Duration::from_secs(30)), "node {} catches up", n.id());
-        assert_eq!(balances(n), expected, "node {} alike", n.id());
-    }
+    converged(nodes.iter().flatten(), at, &expected, Duration::from_secs(30));
     assert!(nodes[3].as_ref().unwrap().snapshots_installed() >= 1, "the new member installed a snapshot");
 
     // Installed stores are durable: closed and opened again, the nodes hold the same.
@@ -161,13 +158,8 @@ fn a_leaders_snapshot_holds_what_the_group_committed_and_rebuilds_it() {
     let l2 = leader_of(&rest);
     let at2 = transfer(rest[l2], 50, 9).unwrap();
     let expected = balances(rest[l2]);
-    for n in &rest {
-        assert!(n.wait_applied(at2, Duration::from_secs(30)));
-        assert_eq!(balances(n), expected, "node {} alike", n.id());
-    }
-    for n in nodes.into_iter().flatten() {
-        n.close().unwrap();
-    }
+    converged(rest, at2, &expected, Duration::from_secs(30));
+    close_all(nodes);
 }
 
 
@@ -225,11 +217,6 @@ fn a_damaged_store_is_made_anew_from_the_snapshot_and_the_log() {
     assert!(error.contains("store.") || error.contains("store/"), "the error names the damaged file: {error}");
     let at = transfer(nodes[l].as_ref().unwrap(), 40, 1000 + attempt).unwrap();
     let expected = balances(nodes[l].as_ref().unwrap());
-    for n in nodes.iter().flatten() {
-        assert!(n.wait_applied(at, Duration::from_secs(30)), "node {} catches up", n.id());
-        assert_eq!(balances(n), expected, "node {} alike", n.id());
-    }
-    for n in nodes.into_iter().flatten() {
-        n.close().unwrap();
-    }
+    converged(nodes.iter().flatten(), at, &expected, Duration::from_secs(30));
+    close_all(nodes);
 }

@@ -71,13 +71,8 @@ fn disk_fails(i_is_leader: bool, errno: i32) {
     };
     let all: Vec<&ReplicatedNode> = nodes.iter().flatten().collect();
     let expected = balances(all[leader_of(&all)]);
-    for n in &all {
-        assert!(n.wait_applied(at, Duration::from_secs(20)), "node {} applies the group's log", n.id());
-        assert_eq!(balances(n), expected, "node {} converges", n.id());
-    }
-    for n in nodes.into_iter().flatten() {
-        n.close().unwrap();
-    }
+    converged(all, at, &expected, Duration::from_secs(20));
+    close_all(nodes);
 }
 
 #[test]

@@ -25,10 +25,7 @@ fn a_group_replicates_fails_over_and_converges() {
     assert!(at > opened);
     let expected = balances(&nodes[l]);
     assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START, "money is conserved on the leader");
-    for n in &nodes {
-        assert!(n.wait_applied(at, Duration::from_secs(10)), "node {} applies the group's log", n.id());
-        assert_eq!(balances(n), expected, "node {} holds the leader's state at {at:?}", n.id());
-    }
+    converged(&nodes, at, &expected, Duration::from_secs(10));
 
     // Kill the leader: the other two elect one of themselves and go on.
     let mut nodes: Vec<Option<ReplicatedNode>> = nodes.into_iter().map(Some).collect();
@@ -49,14 +46,9 @@ fn a_group_replicates_fails_over_and_converges() {
     assert!(back.rebuilt(), "a node that led rebuilds its store");
     assert!(back.wait_applied(at2, Duration::from_secs(20)), "the old leader catches up");
     assert_eq!(balances(&back), expected2, "and converges");
-    for n in nodes.iter().flatten() {
-        assert!(n.wait_applied(at2, Duration::from_secs(10)));
-        assert_eq!(balances(n), expected2);
-    }
+    converged(nodes.iter().flatten(), at2, &expected2, Duration::from_secs(10));
     back.close().unwrap();
-    for n in nodes.into_iter().flatten() {
-        n.close().unwrap();
-    }
+    close_all(nodes);
 }
 
 /// A leader killed and opened again about when the others would elect one, round after
@@ -227,13 +219,8 @@ fn members_are_added_and_removed_while_the_group_runs() {
     assert!(at2 > at);
     let expected = balances(nodes[l2].as_ref().unwrap());
     assert_eq!(expected.iter().sum::<u64>(), ACCOUNTS * START);
-    for n in nodes.iter().flatten() {
-        assert!(n.wait_applied(at2, Duration::from_secs(20)));
-        assert_eq!(balances(n), expected, "node {} alike", n.id());
-    }
-    for n in nodes.into_iter().flatten() {
-        n.close().unwrap();
-    }
+    converged(nodes.iter().flatten(), at2, &expected, Duration::from_secs(20));
+    close_all(nodes);
 }
 
 /// A large transaction (a 4 MiB record, run in place) reaches every node: the transport

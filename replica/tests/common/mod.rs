@@ -99,6 +99,22 @@ pub fn transfer(leader: &ReplicatedNode, count: u64, seed: u64) -> Result<Positi
 }
 
 
+/// Every node of `nodes` holds the group's log up to `at` within `within`, and the balances
+/// `expected`.
+pub fn converged<'a>(nodes: impl IntoIterator<Item = &'a ReplicatedNode>, at: Position, expected: &[u64], within: Duration) {
+    for n in nodes {
+        assert!(n.wait_applied(at, within), "node {} applies the group's log up to {at:?}", n.id());
+        assert_eq!(balances(n), expected, "node {} holds the same state at {at:?}", n.id());
+    }
+}
+
+/// Closes every node that is up.
+pub fn close_all(nodes: impl IntoIterator<Item = Option<ReplicatedNode>>) {
+    for n in nodes.into_iter().flatten() {
+        n.close().unwrap();
+    }
+}
+
 /// Three nodes in `dir` opened with `config(id)`, made a group: the nodes (as slots a test
 /// can empty), their ids and addresses, and which of them leads.
 pub fn started(dir: &Path, config: impl Fn(u64) -> NodeConfig) -> (Vec<Option<ReplicatedNode>>, Vec<(u64, SocketAddr)>, usize) {
