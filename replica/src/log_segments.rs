@@ -371,19 +371,52 @@ impl Segments {
     /// The entries `from..=to` that are in the log, in order, each checked against its
     /// checksum.
     pub fn read(&self, from: u64, to: u64) -> Result<Vec<(u64, Vec<u8>)>, SegmentError> {
+        self.read_limited(from, to, u64::MAX)
+    }
+
+    /// The entries `from..=to` that are in the log, in order, but only as many as fit in
+    /// `budget` bytes of frames (at least one).
+    pub fn read_limited(&self, from: u64, to: u64, budget: u64) -> Result<Vec<(u64, Vec<u8>)>, SegmentError> {
         let pieces: Vec<(Arc<File>, PathBuf, u64, u64, u64)> = {
             let s = self.inner.state.lock();
-            s.segments
-                .iter()
-                .filter_map(|g| {
-                    let last = g.last()?;
-                    let (a, b) = (from.max(g.first), to.min(last));
-                    (a <= b).then(|| {
-                        let (start, end) = g.range(a, b);
-                        (g.file.clone(), g.path.clone(), a, start, end)
-                    })
-                })
-                .collect()
+            let mut left = budget;
+            let mut pieces = Vec::new();
+            for g in &s.segments {
+                let Some(last) = g.last() else { continue };
+                let a = from.max(g.first);
+                let mut b = to.min(last);
+                if a > b {
+                    continue;
+                }
+                if left == 0 && !pieces.is_empty() {
+                    break;
+                }
+                // The last entry that still fits (the first always does).
+                let start = g.range(a, a).0;
+                let fits = |i: u64| g.range(i, i).1 - start <= left;
+                if !fits(b) {
+                    let (mut lo, mut hi) = (a, b);
+                    while lo < hi {
+                        let mid = lo + (hi - lo).div_ceil(2);
+                        if fits(mid) {
+                            lo = mid;
+                        } else {
+                            hi = mid - 1;
+                        }
+                    }
+                    if !pieces.is_empty() && !fits(lo) {
+                        break;
+                    }
+                    b = lo;
+                }
+                let (start, end) = g.range(a, b);
+                left = left.saturating_sub(end - start);
+                pieces.push((g.file.clone(), g.path.clone(), a, start, end));
+                if b < to.min(last) {
+                    break;
+                }
+            }
+            pieces
         };
         let mut out = Vec::new();
         for (file, path, mut index, start, end) in pieces {
@@ -609,6 +642,26 @@ mod tests {
             Some(Err(SegmentError::Damaged { path: p, offset: 0, why })) => assert!(p == path && why.contains("checksum"), "{why}"),
             _ => panic!("damage not reported"),
         }
+    }
+
+    /// A read within a byte budget returns the entries that fit, at least one, across
+    /// segments.
+    #[test]
+    fn reads_within_a_budget_return_what_fits_and_at_least_one() {
+        let dir = tempfile::tempdir().unwrap();
+        // A segment per append of three entries.
+        let log = Segments::open_sized(dir.path(), &Io::Sync, None, 1).unwrap();
+        for first in [1, 4, 7] {
+            append(&log, first, first + 2);
+        }
+        let frame = (HEADER + entries(1, 1)[0].1.len()) as u64;
+        assert_eq!(log.read_limited(1, 9, 0).unwrap(), entries(1, 1), "at least one");
+        assert_eq!(log.read_limited(1, 9, frame - 1).unwrap(), entries(1, 1));
+        assert_eq!(log.read_limited(1, 9, 2 * frame).unwrap(), entries(1, 2));
+        assert_eq!(log.read_limited(2, 9, 4 * frame).unwrap(), entries(2, 5), "across a segment's end");
+        assert_eq!(log.read_limited(2, 9, 4 * frame + 1).unwrap(), entries(2, 5));
+        assert_eq!(log.read_limited(1, 9, u64::MAX).unwrap(), entries(1, 9));
+        assert_eq!(log.read_limited(3, 8, 100 * frame).unwrap(), entries(3, 8));
     }
 
     #[test]
