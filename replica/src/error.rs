@@ -24,6 +24,12 @@ pub enum ReplicaError {
     /// The Raft engine refused or failed.
     #[error("raft: {0}")]
     Raft(String),
+    /// The node's copy of the group's log holds an entry damaged after it was durable: the
+    /// node may have acknowledged it, so it must not take part as it is. Remove it from the
+    /// group (`remove_member` on the leader), delete its directory and add it back
+    /// (`add_member`): it catches up from the others.
+    #[error("the node's copy of the group's log is damaged ({}, byte {offset}: {why}): remove the node from the group, delete its directory and add it back", path.display())]
+    LogDamaged { path: std::path::PathBuf, offset: u64, why: String },
     /// The node's files or sockets.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },

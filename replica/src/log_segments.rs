@@ -8,14 +8,20 @@
 //! the leader once its append is durable) the appender syncs itself: no hand-off to wait for
 //! ([`Segments::sync_in_background`]).
 //!
-//! A frame: `[u32 body length][u32 crc32 of index and body][u64 index][body]`. A small append
-//! that extends its segment writes zeros ahead of itself ([`ZERO_AHEAD`], as the store's log
-//! does): the next appends overwrite blocks the file has, and their fdatasync commits no file
-//! size or allocation to the file system's journal. Opening scans every segment: a frame torn
-//! or failing its checksum (zeros included) ends the last segment (the tail a crash left, cut
-//! off); in an earlier segment, which was cut to its frames and synced before the next was
-//! begun, it is damage, reported with file and offset. Entries of a segment follow each other; a gap
-//! between segments is allowed only below the log's purged index.
+//! A frame: `[u32 body length][u32 crc32 of the rest][u64 index][u64 durable][body]`, where
+//! `durable` is how many bytes of its segment were known durable when it was written (an
+//! fdatasync begun after them had ended). A small append that extends its segment writes zeros
+//! ahead of itself ([`ZERO_AHEAD`], as the store's log does): the next appends overwrite blocks
+//! the file has, and their fdatasync commits no file size or allocation to the file system's
+//! journal. Opening scans every segment: a frame torn or failing its checksum (zeros included)
+//! ends the last segment (the tail a crash left, cut off) — unless a sound frame after it says
+//! its bytes were durable before: then they were synced and have since been damaged, and the
+//! entries there may have been acknowledged, so cutting them could lose a commit. Such damage,
+//! and any in an earlier segment (cut to its frames and synced before the next was begun), is
+//! reported with file and offset, and the log does not open. (Damage to the last synced
+//! frames, with nothing sound written after them, looks like a torn write and is cut.)
+//! Entries of a segment follow each other; a gap between segments is allowed only below the
+//! log's purged index.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -32,7 +38,7 @@ use tusk_storage::log_format::{ZERO_AHEAD, ZERO_AHEAD_MAX_FLUSH};
 /// Bytes after which the writer begins a new segment (purging deletes whole segments).
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// Bytes of a frame's header.
-const HEADER: usize = 16;
+const HEADER: usize = 24;
 /// Largest body a frame may claim (a larger length is damage, not an entry).
 const MAX_BODY: usize = 1 << 30;
 
@@ -88,8 +94,11 @@ struct State {
     purged: Option<u64>,
     /// Appends, counted; `written`: the last one whose bytes are all written.
     written: u64,
-    /// Appends not yet known durable, by their count, oldest first.
-    waiting: VecDeque<(u64, Done)>,
+    /// Appends not yet known durable, oldest first: their count, the segment they went to
+    /// (its first index) and where they ended in it.
+    waiting: VecDeque<(u64, u64, u64, Done)>,
+    /// Bytes of the last segment known durable (frames written carry it).
+    durable: u64,
     /// Why the log takes nothing more (a write or a sync failed).
     failed: Option<String>,
     closing: bool,
@@ -132,35 +141,61 @@ pub struct Segments {
     _owner: Arc<Owner>,
 }
 
-fn frame_into(buf: &mut Vec<u8>, index: u64, body: &[u8]) {
+fn frame_into(buf: &mut Vec<u8>, index: u64, durable: u64, body: &[u8]) {
     let mut crc = crc32fast::Hasher::new();
     crc.update(&index.to_le_bytes());
+    crc.update(&durable.to_le_bytes());
     crc.update(body);
     buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
     buf.extend_from_slice(&crc.finalize().to_le_bytes());
     buf.extend_from_slice(&index.to_le_bytes());
+    buf.extend_from_slice(&durable.to_le_bytes());
     buf.extend_from_slice(body);
 }
 
-/// The frame at the start of `bytes`: its index, body and length; `Err` says why it is not one.
-fn parse_frame(bytes: &[u8]) -> Result<(u64, &[u8], usize), String> {
+/// A sound frame's parts.
+struct Frame<'b> {
+    index: u64,
+    body: &'b [u8],
+    /// Its length, header included.
+    len: usize,
+}
+
+/// The frame at the start of `bytes`; `Err` says why it is not one.
+fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>, String> {
     if bytes.len() < HEADER {
         return Err(format!("a frame's header cut short ({} bytes)", bytes.len()));
     }
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    let index = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let index = word(8);
     if len > MAX_BODY {
         return Err(format!("a frame claims {len} bytes"));
     }
     let Some(body) = bytes.get(HEADER..HEADER + len) else { return Err(format!("a frame of {len} bytes cut short")) };
     let mut h = crc32fast::Hasher::new();
-    h.update(&bytes[8..16]);
+    h.update(&bytes[8..HEADER]);
     h.update(body);
     if h.finalize() != crc {
         return Err(format!("entry {index}'s checksum does not match"));
     }
-    Ok((index, body, HEADER + len))
+    Ok(Frame { index, body, len: HEADER + len })
+}
+
+/// A sound frame after the unsound one at `bad` (entry `expected` belonged there) that was
+/// written once byte `bad` was durable: its entry and where it lies. Only such a frame is
+/// looked for, so every byte after `bad` is tried as a frame's start (the unsound frame's
+/// length cannot be trusted), most of them rejected by their header alone.
+fn durable_after(bytes: &[u8], bad: usize, expected: u64) -> Option<(u64, usize)> {
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    (bad + 1..bytes.len().saturating_sub(HEADER - 1)).find_map(|at| {
+        let (index, durable) = (word(at + 8), word(at + 16));
+        // Entries after `bad` follow `expected`, at least a header's bytes apart, and a frame
+        // never counts its own bytes durable.
+        let plausible = index > expected && index - expected <= ((at - bad) / HEADER) as u64 && durable > bad as u64 && durable <= at as u64;
+        (plausible && parse_frame(&bytes[at..]).is_ok_and(|f| f.index == index)).then_some((index, at))
+    })
 }
 
 fn segment_name(first: u64) -> String {
@@ -171,24 +206,34 @@ fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 
-/// Reads a segment's frames; `Err((offset, why))` at the first that is not whole and sound.
-fn scan(path: &Path, first: u64) -> Result<(Segment, Option<(u64, String)>), SegmentError> {
+/// What a segment's scan found where its frames end before its bytes do.
+struct Unsound {
+    offset: u64,
+    why: String,
+    /// A sound frame after it was written once its bytes were durable: damage, not a tear.
+    durable_after: Option<(u64, u64)>,
+}
+
+/// Reads a segment's frames up to the first that is not whole and sound.
+fn scan(path: &Path, first: u64) -> Result<(Segment, Option<Unsound>), SegmentError> {
     let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
     let bytes = std::fs::read(path).map_err(io_error(path))?;
     let mut segment = Segment { first, path: path.to_path_buf(), file: Arc::new(file), starts: Vec::new(), end: 0, allocated: bytes.len() as u64 };
     let mut at = 0usize;
     while at < bytes.len() {
-        let (index, _, len) = match parse_frame(&bytes[at..]) {
-            Ok(frame) => frame,
-            Err(why) => return Ok((segment, Some((at as u64, why)))),
-        };
         let expected = first + segment.starts.len() as u64;
-        if index != expected {
-            return Ok((segment, Some((at as u64, format!("entry {index} where entry {expected} belongs")))));
-        }
-        segment.starts.push(at as u64);
-        at += len;
-        segment.end = at as u64;
+        let why = match parse_frame(&bytes[at..]) {
+            Ok(frame) if frame.index == expected => {
+                segment.starts.push(at as u64);
+                at += frame.len;
+                segment.end = at as u64;
+                continue;
+            }
+            Ok(frame) => format!("entry {} where entry {expected} belongs", frame.index),
+            Err(why) => why,
+        };
+        let durable_after = durable_after(&bytes, at, expected).map(|(index, found)| (index, found as u64));
+        return Ok((segment, Some(Unsound { offset: at as u64, why, durable_after })));
     }
     Ok((segment, None))
 }
@@ -227,14 +272,24 @@ impl Segments {
         let mut segments: VecDeque<Segment> = VecDeque::new();
         for (k, (first, path)) in firsts.into_iter().enumerate() {
             let (mut segment, bad) = scan(&path, first)?;
-            if let Some((offset, why)) = bad {
+            if let Some(Unsound { offset, why, durable_after }) = bad {
+                if let Some((index, at)) = durable_after {
+                    let why = format!("{why}; entry {index} at byte {at} was written once these bytes were durable");
+                    return Err(SegmentError::Damaged { path, offset, why });
+                }
                 if k + 1 < count {
                     return Err(SegmentError::Damaged { path, offset, why });
                 }
                 // The tail a crash left: cut off, and the cut made durable.
-                segment.file.set_len(offset).and_then(|()| segment.file.sync_all()).map_err(io_error(&path))?;
+                segment.file.set_len(offset).map_err(io_error(&path))?;
                 segment.end = offset;
                 segment.allocated = offset;
+            }
+            if k + 1 == count {
+                // What the last segment holds now counts as durable (frames written after
+                // the open say so): a crash of the process alone leaves unsynced writes to be
+                // read back, so they are synced here.
+                segment.file.sync_all().map_err(io_error(&path))?;
             }
             let below_purged = segment.last().is_none_or(|l| purged.is_some_and(|p| l <= p));
             if below_purged {
@@ -252,7 +307,7 @@ impl Segments {
         let open = || open_log_backend(io).map_err(io_error(dir));
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
-            state: Mutex::new(State { segments, purged, ..State::default() }),
+            state: Mutex::new(State { durable: segments.back().map_or(0, |g| g.end), segments, purged, ..State::default() }),
             wake: Condvar::new(),
             writer: Mutex::new(open()?),
             syncer: Mutex::new(open()?),
@@ -278,16 +333,12 @@ impl Segments {
             done(Ok(()));
             return Ok(());
         };
-        let mut writer = inner.writer.lock();
-        let mut buf = Vec::with_capacity(entries.iter().map(|(_, b)| HEADER + b.len()).sum());
-        let mut lens = Vec::with_capacity(entries.len());
-        for (k, (index, body)) in entries.iter().enumerate() {
+        for (k, (index, _)) in entries.iter().enumerate() {
             assert_eq!(*index, first + k as u64, "one append's entries follow each other");
-            lens.push(buf.len() as u64);
-            frame_into(&mut buf, *index, body);
         }
-        let frames_len = buf.len() as u64;
-        let (file, offset) = {
+        let frames_len: u64 = entries.iter().map(|(_, b)| (HEADER + b.len()) as u64).sum();
+        let mut writer = inner.writer.lock();
+        let (file, offset, durable, segment_first, zeros) = {
             let mut s = inner.state.lock();
             if let Some(why) = &s.failed {
                 return Err(SegmentError::Failed(why.clone()));
@@ -307,11 +358,19 @@ impl Segments {
                 s = inner.state.lock();
             }
             let g = s.segments.back().expect("a segment to write");
-            if frames_len <= ZERO_AHEAD_MAX_FLUSH && g.end + frames_len > g.allocated {
-                buf.resize(buf.len() + ZERO_AHEAD as usize, 0);
-            }
-            (g.file.clone(), g.end)
+            let zeros = frames_len <= ZERO_AHEAD_MAX_FLUSH && g.end + frames_len > g.allocated;
+            (g.file.clone(), g.end, s.durable, g.first, zeros)
         };
+        let mut buf = Vec::with_capacity(frames_len as usize + if zeros { ZERO_AHEAD as usize } else { 0 });
+        let mut lens = Vec::with_capacity(entries.len());
+        for (index, body) in entries {
+            lens.push(buf.len() as u64);
+            frame_into(&mut buf, *index, durable, body);
+        }
+        debug_assert_eq!(buf.len() as u64, frames_len);
+        if zeros {
+            buf.resize(buf.len() + ZERO_AHEAD as usize, 0);
+        }
         let written = writer.write(&WriteSync { fd: file.as_raw_fd(), offset, data: &buf });
         let mut s = inner.state.lock();
         if let Err(e) = written {
@@ -327,7 +386,7 @@ impl Segments {
         g.allocated = g.allocated.max(offset + buf.len() as u64);
         s.written += 1;
         let count = s.written;
-        s.waiting.push_back((count, done));
+        s.waiting.push_back((count, segment_first, offset + frames_len, done));
         drop(s);
         if inner.background.load(std::sync::atomic::Ordering::Relaxed) {
             inner.wake.notify_all();
@@ -361,6 +420,7 @@ impl Segments {
         let mut s = inner.state.lock();
         let gone: Vec<PathBuf> = if drop_before { s.segments.drain(..).map(|g| g.path).collect() } else { Vec::new() };
         s.segments.push_back(Segment { first, path, file: Arc::new(file), starts: Vec::new(), end: 0, allocated: 0 });
+        s.durable = 0;
         drop(s);
         for path in gone {
             std::fs::remove_file(&path).map_err(io_error(&path))?;
@@ -424,13 +484,13 @@ impl Segments {
             file.read_exact_at(&mut bytes, start).map_err(io_error(&path))?;
             let mut at = 0usize;
             while at < bytes.len() {
-                let (got, body, len) = parse_frame(&bytes[at..]).map_err(|why| SegmentError::Damaged { path: path.clone(), offset: start + at as u64, why })?;
-                if got != index {
-                    return Err(SegmentError::Damaged { path: path.clone(), offset: start + at as u64, why: format!("entry {got} where entry {index} belongs") });
+                let frame = parse_frame(&bytes[at..]).map_err(|why| SegmentError::Damaged { path: path.clone(), offset: start + at as u64, why })?;
+                if frame.index != index {
+                    return Err(SegmentError::Damaged { path: path.clone(), offset: start + at as u64, why: format!("entry {} where entry {index} belongs", frame.index) });
                 }
-                out.push((got, body.to_vec()));
+                out.push((index, frame.body.to_vec()));
                 index += 1;
-                at += len;
+                at += frame.len;
             }
         }
         Ok(out)
@@ -454,6 +514,8 @@ impl Segments {
             g.allocated = at;
             (g.file.clone(), g.path.clone(), at)
         });
+        // Everything left was synced above (earlier segments before the next was begun).
+        s.durable = s.segments.back().map_or(0, |g| g.end);
         drop(s);
         if let Some((file, path, at)) = cut {
             file.set_len(at).and_then(|()| file.sync_all()).map_err(io_error(&path))?;
@@ -509,12 +571,17 @@ impl Inner {
             let mut s = self.state.lock();
             match &synced {
                 Ok(()) => {
-                    let n = s.waiting.iter().take_while(|(count, _)| *count <= through).count();
-                    s.waiting.drain(..n).map(|(_, done)| done).collect()
+                    let n = s.waiting.iter().take_while(|(count, ..)| *count <= through).count();
+                    let back = s.segments.back().map(|g| g.first);
+                    let durable = s.waiting.iter().take(n).filter(|(_, segment, ..)| Some(*segment) == back).map(|(_, _, end, _)| *end).max();
+                    if let Some(end) = durable {
+                        s.durable = s.durable.max(end);
+                    }
+                    s.waiting.drain(..n).map(|(.., done)| done).collect()
                 }
                 Err(why) => {
                     s.failed.get_or_insert_with(|| why.clone());
-                    s.waiting.drain(..).map(|(_, done)| done).collect()
+                    s.waiting.drain(..).map(|(.., done)| done).collect()
                 }
             }
         };
@@ -642,6 +709,57 @@ mod tests {
             Some(Err(SegmentError::Damaged { path: p, offset: 0, why })) => assert!(p == path && why.contains("checksum"), "{why}"),
             _ => panic!("damage not reported"),
         }
+    }
+
+    /// Opens `dir`, waiting out the lock the last handle's sync thread lets go of.
+    fn open_result(dir: &Path) -> Result<Segments, SegmentError> {
+        for _ in 0..500 {
+            match Segments::open(dir, &Io::Sync, None) {
+                Err(SegmentError::Locked(_)) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                other => return other,
+            }
+        }
+        panic!("the log stayed locked");
+    }
+
+    /// In the last segment, an unsound frame is a torn write only while nothing after it was
+    /// written once it was durable. Entries 4–6 went out in one append: a crash may persist 5
+    /// and 6 without 4, so 4 unsound is a tear, cut with what follows. Entry 8, appended
+    /// after 7 was synced, says 7 was durable: 7 unsound is damage to an entry the group may
+    /// count on, reported with its offset, and the log does not open.
+    #[test]
+    fn a_durable_frame_damaged_under_later_ones_is_reported_not_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(segment_name(1));
+        let log = Segments::open(dir.path(), &Io::Sync, None).unwrap();
+        append(&log, 1, 3);
+        append(&log, 4, 6);
+        drop(log);
+        let frame_at = |index: u64| (1..index).map(|i| (HEADER + entries(i, i)[0].1.len()) as u64).sum::<u64>() as usize;
+        let flip = |at: usize| {
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[at] ^= 0x10;
+            std::fs::write(&path, &bytes).unwrap();
+        };
+        flip(frame_at(4) + HEADER + 1);
+        let log = open_result(dir.path()).unwrap();
+        assert_eq!(log.last(), Some(3), "a torn append is cut whole");
+        append(&log, 4, 4);
+        append(&log, 5, 5);
+        drop(log);
+        flip(frame_at(4) + HEADER + 1);
+        match open_result(dir.path()) {
+            Err(SegmentError::Damaged { path: p, offset, why }) => {
+                assert_eq!((p, offset), (path.clone(), frame_at(4) as u64));
+                assert!(why.contains("checksum") && why.contains("entry 5"), "{why}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("damage to a durable entry was cut as a tear"),
+        }
+        // The length word damaged: the frames after it are found all the same.
+        flip(frame_at(4) + HEADER + 1);
+        flip(frame_at(4) + 1);
+        assert!(matches!(open_result(dir.path()), Err(SegmentError::Damaged { .. })));
     }
 
     /// A read within a byte budget returns the entries that fit, at least one, across

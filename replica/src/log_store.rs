@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::log_segments::Segments;
+use crate::log_segments::{SegmentError, Segments};
 use crate::types::{storage_error, Entry, LogId, NodeId, StorageError, StoredMembership, TypeConfig};
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -27,6 +27,20 @@ const VOTE: &str = "vote";
 /// redb's page cache (its default is 1 GiB; it holds a few small rows here).
 const CACHE_BYTES: usize = 4 << 20;
 const PURGED: &str = "purged";
+
+/// Why a node's copy of the group's log did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum LogOpenError {
+    /// Held by an earlier handle of this process that is letting go (a node closing, a
+    /// rebuild): passes once it has.
+    #[error("{0} is still open")]
+    Busy(String),
+    /// An entry's frame was damaged after it was durable (see [`crate::log_segments`]).
+    #[error("{}: damaged at byte {offset}: {why}", path.display())]
+    Damaged { path: std::path::PathBuf, offset: u64, why: String },
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// The log store (cheap to clone: readers share the database).
 #[derive(Clone)]
@@ -57,18 +71,23 @@ fn read_meta<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>,
 impl LogStore {
     /// Opens (or creates) the log in node directory `dir` (`raft.redb`, `raft-log/`), its
     /// entries written through `io`.
-    pub fn open(dir: &Path, io: &Io) -> Result<LogStore, StorageError> {
+    pub fn open(dir: &Path, io: &Io) -> Result<LogStore, LogOpenError> {
         let path = dir.join("raft.redb");
-        let db = redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
-            .create(&path)
-            .map_err(|e| storage_error(StorageIOError::read_logs, format!("{}: {e}", path.display())))?;
-        let w = db.begin_write().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        w.open_table(META).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        w.open_table(MEMBERSHIPS).map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        w.commit().map_err(|e| storage_error(StorageIOError::write_logs, e))?;
-        let purged: Option<LogId> = read_meta(&db, PURGED)?;
-        let entries = Segments::open(&dir.join("raft-log"), io, purged.map(|id| id.index)).map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?;
+        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => LogOpenError::Busy(path.display().to_string()),
+            e => LogOpenError::Failed(format!("{}: {e}", path.display())),
+        })?;
+        let failed = |e: &dyn std::fmt::Display| LogOpenError::Failed(format!("{}: {e}", path.display()));
+        let w = db.begin_write().map_err(|e| failed(&e))?;
+        w.open_table(META).map_err(|e| failed(&e))?;
+        w.open_table(MEMBERSHIPS).map_err(|e| failed(&e))?;
+        w.commit().map_err(|e| failed(&e))?;
+        let purged: Option<LogId> = read_meta(&db, PURGED).map_err(|e| failed(&e))?;
+        let entries = Segments::open(&dir.join("raft-log"), io, purged.map(|id| id.index)).map_err(|e| match e {
+            SegmentError::Locked(dir) => LogOpenError::Busy(dir.display().to_string()),
+            SegmentError::Damaged { path, offset, why } => LogOpenError::Damaged { path, offset, why },
+            e => LogOpenError::Failed(e.to_string()),
+        })?;
         Ok(LogStore { db: Arc::new(db), entries, appended: Arc::default() })
     }
 

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tusk::{Commit, CommitTap, Store, Transaction};
 
 use crate::error::ReplicaError;
-use crate::log_store::LogStore;
+use crate::log_store::{LogOpenError, LogStore};
 use crate::network::{node_for, Links, Network};
 use crate::snapshot_files::SnapshotFiles;
 use crate::source::{local_only, Source, WaitError};
@@ -226,11 +226,11 @@ pub enum Rebuilt {
 const LET_GO_WITHIN: Duration = Duration::from_secs(10);
 
 /// Retries `f` for up to [`LET_GO_WITHIN`] while it fails.
-fn patiently<T, E>(mut f: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+fn patiently<T, E>(mut f: impl FnMut() -> Result<T, E>, passes: impl Fn(&E) -> bool) -> Result<T, E> {
     let deadline = std::time::Instant::now() + LET_GO_WITHIN;
     loop {
         match f() {
-            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) if passes(&e) && std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
             done => return done,
         }
     }
@@ -264,7 +264,10 @@ impl Shared {
         let source = Arc::new(Source::default());
         let tapped = source.clone();
         let store_options = tusk::Options { commit_tap: Some(CommitTap(Arc::new(move |lsn, record| tapped.tap(lsn, record)))), ..config.store.clone() };
-        let log = patiently(|| LogStore::open(&self.dir, &config.store.io)).map_err(raft_error)?;
+        let log = patiently(|| LogStore::open(&self.dir, &config.store.io), |e| matches!(e, LogOpenError::Busy(_))).map_err(|e| match e {
+            LogOpenError::Damaged { path, offset, why } => ReplicaError::LogDamaged { path, offset, why },
+            e => ReplicaError::Raft(e.to_string()),
+        })?;
         let snapshots = SnapshotFiles::open(&self.dir).map_err(io(format!("the snapshots of {}", self.dir.display())))?;
         let (store, rebuilt) = open_store(&self.dir, &store_options, &log, &snapshots, fresh)?;
         // Until it leads, the store takes writes from the group only.
@@ -303,7 +306,7 @@ impl Shared {
         let raft = self.rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log.clone(), StateMachine(machine))).map_err(raft_error)?;
         let listener = match listener {
             Some(l) => l,
-            None => patiently(|| self.rt.block_on(tokio::net::TcpListener::bind(self.addr))).map_err(io(format!("listening on {}", self.addr)))?,
+            None => patiently(|| self.rt.block_on(tokio::net::TcpListener::bind(self.addr)), |_| true).map_err(io(format!("listening on {}", self.addr)))?,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let role = Arc::new(Role::default());
