@@ -51,6 +51,7 @@ pub mod log_segments;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod pieces;
 pub mod snapshot_files;
 pub mod snapshot_stream;
 pub mod source;

@@ -175,8 +175,10 @@ impl LogStore {
 /// Bytes of entries one AppendEntries carries at most (at least one entry): openraft asks for
 /// up to 300 entries, which with large transactions' entries (MiBs each) was a read of GiBs
 /// per call, repeated every retry while a member was down, on the runtime thread the group's
-/// commits need (a 1 GiB load of 4 MiB transactions stalled past the commit timeout).
-pub const MAX_REPLICATION_BYTES: u64 = 32 << 20;
+/// commits need (a 1 GiB load of 4 MiB transactions stalled past the commit timeout). And a
+/// call must be answered within openraft's heartbeat interval (50 ms) or it is sent again:
+/// 64 MiB never was here, 16 MiB was (an entry is at most [`crate::types::PIECE_BYTES`]).
+pub const MAX_REPLICATION_BYTES: u64 = 8 << 20;
 
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(&mut self, range: RB) -> Result<Vec<Entry>, StorageError> {

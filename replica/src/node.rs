@@ -26,7 +26,7 @@ use crate::snapshot_files::SnapshotFiles;
 use crate::source::{local_only, Source, WaitError};
 use crate::state_machine::{retire, store_from_snapshot, AppliedWatch, Machine, ReplicaLine, StateMachine};
 use crate::stores::{self, StoreSlot};
-use crate::types::{Batch, NodeId, Raft};
+use crate::types::{Batch, NodeId, Piece, Raft, PIECE_BYTES};
 
 /// How a node is set up.
 #[derive(Clone, Debug)]
@@ -303,7 +303,7 @@ impl Shared {
         }
         .validate()
         .map_err(raft_error)?;
-        let raft = self.rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log.clone(), StateMachine(machine))).map_err(raft_error)?;
+        let raft = self.rt.block_on(Raft::new(config.id, Arc::new(raft_config), network, log.clone(), StateMachine::new(machine))).map_err(raft_error)?;
         let listener = match listener {
             Some(l) => l,
             None => patiently(|| self.rt.block_on(tokio::net::TcpListener::bind(self.addr)), |_| true).map_err(io(format!("listening on {}", self.addr)))?,
@@ -653,23 +653,40 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
             // proposal before them is.
             continue;
         }
-        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
-        match raft.client_write_ff(Batch { origin, records }).await {
-            Ok(answer) => {
-                let (source, lose) = (source.clone(), lose.clone());
-                tokio::spawn(async move {
-                    match answer.await {
-                        Ok(Ok(written)) => source.committed(last, written.log_id.index),
-                        // Raft no longer has this node lead, whatever its metrics say yet (a
-                        // crash run saw them lag 9.7 s while every commit failed at once).
-                        Ok(Err(e @ openraft::error::ClientWriteError::ForwardToLeader(_))) => lose(format!("proposal refused: {e}")),
-                        Ok(Err(e)) => source.fail(format!("proposal failed: {e}")),
-                        Err(_) => source.fail("the group's engine stopped".into()),
-                    }
-                    drop(permit);
-                });
+        // A record too large for one entry goes in pieces, one entry each; the take is
+        // committed once its last entry is.
+        let batches: Vec<Batch> = match <[_; 1]>::try_from(records) {
+            Ok([(lsn, record)]) if record.len() > PIECE_BYTES => {
+                Piece::split(lsn, &record).into_iter().map(|piece| Batch { origin, records: Vec::new(), piece: Some(piece) }).collect()
             }
-            Err(e) => source.fail(format!("proposal failed: {e}")),
+            Ok(one) => vec![Batch { origin, records: one.into(), piece: None }],
+            Err(records) => vec![Batch { origin, records, piece: None }],
+        };
+        let count = batches.len();
+        for (k, batch) in batches.into_iter().enumerate() {
+            let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
+            match raft.client_write_ff(batch).await {
+                Ok(answer) => {
+                    let (source, lose) = (source.clone(), lose.clone());
+                    let whole = k + 1 == count;
+                    tokio::spawn(async move {
+                        match answer.await {
+                            Ok(Ok(written)) if whole => source.committed(last, written.log_id.index),
+                            Ok(Ok(_)) => {}
+                            // Raft no longer has this node lead, whatever its metrics say yet (a
+                            // crash run saw them lag 9.7 s while every commit failed at once).
+                            Ok(Err(e @ openraft::error::ClientWriteError::ForwardToLeader(_))) => lose(format!("proposal refused: {e}")),
+                            Ok(Err(e)) => source.fail(format!("proposal failed: {e}")),
+                            Err(_) => source.fail("the group's engine stopped".into()),
+                        }
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    source.fail(format!("proposal failed: {e}"));
+                    break;
+                }
+            }
         }
     }
 }
@@ -722,7 +739,7 @@ async fn watch_role(node: std::sync::Weak<Shared>, origin: (u64, u64), raft: Raf
             // restart, its store rebuilt empty, waited for next to nothing and took
             // transactions on a heap without the log's entries; the crash runs lost
             // acknowledged transfers to it.)
-            if raft.client_write(Batch { origin, records: Vec::new() }).await.is_ok() {
+            if raft.client_write(Batch { origin, records: Vec::new(), piece: None }).await.is_ok() {
                 led.store(true, Ordering::SeqCst);
                 let marked = local_only(|| {
                     let mut line = ReplicaLine::decode(store.replica()?);

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tusk_storage::log_format::decode_validated;
 
+use crate::types::PIECE_BYTES;
+
 thread_local! {
     static LOCAL_ONLY: Cell<bool> = const { Cell::new(false) };
 }
@@ -148,13 +150,18 @@ impl Source {
     }
 
     /// Takes the records ready in LSN order, up to [`MAX_BATCH_BYTES`] (at least one), and
-    /// the last LSN they cover (0: none ready). The caller proposes them, in this order, and
+    /// the last LSN they cover (0: none ready). A record larger than [`PIECE_BYTES`] is taken
+    /// alone (it is proposed in pieces). The caller proposes them, in this order, and
     /// reports the entry with [`Source::committed`]; a range without records needs no report.
     pub fn take_ready(&self) -> (Vec<(u64, Vec<u8>)>, u64) {
         let mut s = self.state.lock();
         let (mut out, mut bytes, mut last) = (Vec::new(), 0usize, 0);
         while s.leading {
             let next = s.next;
+            let huge = s.early.get(&next).is_some_and(|r| r.as_ref().is_some_and(|r| r.len() > PIECE_BYTES));
+            if huge && !out.is_empty() {
+                break;
+            }
             let Some(record) = s.early.remove(&next) else { break };
             if let Some(record) = record {
                 bytes += record.len();
@@ -162,7 +169,7 @@ impl Source {
             }
             last = next;
             s.next += 1;
-            if bytes >= MAX_BATCH_BYTES {
+            if bytes >= MAX_BATCH_BYTES || huge {
                 break;
             }
         }
@@ -283,6 +290,28 @@ mod tests {
         assert_eq!(records[0].1, record(12, 2));
         source.tap(9, &record(9, 1));
         assert_eq!(source.take_ready(), (vec![], 0), "an LSN the group holds already");
+    }
+
+    /// A record larger than a piece is taken alone: after the records before it, and before
+    /// those after it.
+    #[test]
+    fn a_record_larger_than_a_piece_is_taken_alone() {
+        let huge = |lsn: u64| {
+            let mut buf = Vec::new();
+            let mut enc = RecordEncoder::begin(&mut buf, RecordHeader { lsn, partition: 0, flags: 0, void: None });
+            enc.push_write(&mut buf, 16384, &vec![lsn as u8; PIECE_BYTES]);
+            enc.finish(&mut buf);
+            buf
+        };
+        let source = Source::default();
+        source.lead(0);
+        source.tap(1, &record(1, 1));
+        source.tap(2, &huge(2));
+        source.tap(3, &record(3, 1));
+        let lsns = |(records, last): (Vec<(u64, Vec<u8>)>, u64)| (records.iter().map(|r| r.0).collect::<Vec<_>>(), last);
+        assert_eq!(lsns(source.take_ready()), (vec![1], 1));
+        assert_eq!(lsns(source.take_ready()), (vec![2], 2));
+        assert_eq!(lsns(source.take_ready()), (vec![3], 3));
     }
 
     /// LSNs that carry nothing, taken after a proposal still in flight, are not committed

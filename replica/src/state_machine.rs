@@ -23,10 +23,11 @@ use parking_lot::{Condvar, Mutex};
 use tusk::{Commit, ReplicaWords, Store};
 
 use crate::log_store::LogStore;
+use crate::pieces::Assembly;
 use crate::snapshot_files::{self, SnapshotFiles};
 use crate::source::{local_only, Source};
 use crate::stores::{self, StoreSlot};
-use crate::types::{storage_error, Applied, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::types::{storage_error, Applied, Entry, LogId, Piece, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 
 /// Marks a replica line in use ("TUSKREPL").
 const REPLICA_MAGIC: u64 = u64::from_le_bytes(*b"TUSKREPL");
@@ -112,7 +113,22 @@ pub struct Machine {
 }
 
 /// See the module doc.
-pub struct StateMachine(pub Arc<Machine>);
+pub struct StateMachine {
+    machine: Arc<Machine>,
+    /// Records arriving in pieces.
+    assembly: Assembly,
+    /// The last entry applied (given to openraft as applied).
+    last_entry: Option<LogId>,
+    /// The position the store's replica line holds (behind `last_entry` while a record is
+    /// unfinished).
+    line_applied: Option<LogId>,
+}
+
+impl StateMachine {
+    pub fn new(machine: Arc<Machine>) -> StateMachine {
+        StateMachine { machine, assembly: Assembly::default(), last_entry: None, line_applied: None }
+    }
+}
 
 fn sm_error(e: impl std::fmt::Display) -> StorageError {
     storage_error(StorageIOError::write_state_machine, e)
@@ -194,12 +210,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let applied = self.0.line()?.applied;
+        let m = &self.machine;
+        let applied = m.line()?.applied;
         let membership = match applied {
-            Some(id) => self.0.log.membership_at_or_below(id.index)?.unwrap_or_default(),
+            Some(id) => m.log.membership_at_or_below(id.index)?.unwrap_or_default(),
             None => StoredMembership::default(),
         };
-        self.0.applied.set(applied.map_or(0, |id| id.index));
+        m.applied.set(applied.map_or(0, |id| id.index));
+        // openraft applies from here on, every piece of an unfinished record again.
+        self.assembly.reset();
+        (self.last_entry, self.line_applied) = (applied, applied);
         Ok((applied, membership))
     }
 
@@ -208,52 +228,66 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let m = &self.0;
+        let m = self.machine.clone();
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut out = Vec::new();
-        let mut last = None;
+        let before = self.last_entry;
         for entry in entries {
             match entry.payload {
-                EntryPayload::Blank => {}
-                EntryPayload::Normal(batch) => {
-                    if batch.origin != m.origin {
-                        records.extend(batch.records.into_iter().map(|(_, r)| r));
+                // A new leader's first entry: an unfinished record of the last one never ends.
+                EntryPayload::Blank => self.assembly.interrupt(),
+                EntryPayload::Normal(batch) => match batch.piece {
+                    Some(piece) if batch.origin != m.origin => records.extend(self.assembly.piece(batch.origin, piece, self.last_entry)),
+                    // This process's own record: in its heap already.
+                    Some(_) => {}
+                    None => {
+                        self.assembly.interrupt();
+                        if batch.origin != m.origin {
+                            records.extend(batch.records.into_iter().map(|(_, r)| r));
+                        }
                     }
-                }
+                },
                 EntryPayload::Membership(mb) => {
                     m.log.save_membership(&StoredMembership::new(Some(entry.log_id), mb))?;
                 }
             }
-            last = Some(entry.log_id);
+            self.last_entry = Some(entry.log_id);
             out.push(Applied { index: entry.log_id.index });
         }
-        let Some(last) = last else { return Ok(out) };
+        if self.last_entry == before {
+            return Ok(out);
+        }
+        // The store holds everything up to the last entry, or up to the first piece of a
+        // record still unfinished (opened again, the node replays the log from there).
+        let applied = self.assembly.held_at().unwrap_or(self.last_entry);
         let led = m.led.load(Ordering::SeqCst);
-        let line = ReplicaLine { applied: Some(last), led }.encode();
+        let line = ReplicaLine { applied, led }.encode();
         let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
         // A node that has led rebuilds its store when opened again, whatever its line says
         // it applied: nothing to write for entries whose records it holds already (the
         // leader's own, one transaction less per entry).
-        if !(refs.is_empty() && led) {
+        if !(refs.is_empty() && (led || applied == self.line_applied)) {
             let store = m.store();
             local_only(|| if refs.is_empty() { store.write_replica(line, Commit::Async) } else { store.apply_replicated(&refs, line, Commit::Async) }).map_err(sm_error)?;
+            self.line_applied = applied;
         }
-        m.applied.set(last.index);
+        m.applied.set(applied.map_or(0, |id| id.index));
         Ok(out)
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        SnapshotBuilder(self.0.clone())
+        SnapshotBuilder(self.machine.clone())
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
-        let (file, _) = self.0.snapshots.new_file("receiving").map_err(snapshot_error)?;
+        let (file, _) = self.machine.snapshots.new_file("receiving").map_err(snapshot_error)?;
         Ok(Box::new(tokio::fs::File::from_std(file)))
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<tokio::fs::File>) -> Result<(), StorageError> {
         let file = snapshot.into_std().await;
-        let machine = self.0.clone();
+        let machine = self.machine.clone();
+        let at = meta.last_log_id;
         let meta = meta.clone();
         let installed = tokio::task::spawn_blocking(move || {
             file.sync_all().map_err(snapshot_error)?;
@@ -261,11 +295,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let part = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file))).map_err(snapshot_error)?;
             machine.install(&part, &meta)
         });
-        installed.await.map_err(sm_error)?
+        installed.await.map_err(sm_error)??;
+        // The new store holds the group's log up to the snapshot's entry (a record is never
+        // unfinished there: a snapshot is of the applied position).
+        self.assembly.reset();
+        (self.last_entry, self.line_applied) = (at, at);
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        self.0.current_snapshot()
+        self.machine.current_snapshot()
     }
 }
 
@@ -353,15 +392,38 @@ fn tail_of(
 ) -> Result<Option<Tail>, StorageError> {
     let mut last = None;
     let mut tail: Vec<Vec<u8>> = Vec::new();
+    // The pieces of a record after `lsn`, last first.
+    let mut pieces: Vec<Piece> = Vec::new();
     for index in (base + 1..=j).rev() {
         let Some(entry) = entry_at(index)? else { return Ok(None) };
         last = last.or(Some(entry.log_id));
         let EntryPayload::Normal(batch) = entry.payload else { continue };
-        if batch.records.is_empty() {
+        if batch.records.is_empty() && batch.piece.is_none() {
             continue;
         }
         if batch.origin != origin {
             return Err(snapshot_error(format!("entry {index} of another origin after this node took the lead")));
+        }
+        if let Some(piece) = batch.piece {
+            if piece.lsn <= lsn {
+                break;
+            }
+            let follows = match pieces.last() {
+                Some(next) => next.lsn == piece.lsn && piece.at + piece.bytes.len() as u64 == next.at,
+                None => piece.is_last(),
+            };
+            if !follows {
+                return Err(snapshot_error(format!("entry {index}: a piece of record {} out of place", piece.lsn)));
+            }
+            let first = piece.at == 0;
+            pieces.push(piece);
+            if first {
+                tail.insert(0, pieces.drain(..).rev().flat_map(|p| p.bytes).collect());
+            }
+            continue;
+        }
+        if !pieces.is_empty() {
+            return Err(snapshot_error(format!("entry {index}: record {} began before its first piece", pieces[0].lsn)));
         }
         let after: Vec<Vec<u8>> = batch.records.iter().filter(|(l, _)| *l > lsn).map(|(_, r)| r.clone()).collect();
         let done = after.len() < batch.records.len();
@@ -369,6 +431,9 @@ fn tail_of(
         if done {
             break;
         }
+    }
+    if let Some(p) = pieces.first() {
+        return Err(snapshot_error(format!("record {}'s first piece lies before the lead", p.lsn)));
     }
     Ok(Some((last, tail)))
 }
@@ -385,7 +450,7 @@ mod tests {
     }
 
     fn records(origin: (u64, u64), lsns: &[u64]) -> EntryPayload<TypeConfig> {
-        EntryPayload::Normal(Batch { origin, records: lsns.iter().map(|&l| (l, vec![l as u8])).collect() })
+        EntryPayload::Normal(Batch { origin, records: lsns.iter().map(|&l| (l, vec![l as u8])).collect(), piece: None })
     }
 
     /// Entries 11..=15 after a lead at entry 10: the tail after LSN 23 is 24..=26 of entries
@@ -408,6 +473,31 @@ mod tests {
         assert_eq!(last.unwrap().index, 15);
         assert_eq!(tail, vec![vec![24], vec![25], vec![26]]);
         assert_eq!(read, vec![15, 14, 13]);
+    }
+
+    /// A record in pieces (entries 12 and 14, an entry of openraft's own between) comes
+    /// whole in the tail; a tail cut inside its pieces is refused.
+    #[test]
+    fn a_record_in_pieces_comes_whole_in_the_tail() {
+        let big: Vec<u8> = (0..crate::types::PIECE_BYTES + 10).map(|i| (i % 253) as u8).collect();
+        let mut pieces = Piece::split(21, &big).into_iter().map(|p| EntryPayload::Normal(Batch { origin: ME, records: Vec::new(), piece: Some(p) }));
+        let log = [
+            entry(11, records(ME, &[20])),
+            entry(12, pieces.next().unwrap()),
+            entry(13, EntryPayload::Blank),
+            entry(14, pieces.next().unwrap()),
+            entry(15, records(ME, &[22])),
+        ];
+        let at = |i: u64| Ok(log.iter().find(|e| e.log_id.index == i).cloned());
+        let (last, tail) = tail_of(10, 15, 20, ME, at).unwrap().unwrap();
+        assert_eq!((last.unwrap().index, tail), (15, vec![big.clone(), vec![22]]));
+        let (_, tail) = tail_of(10, 15, 19, ME, at).unwrap().unwrap();
+        assert_eq!(tail, vec![vec![20], big.clone(), vec![22]]);
+        let (_, tail) = tail_of(10, 14, 20, ME, at).unwrap().unwrap();
+        assert_eq!(tail, vec![big]);
+        assert!(tail_of(10, 15, 21, ME, at).unwrap().unwrap().1 == vec![vec![22]], "the pieced record at the image's LSN is in the image");
+        assert!(tail_of(10, 13, 20, ME, at).is_err(), "a tail that ends inside a record");
+        assert!(tail_of(12, 15, 20, ME, at).is_err(), "a tail that begins inside a record");
     }
 
     #[test]

@@ -254,3 +254,51 @@ fn a_large_transaction_reaches_every_node() {
         n.close().unwrap();
     }
 }
+
+/// A transaction whose record is far larger than an entry may be (48 MiB, six pieces) reaches
+/// every node, a follower down meanwhile included: one AppendEntries of it whole outlived
+/// openraft's heartbeat interval, was sent again and again, and the followers elected
+/// another leader (the commit failed as `NotCommitted`).
+#[test]
+fn a_transaction_larger_than_an_entry_reaches_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = |id| {
+        let mut c = config(id);
+        c.store.heap_capacity = 1 << 30;
+        c.commit_timeout = Duration::from_secs(60);
+        c
+    };
+    let (mut nodes, _, l) = started(dir.path(), big);
+    let f = (l + 1) % 3;
+    let (id, addr) = (nodes[f].as_ref().unwrap().id(), nodes[f].as_ref().unwrap().addr());
+    nodes[f].take().unwrap().crash();
+    let words = 6 << 20u64;
+    let (_, at) = nodes[l]
+        .as_ref()
+        .unwrap()
+        .transact(Commit::Sync, |tx| {
+            let p = tx.alloc(8 * words)?;
+            let bytes: Vec<u8> = (0..words).flat_map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()).collect();
+            tx.write(p, &bytes)?;
+            tx.set_root("huge", p)
+        })
+        .unwrap();
+    let at = at.unwrap();
+    nodes[f] = Some(open_with(dir.path(), big(id), Some(addr)));
+    let want = (0..words).fold(0u64, |s, i| s.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    for n in nodes.iter().flatten() {
+        assert!(n.wait_applied(at, Duration::from_secs(60)), "node {} applies it", n.id());
+        let (sum, _) = n
+            .store()
+            .unwrap()
+            .transact(Commit::Async, |tx| {
+                let p = tx.root("huge")?.expect("replicated");
+                let mut bytes = vec![0u8; 8 * words as usize];
+                tx.read(p, &mut bytes)?;
+                Ok(bytes.chunks_exact(8).fold(0u64, |s, w| s.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()))))
+            })
+            .unwrap();
+        assert_eq!(sum, want, "node {}", n.id());
+    }
+    close_all(nodes);
+}
