@@ -33,6 +33,9 @@ pub struct CatchupArgs {
     /// Rounds (the figures are medians over them).
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Worker threads of each node's async runtime (default the node's default).
+    #[arg(long)]
+    runtime_threads: Option<usize>,
     #[command(flatten)]
     pub out: BenchOutput,
 }
@@ -140,8 +143,8 @@ fn snapshot_bytes(node_dir: &Path) -> Result<u64, Box<dyn std::error::Error>> {
 }
 
 pub fn run(args: CatchupArgs) -> CliResult {
-    if args.rounds == 0 || args.mib < 4 {
-        return Err("--rounds must be ≥ 1 and --mib ≥ 4".into());
+    if args.rounds == 0 || args.mib < 4 || args.runtime_threads == Some(0) {
+        return Err("--rounds and --runtime-threads must be ≥ 1 and --mib ≥ 4".into());
     }
     let dir = BenchDir::new(args.out.dir.clone())?;
     let blocks = args.mib * (1 << 20) / BLOCK;
@@ -152,6 +155,7 @@ pub fn run(args: CatchupArgs) -> CliResult {
         snapshot_after_log_bytes: Some(u64::MAX),
         log_kept_after_snapshot: 0,
         election_timeout: (Duration::from_secs(3), Duration::from_secs(6)),
+        runtime_threads: args.runtime_threads.unwrap_or(Settings::default().runtime_threads),
         ..Settings::default()
     };
     let group = LocalGroup::start(dir.path(), 3, options, settings)?;

@@ -82,6 +82,11 @@ pub struct CrashtestArgs {
     /// without one as long).
     #[arg(long, default_value_t = 300)]
     dwell_ms: u64,
+    /// With --nodes: a writer beside the transfers rewrites a region of this many MiB in one
+    /// `Sync` transaction at a time (records larger than an entry of the group's log travel
+    /// in pieces); every node must hold one such transaction whole at the end. 0: none.
+    #[arg(long, default_value_t = 0)]
+    large_mib: u64,
 }
 
 #[derive(Args, Debug)]
@@ -115,7 +120,7 @@ pub fn run(args: CrashtestArgs) -> CliResult {
         }
     };
     if let Some(nodes) = args.nodes {
-        let plan = crate::crashtest_group::GroupRun { nodes, cycles: args.cycles, seed: args.seed, threads: 4, dwell: std::time::Duration::from_millis(args.dwell_ms) };
+        let plan = crate::crashtest_group::GroupRun { nodes, cycles: args.cycles, seed: args.seed, threads: 4, dwell: std::time::Duration::from_millis(args.dwell_ms), large_mib: args.large_mib };
         let ran = crate::crashtest_group::run(&dir.join("group"), plan, args.json);
         if let Some(t) = temp.filter(|_| ran.is_err()) {
             let _kept = t.keep();

@@ -22,7 +22,7 @@ use tusk_replica::{Position, Rebuilt, ReplicatedNode};
 
 use super::crashtest::faults::flip_bit_in;
 use super::group::{LocalGroup, Settings};
-use super::group_bank::{self, Clock, Tally, PATIENCE};
+use super::group_bank::{self, BlobTally, Clock, Tally, PATIENCE};
 use super::report::table;
 use super::CliResult;
 
@@ -71,6 +71,8 @@ pub struct GroupRun {
     pub threads: usize,
     /// How long a fault lasts, and the group then runs without one.
     pub dwell: Duration,
+    /// MiB of the region a large writer rewrites beside the transfers (0: none).
+    pub large_mib: u64,
 }
 
 /// The index of a node that is up and does not lead, if any.
@@ -185,7 +187,7 @@ fn strike(group: &LocalGroup, fault: GroupFault, dwell: Duration, rng: &mut Smal
 }
 
 pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
-    let GroupRun { nodes, cycles, seed, threads, dwell } = plan;
+    let GroupRun { nodes, cycles, seed, threads, dwell, large_mib } = plan;
     if nodes < 3 {
         return Err("a group that survives the loss of a node needs --nodes 3 or more".into());
     }
@@ -208,6 +210,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
     };
     let group = LocalGroup::start(dir, nodes, options, settings)?;
     let bank = group_bank::load(&group, accounts, threads)?;
+    let blob = if large_mib > 0 { Some(group_bank::load_blob(&group, large_mib)?) } else { None };
     let mut rng = SmallRng::seed_from_u64(seed);
     let stop = AtomicBool::new(false);
     let started = Instant::now();
@@ -215,7 +218,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
     let mut struck = [0u64; GroupFault::ALL.len()];
     let (mut reopened, mut healed, mut in_place, mut installed) = (0u64, 0u64, 0u64, 0u64);
     let mut stalled = 0;
-    let outcome: Result<Vec<Tally>, Box<dyn std::error::Error>> = std::thread::scope(|s| {
+    let outcome: Result<(Vec<Tally>, BlobTally), Box<dyn std::error::Error>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let clock = Clock { started, kill_ns: &never, resumed_ns: &resumed, last_index: &last_index };
@@ -223,6 +226,10 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
                 s.spawn(move || group_bank::transfer(group, t, bank, stop, clock))
             })
             .collect();
+        let large = blob.map(|blob| {
+            let (group, stop) = (&group, &stop);
+            s.spawn(move || group_bank::write_blobs(group, blob, dwell / 2, stop))
+        });
         let mut run = || -> Result<(), Box<dyn std::error::Error>> {
             for _ in 0..cycles {
                 let k = rng.random_range(0..GroupFault::ALL.len());
@@ -252,16 +259,17 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
         let ran = run();
         stop.store(true, Ordering::SeqCst);
         let tallies = workers.into_iter().map(|w| w.join().expect("worker")).collect();
-        ran.map(|()| tallies)
+        let large = large.map(|w| w.join().expect("large writer")).unwrap_or_default();
+        ran.map(|()| (tallies, large))
     });
-    let tallies = outcome?;
+    let (tallies, large) = outcome?;
     // Nodes deposed in the last cycle finish their rebuild before the check.
     let deadline = Instant::now() + PATIENCE;
     while (0..group.len()).any(|i| group.node(i).is_some_and(|n| n.as_ref().is_some_and(|n| n.needs_rebuild()))) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let last = Position { index: last_index.load(Ordering::SeqCst) };
-    let verified = group_bank::verify(&group, bank, &tallies, last);
+    let verified = group_bank::verify(&group, bank, &tallies, last).and_then(|()| blob.map_or(Ok(()), |blob| group_bank::verify_blob(&group, blob, &large, last)));
     let acked: u64 = tallies.iter().map(|t| t.acked).sum();
     let uncertain: u64 = tallies.iter().map(|t| t.uncertain).sum();
     let counts: Vec<String> = GroupFault::ALL.iter().zip(struck).map(|(f, n)| format!("{} {n}", f.name())).collect();
@@ -273,6 +281,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
                 "faults": GroupFault::ALL.iter().zip(struck).map(|(f, n)| (f.name().to_string(), n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "acknowledged": acked, "unknown": uncertain, "rebuilt_when_reopened": reopened, "rebuilt_from_damage": healed, "rebuilt_in_place": in_place, "snapshots_installed": installed,
                 "disk_requests_failed": group.disk_failures(),
+                "large_mib": large_mib, "large_acknowledged": large.acked, "large_unknown": large.uncertain.len(),
                 "stalled": stalled, "lost": if verified.is_ok() { 0 } else { 1 }, "seconds": started.elapsed().as_secs_f64(),
                 "failure": verified.as_ref().err(),
             })
@@ -286,6 +295,7 @@ pub fn run(dir: &std::path::Path, plan: GroupRun, json: bool) -> CliResult {
                 ("stores rebuilt from the group's log", format!("{reopened} when opened after leading, {healed} found damaged when opened, {in_place} in place (lead lost, or Raft failed)")),
                 ("snapshots installed by members behind the log", installed.to_string()),
                 ("disk requests failed", group.disk_failures().to_string()),
+                ("large transactions", if large_mib > 0 { format!("{large_mib} MiB each: {} acknowledged, {} of unknown outcome", large.acked, large.uncertain.len()) } else { "none (--large-mib)".into() }),
                 ("verified on every node", verified.as_ref().map_or_else(|e| format!("FAILED: {e}"), |()| "money conserved, every acknowledged transfer present, all nodes alike".into())),
                 ("seconds", format!("{:.1}", started.elapsed().as_secs_f64())),
             ],

@@ -208,3 +208,85 @@ fn heap_crc(node: &ReplicatedNode) -> Result<u32, Box<dyn std::error::Error>> {
     }
     Ok(h.finalize())
 }
+
+/// A region every node's heap holds, rewritten whole by large transactions (`tusk crashtest
+/// --nodes N --large-mib M`): each writes its number in the first word and a pattern of that
+/// number after it. Its record is larger than an entry of the group's log, so it travels in
+/// pieces; every node must show one whole transaction's contents, never a mix.
+#[derive(Clone, Copy)]
+pub struct Blob {
+    pub at: HeapPtr,
+    /// Words after the number.
+    pub words: u64,
+}
+
+/// What the large writer saw: the greatest number acknowledged, and the numbers whose
+/// outcome it cannot know.
+#[derive(Default, Clone)]
+pub struct BlobTally {
+    pub acked: u64,
+    pub uncertain: Vec<u64>,
+}
+
+fn blob_bytes(n: u64, words: u64) -> Vec<u8> {
+    std::iter::once(n).chain((0..words).map(|i| n ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15))).flat_map(u64::to_le_bytes).collect()
+}
+
+/// Allocates the region (number 0, its pattern) through the leader.
+pub fn load_blob(group: &LocalGroup, mib: u64) -> Result<Blob, Box<dyn std::error::Error>> {
+    let words = (mib << 20) / 8;
+    Ok(on_leader(group, |leader| {
+        let (at, _) = leader.transact(Commit::Sync, |tx| {
+            let at = tx.alloc(8 * (words + 1))?;
+            tx.write(at, &blob_bytes(0, words))?;
+            Ok(at)
+        })?;
+        Ok::<_, ReplicaError>(Blob { at, words })
+    })??)
+}
+
+/// The large writer: rewrites the region with numbers 1, 2, … on whichever node leads, one
+/// `Sync` transaction each, `pause` apart, until `stop`.
+pub fn write_blobs(group: &LocalGroup, blob: Blob, pause: Duration, stop: &AtomicBool) -> BlobTally {
+    let mut tally = BlobTally::default();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(i) = group.leader(Duration::from_millis(200)) else { continue };
+        let Some(slot) = group.node(i) else { continue };
+        let leader = slot.as_ref().expect("up");
+        n += 1;
+        let bytes = blob_bytes(n, blob.words);
+        match leader.transact(Commit::Sync, |tx| tx.write(blob.at, &bytes)) {
+            Ok(_) => tally.acked = n,
+            Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain.push(n),
+            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused)) => {}
+            Err(e) => panic!("large writer: {e}"),
+        }
+        drop(slot);
+        std::thread::sleep(pause);
+    }
+    tally
+}
+
+/// Every node (at the group's position `last`): the region holds one transaction's contents
+/// whole, that of the last acknowledged number or of a later one whose outcome was unknown.
+pub fn verify_blob(group: &LocalGroup, blob: Blob, tally: &BlobTally, last: Position) -> Result<(), String> {
+    for i in 0..group.len() {
+        let slot = group.node(i).ok_or(format!("node {} is down", i + 1))?;
+        let node = slot.as_ref().expect("up");
+        if !node.wait_applied(last, PATIENCE) {
+            return Err(format!("node {} did not apply the group's log up to {} within {PATIENCE:?}", i + 1, last.index));
+        }
+        let store = node.store().map_err(|e| e.to_string())?;
+        let mut bytes = vec![0u8; 8 * (blob.words as usize + 1)];
+        store.transact(Commit::Async, |tx| tx.read(blob.at, &mut bytes)).map_err(|e| format!("node {}: {e}", i + 1))?;
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        if bytes != blob_bytes(n, blob.words) {
+            return Err(format!("node {}: the large region mixes transactions (its number says {n})", i + 1));
+        }
+        if n < tally.acked || (n > tally.acked && !tally.uncertain.contains(&n)) {
+            return Err(format!("node {}: the large region holds number {n}; acknowledged up to {} (unknown: {:?})", i + 1, tally.acked, tally.uncertain));
+        }
+    }
+    Ok(())
+}

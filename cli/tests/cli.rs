@@ -551,11 +551,12 @@ fn bench_catchup_measures_a_snapshot_install_against_the_disk() {
 
 /// `tusk crashtest --nodes 3`: the group's faults, cycle after cycle, and nothing lost. Seed 3
 /// failed every run while a leader restored in its old term took transactions before it had
-/// applied the log (it wrote counts read from a heap without them).
+/// applied the log (it wrote counts read from a heap without them). A writer of 9 MiB
+/// transactions (records in two pieces) runs beside the transfers.
 #[test]
 fn crashtest_on_three_nodes_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = tusk(&["crashtest", "--nodes", "3", "--cycles", "25", "--seed", "3", "--dir", dir.path().to_str().unwrap(), "--json"]);
+    let (ok, out, err) = tusk(&["crashtest", "--nodes", "3", "--cycles", "25", "--seed", "3", "--large-mib", "9", "--dir", dir.path().to_str().unwrap(), "--json"]);
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
     let run = json(&out);
     assert_eq!(run["lost"], 0, "{run}");
@@ -565,4 +566,5 @@ fn crashtest_on_three_nodes_loses_nothing() {
     assert!(faults.values().all(|n| n.as_u64().unwrap() > 0), "every fault struck: {run}");
     assert!(run["disk_requests_failed"].as_u64().unwrap() > 0, "a disk failed requests: {run}");
     assert!(run["acknowledged"].as_u64().unwrap() > 0);
+    assert!(run["large_acknowledged"].as_u64().unwrap() > 0, "large transactions committed: {run}");
 }
