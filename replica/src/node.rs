@@ -63,12 +63,13 @@ pub struct NodeConfig {
     /// that far behind still catches up from the log, one farther is sent the snapshot.
     pub log_kept_after_snapshot: u64,
     /// Worker threads of the node's async runtime (Raft, its transport, the proposer;
-    /// default 2). A commit's path is a chain of hand-offs between tasks, which on one thread
-    /// follow each other without waking another: one thread gave 1.3–1.5x the small `Sync`
-    /// commits of two at 16 clients on 2 cores (the same on 16 cores), but under a bulk load
-    /// of 4 MiB transactions with a member down it fell behind (a 4 GiB load did not finish
-    /// in 280 s on the 16-core host, where two threads took 84 s). Its blocking work
-    /// (snapshots, store rebuilds) runs on threads of its own either way.
+    /// default 1). A commit's path is a chain of hand-offs between tasks, which on one thread
+    /// follow each other without waking another: one thread gave 1.7x the small `Sync`
+    /// commits of two at 16 and 64 clients on 2 cores, and the same on 16 cores. (One thread
+    /// once fell behind a bulk load of 4 MiB transactions with a member down: AppendEntries
+    /// of 32 MiB outlived openraft's 50 ms and were sent again and again; they carry 8 MiB
+    /// now, and the 4 GiB load and catch-up take the same time with one thread as with two.)
+    /// Its blocking work (snapshots, store rebuilds) runs on threads of its own either way.
     pub runtime_threads: usize,
 }
 
@@ -84,7 +85,7 @@ impl NodeConfig {
             proposals_in_flight: 8,
             snapshot_after_log_bytes: None,
             log_kept_after_snapshot: 1000,
-            runtime_threads: 2,
+            runtime_threads: 1,
         }
     }
 }
