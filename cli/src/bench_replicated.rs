@@ -39,6 +39,11 @@ pub struct ReplicatedArgs {
     /// Worker threads of each node's async runtime (default the node's default).
     #[arg(long)]
     runtime_threads: Option<usize>,
+    /// Instead of the tiny inserts: one `Sync` transaction that writes this many MiB, alone
+    /// and on the group (its record travels in 8 MiB pieces), once a round; seconds until it
+    /// returns, and until every node has applied it.
+    #[arg(long)]
+    large_mib: Option<u64>,
     #[command(flatten)]
     pub out: BenchOutput,
 }
@@ -137,6 +142,87 @@ fn group(dir: &Path, nodes: usize, threads: usize, duration: Duration, settings:
     Ok(figures)
 }
 
+/// A large transaction's figures: seconds until its commit returned alone, on the group, and
+/// until every node of the group had applied it.
+struct Large {
+    alone_s: f64,
+    group_s: f64,
+    applied_s: f64,
+}
+
+fn large_options(mib: u64) -> Options {
+    Options { heap_capacity: ((2 * mib + 256) << 20).next_multiple_of(1 << 30), ..options() }
+}
+
+/// One transaction writing `bytes` (pseudo-random, so that nothing compresses them) at a new
+/// allocation.
+fn write_large(tx: &mut tusk::Transaction<'_>, bytes: &[u8]) -> Result<(), tusk::Error> {
+    let p = tx.alloc(bytes.len() as u64)?;
+    tx.write(p, bytes)?;
+    tx.set_root("large", p)
+}
+
+fn large_round(dir: &Path, nodes: usize, mib: u64, settings: Settings) -> Result<Large, Box<dyn std::error::Error>> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let bytes: Vec<u8> = (0..(mib << 20) / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    let store = Store::open(dir.join("alone"), large_options(mib))?;
+    let began = Instant::now();
+    store.transact(Commit::Sync, |tx| write_large(tx, &bytes))?;
+    let alone_s = began.elapsed().as_secs_f64();
+    store.close()?;
+    let group = LocalGroup::start(&dir.join("group"), nodes, large_options(mib), Settings { commit_timeout: Duration::from_secs(600), ..settings })?;
+    let l = group.leader(Duration::from_secs(30)).ok_or("no leader elected")?;
+    let began = Instant::now();
+    let (_, at) = group.node(l).ok_or("the leader is down")?.as_ref().expect("up").transact(Commit::Sync, |tx| write_large(tx, &bytes))?;
+    let group_s = began.elapsed().as_secs_f64();
+    let at = at.ok_or("a Sync commit on the group gives its position")?;
+    for i in 0..nodes {
+        let slot = group.node(i).ok_or(format!("node {} is down", i + 1))?;
+        if !slot.as_ref().expect("up").wait_applied(at, Duration::from_secs(600)) {
+            return Err(format!("node {} did not apply the large transaction", i + 1).into());
+        }
+    }
+    let applied_s = began.elapsed().as_secs_f64();
+    group.close()?;
+    Ok(Large { alone_s, group_s, applied_s })
+}
+
+fn run_large(args: &ReplicatedArgs, mib: u64, settings: Settings) -> CliResult {
+    if mib == 0 {
+        return Err("--large-mib must be ≥ 1".into());
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        let dir = BenchDir::new(args.out.dir.clone())?;
+        rounds.push(large_round(dir.path(), args.nodes, mib, settings)?);
+    }
+    let m = |v: &dyn Fn(&Large) -> f64| median(&rounds.iter().map(v).collect::<Vec<_>>());
+    let (alone_s, group_s, applied_s) = (m(&|r| r.alone_s), m(&|r| r.group_s), m(&|r| r.applied_s));
+    let ratio = m(&|r| r.alone_s / r.group_s);
+    let mb = (mib << 20) as f64 / 1e6;
+    if args.out.json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "bench": "replicated", "nodes": args.nodes, "large_mib": mib, "rounds": args.rounds,
+                "alone_s": alone_s, "group_s": group_s, "all_applied_s": applied_s, "group_vs_alone": ratio,
+            })
+        );
+    } else {
+        outln!("tusk bench replicated: one Sync transaction of {mib} MiB, {} nodes on loopback against one store, medians of {} round(s)", args.nodes, args.rounds);
+        outln!("{:>12} {:>10} {:>12} {:>10} {:>16} {:>13}", "alone s", "MB/s", "group s", "MB/s", "all applied s", "group/alone");
+        outln!("{alone_s:>12.3} {:>10.0} {group_s:>12.3} {:>10.0} {applied_s:>16.3} {ratio:>13.3}", mb / alone_s, mb / group_s);
+    }
+    Ok(())
+}
+
 pub fn run(args: ReplicatedArgs) -> CliResult {
     if args.nodes < 1 || args.rounds == 0 || args.threads.contains(&0) || args.proposals_in_flight.contains(&0) {
         return Err("--nodes, --rounds, every --threads and --proposals-in-flight must be ≥ 1".into());
@@ -145,6 +231,9 @@ pub fn run(args: ReplicatedArgs) -> CliResult {
     let defaults = Settings { runtime_threads: args.runtime_threads.unwrap_or(Settings::default().runtime_threads), ..Settings::default() };
     if defaults.runtime_threads == 0 {
         return Err("--runtime-threads must be ≥ 1".into());
+    }
+    if let Some(mib) = args.large_mib {
+        return run_large(&args, mib, defaults);
     }
     let in_flight = if args.proposals_in_flight.is_empty() { vec![defaults.proposals_in_flight] } else { args.proposals_in_flight.clone() };
     // Each group run beside the alone run of its round and thread count.

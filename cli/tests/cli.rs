@@ -534,6 +534,21 @@ fn bench_replicated_compares_the_group_with_one_store() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
 }
 
+/// `tusk bench replicated --large-mib`: one transaction larger than an entry (in pieces),
+/// alone and on the group, timed until it returns and until every node applied it.
+#[test]
+fn bench_replicated_times_a_transaction_larger_than_an_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = tusk(&["bench", "replicated", "--large-mib", "20", "--dir", dir.path().to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let l = json(&out);
+    assert_eq!(l["large_mib"], 20);
+    let (alone, group, applied) = (l["alone_s"].as_f64().unwrap(), l["group_s"].as_f64().unwrap(), l["all_applied_s"].as_f64().unwrap());
+    assert!(alone > 0.0 && group > 0.0 && applied >= group, "{l}");
+    assert!((l["group_vs_alone"].as_f64().unwrap() - alone / group).abs() < 1e-9, "{l}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the runs' stores are removed");
+}
+
 /// `tusk bench catchup --json`: the follower catches up by a snapshot (the bench fails if it
 /// caught up from the log), and the rate is the snapshot's bytes over the catch-up time.
 #[test]
