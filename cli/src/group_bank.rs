@@ -90,9 +90,10 @@ pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock
             }
             // Its leader failed on the way: the transfer may or may not be in the group's log.
             Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain += 1,
-            // It stopped leading before the transaction ran (or refused its update): nothing
-            // was written.
-            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused)) => {}
+            // It stopped leading before the transaction ran (or refused its update), or its
+            // store's log had failed (a disk fault: the commit is refused before its record
+            // is appended, and the node gives up the lead): nothing was written.
+            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_))) => {}
             Err(e) => panic!("worker {t}: {e}"),
         }
     }
@@ -259,7 +260,7 @@ pub fn write_blobs(group: &LocalGroup, blob: Blob, pause: Duration, stop: &Atomi
         match leader.transact(Commit::Sync, |tx| tx.write(blob.at, &bytes)) {
             Ok(_) => tally.acked = n,
             Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain.push(n),
-            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused)) => {}
+            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_))) => {}
             Err(e) => panic!("large writer: {e}"),
         }
         drop(slot);

@@ -112,6 +112,13 @@ pub struct Machine {
     pub installed: Arc<AtomicU64>,
 }
 
+/// Bytes of records from which an apply runs on a blocking thread, not the node's runtime
+/// thread: applying a 1 GiB record took seconds, during which the node answered nothing
+/// (AppendEntries to it timed out, and the group stalled while both followers applied).
+/// Smaller applies stay on the runtime thread: a hand-off costs a small commit more than it
+/// saves.
+const BLOCKING_APPLY_BYTES: usize = 1 << 20;
+
 /// See the module doc.
 pub struct StateMachine {
     machine: Arc<Machine>,
@@ -262,13 +269,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let applied = self.assembly.held_at().unwrap_or(self.last_entry);
         let led = m.led.load(Ordering::SeqCst);
         let line = ReplicaLine { applied, led }.encode();
-        let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
         // A node that has led rebuilds its store when opened again, whatever its line says
         // it applied: nothing to write for entries whose records it holds already (the
         // leader's own, one transaction less per entry).
-        if !(refs.is_empty() && (led || applied == self.line_applied)) {
+        if !(records.is_empty() && (led || applied == self.line_applied)) {
             let store = m.store();
-            local_only(|| if refs.is_empty() { store.write_replica(line, Commit::Async) } else { store.apply_replicated(&refs, line, Commit::Async) }).map_err(sm_error)?;
+            let bytes: usize = records.iter().map(Vec::len).sum();
+            let write = move || {
+                let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+                local_only(|| if refs.is_empty() { store.write_replica(line, Commit::Async) } else { store.apply_replicated(&refs, line, Commit::Async) })
+            };
+            if bytes >= BLOCKING_APPLY_BYTES {
+                tokio::task::spawn_blocking(write).await.map_err(sm_error)?.map_err(sm_error)?;
+            } else {
+                write().map_err(sm_error)?;
+            }
             self.line_applied = applied;
         }
         m.applied.set(applied.map_or(0, |id| id.index));
