@@ -226,7 +226,8 @@ pub enum Rebuilt {
 /// group's log file, the old store).
 const LET_GO_WITHIN: Duration = Duration::from_secs(10);
 
-/// Retries `f` for up to [`LET_GO_WITHIN`] while it fails.
+/// Retries `f` for up to [`LET_GO_WITHIN`] while it fails in a way `passes` says will pass
+/// (what an ending handle of this process still holds).
 fn patiently<T, E>(mut f: impl FnMut() -> Result<T, E>, passes: impl Fn(&E) -> bool) -> Result<T, E> {
     let deadline = std::time::Instant::now() + LET_GO_WITHIN;
     loop {
