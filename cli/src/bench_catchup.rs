@@ -65,8 +65,14 @@ fn up(group: &LocalGroup, i: usize) -> Result<std::sync::RwLockReadGuard<'_, Opt
 
 /// A block of pseudo-random bytes, the same for the same `n`.
 fn block(n: u64) -> Vec<u8> {
-    let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..BLOCK / 8)
+    random_bytes(n, BLOCK)
+}
+
+/// `len` (a multiple of 8) pseudo-random bytes, the same for the same `seed`: nothing a disk
+/// or a transport could compress.
+pub fn random_bytes(seed: u64, len: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len / 8)
         .flat_map(|_| {
             x ^= x << 13;
             x ^= x >> 7;

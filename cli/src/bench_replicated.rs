@@ -154,8 +154,7 @@ fn large_options(mib: u64) -> Options {
     Options { heap_capacity: ((2 * mib + 256) << 20).next_multiple_of(1 << 30), ..options() }
 }
 
-/// One transaction writing `bytes` (pseudo-random, so that nothing compresses them) at a new
-/// allocation.
+/// One transaction writing `bytes` at a new allocation.
 fn write_large(tx: &mut tusk::Transaction<'_>, bytes: &[u8]) -> Result<(), tusk::Error> {
     let p = tx.alloc(bytes.len() as u64)?;
     tx.write(p, bytes)?;
@@ -163,15 +162,7 @@ fn write_large(tx: &mut tusk::Transaction<'_>, bytes: &[u8]) -> Result<(), tusk:
 }
 
 fn large_round(dir: &Path, nodes: usize, mib: u64, settings: Settings) -> Result<Large, Box<dyn std::error::Error>> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let bytes: Vec<u8> = (0..(mib << 20) / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect();
+    let bytes = super::bench_catchup::random_bytes(1, mib << 20);
     let store = Store::open(dir.join("alone"), large_options(mib))?;
     let began = Instant::now();
     store.transact(Commit::Sync, |tx| write_large(tx, &bytes))?;

@@ -161,15 +161,19 @@ struct Frame<'b> {
     len: usize,
 }
 
+/// The little-endian word at `at` of `bytes`.
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
 /// The frame at the start of `bytes`; `Err` says why it is not one.
 fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>, String> {
     if bytes.len() < HEADER {
         return Err(format!("a frame's header cut short ({} bytes)", bytes.len()));
     }
-    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    let index = word(8);
+    let index = word_at(bytes, 8);
     if len > MAX_BODY {
         return Err(format!("a frame claims {len} bytes"));
     }
@@ -188,9 +192,8 @@ fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>, String> {
 /// looked for, so every byte after `bad` is tried as a frame's start (the unsound frame's
 /// length cannot be trusted), most of them rejected by their header alone.
 fn durable_after(bytes: &[u8], bad: usize, expected: u64) -> Option<(u64, usize)> {
-    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     (bad + 1..bytes.len().saturating_sub(HEADER - 1)).find_map(|at| {
-        let (index, durable) = (word(at + 8), word(at + 16));
+        let (index, durable) = (word_at(bytes, at + 8), word_at(bytes, at + 16));
         // Entries after `bad` follow `expected`, at least a header's bytes apart, and a frame
         // never counts its own bytes durable.
         let plausible = index > expected && index - expected <= ((at - bad) / HEADER) as u64 && durable > bad as u64 && durable <= at as u64;
@@ -437,6 +440,12 @@ impl Segments {
     /// The entries `from..=to` that are in the log, in order, but only as many as fit in
     /// `budget` bytes of frames (at least one).
     pub fn read_limited(&self, from: u64, to: u64, budget: u64) -> Result<Vec<(u64, Vec<u8>)>, SegmentError> {
+        self.visit_limited(from, to, budget, |index, body| (index, body.to_vec()))
+    }
+
+    /// [`Segments::read_limited`], each entry's body handed to `each` where it was read
+    /// (no copy of it: a reader that decodes it makes its own).
+    pub fn visit_limited<T>(&self, from: u64, to: u64, budget: u64, mut each: impl FnMut(u64, &[u8]) -> T) -> Result<Vec<T>, SegmentError> {
         let pieces: Vec<(Arc<File>, PathBuf, u64, u64, u64)> = {
             let s = self.inner.state.lock();
             let mut left = budget;
@@ -488,7 +497,7 @@ impl Segments {
                 if frame.index != index {
                     return Err(SegmentError::Damaged { path: path.clone(), offset: start + at as u64, why: format!("entry {} where entry {index} belongs", frame.index) });
                 }
-                out.push((index, frame.body.to_vec()));
+                out.push(each(index, frame.body));
                 index += 1;
                 at += frame.len;
             }

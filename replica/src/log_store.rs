@@ -162,8 +162,8 @@ impl LogStore {
         if end.is_some_and(|e| e < start) {
             return Ok(Vec::new());
         }
-        let rows = self.entries.read(start, end.unwrap_or(u64::MAX)).map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?;
-        rows.iter().map(|(_, bytes)| decode(bytes, "log entry")).collect()
+        let rows = self.entries.visit_limited(start, end.unwrap_or(u64::MAX), u64::MAX, |_, bytes| decode(bytes, "log entry"));
+        rows.map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?.into_iter().collect()
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
@@ -189,8 +189,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if end <= start {
             return Ok(Vec::new());
         }
-        let rows = self.entries.read_limited(start, end - 1, MAX_REPLICATION_BYTES).map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?;
-        rows.iter().map(|(_, bytes)| decode(bytes, "log entry")).collect()
+        let rows = self.entries.visit_limited(start, end - 1, MAX_REPLICATION_BYTES, |_, bytes| decode(bytes, "log entry"));
+        rows.map_err(|e| storage_error(StorageIOError::read_logs, e.to_string()))?.into_iter().collect()
     }
 }
 

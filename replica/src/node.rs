@@ -645,7 +645,7 @@ impl Drop for ReplicatedNode {
 async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight: usize, lose: Arc<dyn Fn(String) + Send + Sync>) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     loop {
-        let (records, last) = source.take_ready();
+        let (mut records, last) = source.take_ready();
         if last == 0 {
             source.ready.notified().await;
             continue;
@@ -657,12 +657,13 @@ async fn propose(raft: Raft, source: Arc<Source>, origin: (u64, u64), in_flight:
         }
         // A record too large for one entry goes in pieces, one entry each; the take is
         // committed once its last entry is.
-        let batches: Vec<Batch> = match <[_; 1]>::try_from(records) {
-            Ok([(lsn, record)]) if record.len() > PIECE_BYTES => {
-                Piece::split(lsn, &record).into_iter().map(|piece| Batch { origin, records: Vec::new(), piece: Some(piece) }).collect()
-            }
-            Ok(one) => vec![Batch { origin, records: one.into(), piece: None }],
-            Err(records) => vec![Batch { origin, records, piece: None }],
+        // (`take_ready` gives such a record alone.)
+        let batches: Vec<Batch> = if records.iter().any(|(_, r)| r.len() > PIECE_BYTES) {
+            assert_eq!(records.len(), 1, "a record larger than a piece is taken alone");
+            let (lsn, record) = records.pop().expect("the large record");
+            Piece::split(lsn, &record).into_iter().map(|piece| Batch { origin, records: Vec::new(), piece: Some(piece) }).collect()
+        } else {
+            vec![Batch { origin, records, piece: None }]
         };
         let count = batches.len();
         for (k, batch) in batches.into_iter().enumerate() {
