@@ -231,12 +231,21 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
         // Parsed once: the append route is called for every entry sent.
         let append_url = reqwest::Url::parse(&format!("http://{}/raft/append", node.addr)).ok();
-        Peer { me: self.me, target, addr: node.addr.clone(), append_url, client: self.client.clone(), links: self.links.clone() }
+        let link = Link { me: self.me, target, addr: node.addr.clone(), append_url, client: self.client.clone(), links: self.links.clone() };
+        Peer { link, notices: Arc::default() }
     }
 }
 
-/// One peer's client.
+/// One peer's client: openraft makes one per replication stream (a leader's term), and one
+/// for each of its leadership checks.
 pub struct Peer {
+    link: Link,
+    notices: Arc<Mutex<Notices>>,
+}
+
+/// What one peer's client sends with.
+#[derive(Clone)]
+struct Link {
     me: NodeId,
     target: NodeId,
     addr: String,
@@ -245,11 +254,88 @@ pub struct Peer {
     links: Arc<Links>,
 }
 
+/// Commit notices to one peer: AppendEntries without entries at the log id the peer last
+/// confirmed holding. openraft 0.9 sends one after every commit (and as its heartbeat) and
+/// keeps one AppendEntries in flight per peer, so the next entries waited behind the
+/// notice's round trip. A notice's success tells the leader nothing it does not know (the
+/// peer holds what it confirmed in this client, under this leader's vote), so it is answered
+/// as one at once and sent behind the caller's back (the newest one only, one at a time). A
+/// notice that comes back with anything else (a higher vote, a conflict) or fails stops the
+/// early answers: the next call goes in full and hears it. openraft's leadership checks make
+/// a client of their own, with nothing confirmed, so their calls always go in full; what an
+/// early answer moves is only the leader's time of its last heard quorum, a metric here.
+#[derive(Default)]
+struct Notices {
+    /// The peer's last log id it confirmed holding, by an answer to entries sent in this
+    /// client (so under its leader's vote).
+    confirmed: Option<openraft::LogId<NodeId>>,
+    sending: bool,
+    next: Option<AppendEntriesRequest<TypeConfig>>,
+}
+
+impl Notices {
+    /// Takes `rpc` to send behind the caller's back if it is a notice at the confirmed log id;
+    /// the caller answers it as a success. `Err(rpc)`: send it in full.
+    fn take(this: &Arc<Mutex<Self>>, rpc: AppendEntriesRequest<TypeConfig>, link: &Link, option: RPCOption) -> Result<(), AppendEntriesRequest<TypeConfig>> {
+        let mut notices = this.lock();
+        if !notices.answers_early(&rpc) {
+            return Err(rpc);
+        }
+        notices.next = Some(rpc);
+        if !notices.sending {
+            notices.sending = true;
+            tokio::spawn(Self::send(this.clone(), link.clone(), option));
+        }
+        Ok(())
+    }
+
+    async fn send(this: Arc<Mutex<Self>>, link: Link, option: RPCOption) {
+        loop {
+            let rpc = {
+                let mut notices = this.lock();
+                let Some(rpc) = notices.next.take() else {
+                    notices.sending = false;
+                    return;
+                };
+                rpc
+            };
+            let answer: Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> = link.call("append", &rpc, &option).await;
+            if !matches!(answer, Ok(AppendEntriesResponse::Success)) {
+                let mut notices = this.lock();
+                notices.failed();
+                notices.sending = false;
+                return;
+            }
+        }
+    }
+
+    /// Whether `rpc` is a notice at the log id the peer confirmed.
+    fn answers_early(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        rpc.entries.is_empty() && rpc.prev_log_id.is_some() && rpc.prev_log_id == self.confirmed
+    }
+
+    /// A notice came back with something else than a success, or failed: notices go in full
+    /// again (the newest waiting one too) until entries are confirmed again.
+    fn failed(&mut self) {
+        self.confirmed = None;
+        self.next = None;
+    }
+
+    /// Notes what an AppendEntries sent in full was answered.
+    fn answered(&mut self, rpc_last: Option<openraft::LogId<NodeId>>, answer: &AppendEntriesResponse<NodeId>) {
+        self.confirmed = match answer {
+            AppendEntriesResponse::Success => rpc_last,
+            AppendEntriesResponse::PartialSuccess(matching) => *matching,
+            _ => None,
+        };
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct CallError(String);
 
-impl Peer {
+impl Link {
     async fn call<Req, Resp, E>(&self, route: &str, req: &Req, option: &RPCOption) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
         Req: Serialize,
@@ -298,7 +384,17 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("append", &rpc, &option).await
+        let rpc = match Notices::take(&self.notices, rpc, &self.link, option.clone()) {
+            Ok(()) => return Ok(AppendEntriesResponse::Success),
+            Err(rpc) => rpc,
+        };
+        let last = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
+        let answer = self.link.call("append", &rpc, &option).await;
+        match &answer {
+            Ok(answer) => self.notices.lock().answered(last, answer),
+            Err(_) => self.notices.lock().failed(),
+        }
+        answer
     }
 
     /// Streams the snapshot's file (see the `snapshot` route); the answer comes once the peer
@@ -311,9 +407,10 @@ impl RaftNetwork<TypeConfig> for Peer {
         cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
-        let fate = self.links.fate();
-        if self.links.is_cut(self.target) || fate.drop {
-            return Err(StreamingError::Unreachable(Unreachable::new(&CallError(format!("link to node {} cut, or the snapshot dropped", self.target)))));
+        let link = &self.link;
+        let fate = link.links.fate();
+        if link.links.is_cut(link.target) || fate.drop {
+            return Err(StreamingError::Unreachable(Unreachable::new(&CallError(format!("link to node {} cut, or the snapshot dropped", link.target)))));
         }
         if let Some(delay) = fate.delay {
             tokio::time::sleep(delay).await;
@@ -326,7 +423,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         prefix.extend_from_slice(&head);
         let pieces = futures_util::stream::unfold(read_pieces(file), |mut rx| async move { rx.recv().await.map(|piece| (piece, rx)) });
         let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(prefix)) }).chain(pieces);
-        let send = self.client.post(format!("http://{}/raft/snapshot", self.addr)).header(FROM, self.me.to_string()).body(reqwest::Body::wrap_stream(body)).send();
+        let send = link.client.post(format!("http://{}/raft/snapshot", link.addr)).header(FROM, link.me.to_string()).body(reqwest::Body::wrap_stream(body)).send();
         let sent = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             sent = send => sent.map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?,
@@ -334,15 +431,15 @@ impl RaftNetwork<TypeConfig> for Peer {
         if !sent.status().is_success() {
             let status = sent.status();
             let text = sent.text().await.unwrap_or_default();
-            return Err(StreamingError::Unreachable(Unreachable::new(&CallError(format!("node {}: {status}: {text}", self.target)))));
+            return Err(StreamingError::Unreachable(Unreachable::new(&CallError(format!("node {}: {status}: {text}", link.target)))));
         }
         let bytes = sent.bytes().await.map_err(|e| network(&e))?;
         let answer: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> = bincode::deserialize(&bytes).map_err(|e| network(&e))?;
-        answer.map_err(|e| StreamingError::RemoteError(RemoteError::new(self.target, e)))
+        answer.map_err(|e| StreamingError::RemoteError(RemoteError::new(link.target, e)))
     }
 
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("vote", &rpc, &option).await
+        self.link.call("vote", &rpc, &option).await
     }
 
     /// Retries a peer that was unreachable every 50 ms (`RETRY_UNREACHABLE`; openraft's default,
@@ -355,4 +452,43 @@ impl RaftNetwork<TypeConfig> for Peer {
 /// The address a node listens on, as peers reach it.
 pub fn node_for(addr: SocketAddr) -> BasicNode {
     BasicNode::new(addr.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+    fn id(index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    fn request(prev: Option<u64>, entries: &[u64]) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: prev.map(id),
+            leader_commit: prev.map(id),
+            entries: entries.iter().map(|&i| Entry { log_id: id(i), payload: EntryPayload::Blank }).collect(),
+        }
+    }
+
+    #[test]
+    fn only_a_notice_at_the_confirmed_log_id_is_answered_early() {
+        let mut n = Notices::default();
+        assert!(!n.answers_early(&request(Some(3), &[])), "nothing confirmed yet (a leadership check's client is new)");
+        n.answered(Some(id(5)), &AppendEntriesResponse::Success);
+        assert!(n.answers_early(&request(Some(5), &[])));
+        assert!(!n.answers_early(&request(Some(4), &[])), "a notice below what the peer confirmed goes in full");
+        assert!(!n.answers_early(&request(Some(6), &[])), "nor one past it (a probe)");
+        assert!(!n.answers_early(&request(Some(5), &[6])), "entries always go in full");
+        n.answered(Some(id(7)), &AppendEntriesResponse::PartialSuccess(Some(id(6))));
+        assert!(n.answers_early(&request(Some(6), &[])), "a partial success confirms what it says");
+        n.answered(Some(id(7)), &AppendEntriesResponse::Conflict);
+        assert!(!n.answers_early(&request(Some(6), &[])), "a conflict confirms nothing");
+        n.answered(Some(id(8)), &AppendEntriesResponse::Success);
+        n.next = Some(request(Some(8), &[]));
+        n.failed();
+        assert!(!n.answers_early(&request(Some(8), &[])), "after a notice failed, notices go in full");
+        assert!(n.next.is_none(), "and the one waiting is dropped (the next goes in full)");
+    }
 }

@@ -1,4 +1,5 @@
-//! Fault injection: fail the Nth write request with a chosen errno (EIO, ENOSPC, ...).
+//! Fault injection: fail the Nth write request with a chosen errno (EIO, ENOSPC, ...), or
+//! make every sync slow (a disk that lags).
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,18 +13,32 @@ pub struct FaultPlan {
     allowed: AtomicU64,
     errno: AtomicI32,
     failures: AtomicU64,
+    /// How long each sync waits before it is made, in microseconds.
+    sync_delay_us: AtomicU64,
 }
 
 impl FaultPlan {
     /// A plan that never fails until armed.
     pub fn new() -> Arc<FaultPlan> {
-        Arc::new(FaultPlan { allowed: AtomicU64::new(u64::MAX), errno: AtomicI32::new(libc::EIO), failures: AtomicU64::new(0) })
+        Arc::new(FaultPlan { allowed: AtomicU64::new(u64::MAX), errno: AtomicI32::new(libc::EIO), failures: AtomicU64::new(0), sync_delay_us: AtomicU64::new(0) })
     }
 
     /// Lets `successes` more requests succeed, then fails every later one with `errno`.
     pub fn fail_after(&self, successes: u64, errno: i32) {
         self.errno.store(errno, Ordering::SeqCst);
         self.allowed.store(successes, Ordering::SeqCst);
+    }
+
+    /// Makes every later sync (and write-and-sync) wait `delay` first (zero: none).
+    pub fn slow_syncs(&self, delay: std::time::Duration) {
+        self.sync_delay_us.store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    fn lag(&self) {
+        let us = self.sync_delay_us.load(Ordering::SeqCst);
+        if us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
     }
 
     /// How many requests were failed so far.
@@ -71,6 +86,7 @@ impl IoBackend for FaultyIo {
     }
 
     fn write_and_sync(&mut self, reqs: &[WriteSync<'_>]) -> Vec<std::io::Result<()>> {
+        self.plan.lag();
         let verdicts: Vec<Result<(), std::io::Error>> = reqs.iter().map(|_| self.plan.admit()).collect();
         let admitted: Vec<WriteSync> = reqs.iter().zip(&verdicts).filter(|(_, v)| v.is_ok()).map(|(r, _)| *r).collect();
         let mut inner_results = self.inner.write_and_sync(&admitted).into_iter();
@@ -83,6 +99,7 @@ impl IoBackend for FaultyIo {
     }
 
     fn sync(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<()> {
+        self.plan.lag();
         self.plan.admit()?;
         self.inner.sync(fd)
     }

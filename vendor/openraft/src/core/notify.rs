@@ -3,6 +3,7 @@ use crate::raft::VoteResponse;
 use crate::replication;
 use crate::MessageSummary;
 use crate::RaftTypeConfig;
+use crate::LogId;
 use crate::Vote;
 
 /// A message coming from the internal components.
@@ -41,6 +42,16 @@ where C: RaftTypeConfig
 
     /// Result of executing a command sent from state machine worker.
     StateMachine { command_result: sm::CommandResult<C> },
+
+    /// The leader's own log write, submitted without waiting, is flushed (or failed).
+    ///
+    /// (tusk's patch: see PATCHED.md.)
+    LocalLogFlushed {
+        /// The leader's vote the entries were written under.
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+        result: Result<(), String>,
+    },
 
     /// A tick event to wake up RaftCore to check timeout etc.
     Tick {
@@ -84,6 +95,9 @@ where C: RaftTypeConfig
             }
             Self::StateMachine { command_result } => {
                 format!("StateMachine command done: {:?}", command_result)
+            }
+            Self::LocalLogFlushed { vote, last_log_id, result } => {
+                format!("Leader's log flushed: vote: {}, upto: {}, result: {:?}", vote, last_log_id, result)
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)

@@ -730,6 +730,39 @@ where
         Ok(())
     }
 
+    /// tusk's patch (PATCHED.md): submits a leader's own entries to the log without waiting
+    /// for them to be flushed; [`Notify::LocalLogFlushed`] reports the flush.
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn submit_leader_log<I>(
+        &mut self,
+        entries: I,
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+    ) -> Result<(), StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        let log_io_id = LogIOId::new(vote.clone(), Some(last_log_id.clone()));
+        self.log_store.append(entries, LogFlushed::new(log_io_id, tx)).await?;
+
+        let tx_notify = self.tx_notify.clone();
+        let _ = C::AsyncRuntime::spawn(async move {
+            let result = match rx.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = tx_notify.send(Notify::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            });
+        });
+        Ok(())
+    }
+
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) async fn apply_to_state_machine(
         &mut self,
@@ -1327,6 +1360,23 @@ where
                 }
             }
 
+            Notify::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            } => {
+                if let Err(e) = result {
+                    let e = StorageIOError::write_logs(AnyError::error(e));
+                    return Err(Fatal::StorageError(StorageError::from(e)));
+                }
+                // A flush of an earlier leadership counts for nothing now.
+                if self.does_vote_match(&vote, "LocalLogFlushed") {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(Some(last_log_id));
+                    }
+                }
+            }
+
             Notify::Network { response } => {
                 //
                 match response {
@@ -1636,6 +1686,13 @@ where
             Command::AppendInputEntries { vote, entries } => {
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
+
+                // tusk's patch (PATCHED.md): a leader's own entries are replicated while they
+                // are flushed; the leader counts itself in the quorum once they are flushed.
+                if vote.is_committed() && vote.leader_id().voted_for() == Some(self.id.clone()) {
+                    self.submit_leader_log(entries, vote, last_log_id).await?;
+                    return Ok(None);
+                }
 
                 self.append_to_log(entries, vote, last_log_id.clone()).await?;
 
