@@ -79,6 +79,23 @@ enum Taken {
     PassedOver,
 }
 
+/// Marks the take whose last LSN is `lsn`, and every take before it, committed at entry
+/// `index` or below.
+fn mark_committed(s: &mut State, lsn: u64, index: u64) {
+    let at = s.taken.partition_point(|&(last, _)| last < lsn);
+    // (Not there: a later entry's answer already marked it, and it went.)
+    if s.taken.get(at).is_some_and(|&(last, _)| last == lsn) {
+        // Every proposal taken before it is committed too: their entries lie at or below
+        // this one.
+        for k in 0..=at {
+            if let Taken::Proposed(known) = &mut s.taken[k].1 {
+                *known = Some(known.map_or(index, |i| i.min(index)));
+            }
+        }
+    }
+    s.last_index = s.last_index.max(index);
+}
+
 /// Moves the watermark over the prefix of `taken` known committed; whether it moved.
 fn advance(s: &mut State) -> bool {
     let mut moved = false;
@@ -188,18 +205,27 @@ impl Source {
     /// committed means every entry before it is.
     pub fn committed(&self, lsn: u64, index: u64) {
         let mut s = self.state.lock();
-        let at = s.taken.partition_point(|&(last, _)| last < lsn);
-        // (Not there: a later entry's answer already marked it, and it went.)
-        if s.taken.get(at).is_some_and(|&(last, _)| last == lsn) {
-            // Every proposal taken before it is committed too: their entries lie at or
-            // below this one.
-            for k in 0..=at {
-                if let Taken::Proposed(known) = &mut s.taken[k].1 {
-                    *known = Some(known.map_or(index, |i| i.min(index)));
-                }
-            }
+        mark_committed(&mut s, lsn, index);
+        if advance(&mut s) {
+            let committed = s.committed;
+            wake(s, |lsn| lsn <= committed);
         }
-        s.last_index = s.last_index.max(index);
+    }
+
+    /// The group committed entry `index`, which holds record `lsn`: seen as the leader
+    /// applies its own entry, before the proposal's answer comes back through openraft
+    /// (tens of µs later), so its committers go on sooner. Nothing if no take still waiting
+    /// holds `lsn` (an earlier leadership's record, or one known committed).
+    pub fn committed_holding(&self, lsn: u64, index: u64) {
+        let mut s = self.state.lock();
+        if !s.leading || lsn <= s.committed {
+            return;
+        }
+        // Takes cover consecutive LSNs from the watermark on: the first whose last LSN is at
+        // or past `lsn` holds it.
+        let at = s.taken.partition_point(|&(last, _)| last < lsn);
+        let Some(&(last, Taken::Proposed(_))) = s.taken.get(at) else { return };
+        mark_committed(&mut s, last, index);
         if advance(&mut s) {
             let committed = s.committed;
             wake(s, |lsn| lsn <= committed);
@@ -386,5 +412,32 @@ mod tests {
         assert!((7..=8).contains(&two), "LSN 2 lies in entry 7, or is reported in a later one: {two}");
         source.fail("lost the lead".into());
         assert_eq!(source.wait_committed(7, Duration::from_secs(1)), Err(WaitError::Failed("lost the lead".into())));
+    }
+
+    /// A record seen committed as its entry is applied commits its whole take (the LSNs
+    /// passed over at its end too), and nothing of another leadership.
+    #[test]
+    fn a_record_applied_commits_the_take_that_holds_it() {
+        let source = Source::default();
+        source.lead(10);
+        source.tap(11, &record(11, 1));
+        source.tap(12, &record(12, 1));
+        source.tap(13, &record(13, 0));
+        assert_eq!(source.take_ready().1, 13, "one take: 11 and 12 proposed, 13 passed over");
+        source.tap(14, &record(14, 1));
+        assert_eq!(source.take_ready().1, 14);
+        source.committed_holding(9, 3);
+        assert_eq!(source.wait_committed(11, Duration::ZERO), Err(WaitError::TimedOut), "LSN 9 is of an earlier leadership");
+        source.committed_holding(12, 5);
+        assert_eq!(source.wait_committed(13, Duration::ZERO), Ok(5), "the take up to 13 is in entry 5");
+        assert_eq!(source.wait_committed(14, Duration::ZERO), Err(WaitError::TimedOut), "the next take is not");
+        source.committed(14, 6);
+        assert_eq!(source.wait_committed(14, Duration::ZERO), Ok(6));
+        source.committed_holding(12, 5);
+        source.committed(13, 5);
+        assert_eq!(source.wait_committed(14, Duration::ZERO), Ok(6), "late answers change nothing");
+        source.fail("lost the lead".into());
+        source.committed_holding(15, 7);
+        assert_eq!(source.wait_committed(15, Duration::ZERO), Err(WaitError::Failed("lost the lead".into())));
     }
 }

@@ -239,6 +239,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut out = Vec::new();
         let before = self.last_entry;
+        // This leader's last whole record in these entries, and its entry.
+        let mut own: Option<(u64, u64)> = None;
         for entry in entries {
             match entry.payload {
                 // A new leader's first entry: an unfinished record of the last one never ends.
@@ -246,11 +248,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Normal(batch) => match batch.piece {
                     Some(piece) if batch.origin != m.origin => records.extend(self.assembly.piece(batch.origin, piece, self.last_entry)),
                     // This process's own record: in its heap already.
-                    Some(_) => {}
+                    Some(piece) => {
+                        if piece.at + piece.bytes.len() as u64 == piece.len {
+                            own = Some((piece.lsn, entry.log_id.index));
+                        }
+                    }
                     None => {
                         self.assembly.interrupt();
                         if batch.origin != m.origin {
                             records.extend(batch.records.into_iter().map(|(_, r)| r));
+                        } else if let Some(&(lsn, _)) = batch.records.last() {
+                            own = Some((lsn, entry.log_id.index));
                         }
                     }
                 },
@@ -287,6 +295,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.line_applied = applied;
         }
         m.applied.set(applied.map_or(0, |id| id.index));
+        if let Some((lsn, index)) = own {
+            m.source.committed_holding(lsn, index);
+        }
         Ok(out)
     }
 
