@@ -92,8 +92,14 @@ pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock
             Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain += 1,
             // It stopped leading before the transaction ran (or refused its update), or its
             // store's log had failed (a disk fault: the commit is refused before its record
-            // is appended, and the node gives up the lead): nothing was written.
-            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_))) => {}
+            // is appended, and the node gives up the lead), or it had stopped (its rebuild
+            // failed on that disk; the leader watch had not yet seen it go): nothing was
+            // written.
+            Err(
+                ReplicaError::NotLeader { .. }
+                | ReplicaError::Stopped { .. }
+                | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_)),
+            ) => {}
             Err(e) => panic!("worker {t}: {e}"),
         }
     }
