@@ -45,6 +45,8 @@ pub enum LogOpenError {
 /// The log store (cheap to clone: readers share the database).
 #[derive(Clone)]
 pub struct LogStore {
+    /// The node whose log this is.
+    me: NodeId,
     db: Arc<Database>,
     entries: Segments,
     /// Bytes of entries appended since it was opened (what a snapshot makes up for).
@@ -68,10 +70,22 @@ fn read_meta<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>,
     }
 }
 
+/// The vote openraft starts from: the stored one, except that this node's own committed vote
+/// (it led that term) comes back uncommitted, so that the node must win an election in a
+/// later term before it leads again. openraft 0.9 would restore it as the leader of its old
+/// term at once, and with the patched openraft (vendor/openraft/PATCHED.md) a leader's
+/// entries reach its followers before its own copy is synced: opened again after a power
+/// cut, it could lack entries it had sent, which the group may have committed, and give
+/// their log ids (same term, same index) to new entries, which the followers would take for
+/// the ones they hold.
+fn vote_at_open(stored: Option<Vote<NodeId>>, me: NodeId) -> Option<Vote<NodeId>> {
+    stored.map(|v| if v.is_committed() && v.leader_id().voted_for() == Some(me) { Vote::new(v.leader_id().get_term(), me) } else { v })
+}
+
 impl LogStore {
-    /// Opens (or creates) the log in node directory `dir` (`raft.redb`, `raft-log/`), its
-    /// entries written through `io`.
-    pub fn open(dir: &Path, io: &Io) -> Result<LogStore, LogOpenError> {
+    /// Opens (or creates) node `me`'s log in node directory `dir` (`raft.redb`, `raft-log/`),
+    /// its entries written through `io`.
+    pub fn open(dir: &Path, io: &Io, me: NodeId) -> Result<LogStore, LogOpenError> {
         let path = dir.join("raft.redb");
         let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => LogOpenError::Busy(path.display().to_string()),
@@ -88,7 +102,7 @@ impl LogStore {
             SegmentError::Damaged { path, offset, why } => LogOpenError::Damaged { path, offset, why },
             e => LogOpenError::Failed(e.to_string()),
         })?;
-        Ok(LogStore { db: Arc::new(db), entries, appended: Arc::default() })
+        Ok(LogStore { me, db: Arc::new(db), entries, appended: Arc::default() })
     }
 
     fn meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
@@ -178,7 +192,7 @@ impl LogStore {
 /// commits need (a 1 GiB load of 4 MiB transactions stalled past the commit timeout). And a
 /// call must be answered within openraft's heartbeat interval (50 ms) or it is sent again:
 /// 64 MiB never was here, 16 MiB was (an entry is at most [`crate::types::PIECE_BYTES`]).
-pub const MAX_REPLICATION_BYTES: u64 = 8 << 20;
+pub const MAX_REPLICATION_BYTES: u64 = 2 << 20;
 
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(&mut self, range: RB) -> Result<Vec<Entry>, StorageError> {
@@ -213,7 +227,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.meta(VOTE)
+        Ok(vote_at_open(self.meta(VOTE)?, self.me))
     }
 
     // The committed position is not kept (openraft's default): keeping it cost a synced
@@ -242,5 +256,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.set_meta(PURGED, &log_id, StorageIOError::write_logs)?;
         self.entries.purge(log_id.index).map_err(|e| storage_error(StorageIOError::write_logs, e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_that_led_opens_with_its_vote_uncommitted() {
+        let led = Vote::new_committed(4, 1);
+        let reopened = vote_at_open(Some(led), 1).unwrap();
+        assert!(!reopened.is_committed(), "it must win an election before it leads again");
+        assert_eq!(reopened.leader_id().get_term(), 4, "in a term after its own");
+        assert_eq!(reopened.leader_id().voted_for(), Some(1));
+        assert_eq!(vote_at_open(Some(Vote::new_committed(4, 2)), 1), Some(Vote::new_committed(4, 2)), "another leader's vote is kept");
+        assert_eq!(vote_at_open(Some(Vote::new(5, 1)), 1), Some(Vote::new(5, 1)), "a candidate's vote is kept");
+        assert_eq!(vote_at_open(None, 1), None);
     }
 }

@@ -266,7 +266,7 @@ impl Shared {
         let source = Arc::new(Source::default());
         let tapped = source.clone();
         let store_options = tusk::Options { commit_tap: Some(CommitTap(Arc::new(move |lsn, record| tapped.tap(lsn, record)))), ..config.store.clone() };
-        let log = patiently(|| LogStore::open(&self.dir, &config.store.io), |e| matches!(e, LogOpenError::Busy(_))).map_err(|e| match e {
+        let log = patiently(|| LogStore::open(&self.dir, &config.store.io, config.id), |e| matches!(e, LogOpenError::Busy(_))).map_err(|e| match e {
             LogOpenError::Damaged { path, offset, why } => ReplicaError::LogDamaged { path, offset, why },
             e => ReplicaError::Raft(e.to_string()),
         })?;

@@ -34,7 +34,7 @@ pub fn local_only<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Most bytes of records one proposal carries.
-pub const MAX_BATCH_BYTES: usize = 8 << 20;
+pub const MAX_BATCH_BYTES: usize = 2 << 20;
 /// Commits whose group position a committer can still look up (one per proposal).
 const POSITIONS_KEPT: usize = 1 << 16;
 

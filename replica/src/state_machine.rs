@@ -200,8 +200,10 @@ impl Machine {
         let old_dir = self.store().dir().to_path_buf();
         let old = std::mem::replace(&mut *self.stores.write(), Arc::new(store));
         retire(old, Some(old_dir));
-        self.applied.set(meta.last_log_id.map_or(0, |id| id.index));
+        // Counted before the position moves: whoever waits for the position then sees the
+        // install (the catch-up test read the count between the two, now and then).
         self.installed.fetch_add(1, Ordering::SeqCst);
+        self.applied.set(meta.last_log_id.map_or(0, |id| id.index));
         Ok(())
     }
 

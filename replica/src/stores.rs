@@ -68,8 +68,10 @@ pub fn remove_others(node_dir: &Path) -> std::io::Result<()> {
         if generation(&name).is_some() && entry.path() != keep {
             match std::fs::remove_dir_all(entry.path()) {
                 // A store retired by the node's last run may still be going (its thread
-                // deletes it once let go of).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // deletes it once let go of): gone meanwhile, or still writing files into
+                // it (a group crash run's reopen met a checkpoint's file made after the
+                // listing). What is left, the next open removes.
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty) => {}
                 other => other?,
             }
         }

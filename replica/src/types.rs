@@ -21,7 +21,7 @@ pub struct Batch {
 /// AppendEntries must reach a follower, be written and synced there and answered within
 /// openraft's heartbeat interval (50 ms), or the leader gives up on it and sends it again;
 /// a 64 MiB entry never made it here, and the followers elected another leader meanwhile.
-pub const PIECE_BYTES: usize = 8 << 20;
+pub const PIECE_BYTES: usize = 2 << 20;
 
 /// A piece of a record larger than [`PIECE_BYTES`]: the record's pieces lie in consecutive
 /// entries of its origin (entries of openraft's own, memberships, may come between), `at`
