@@ -40,7 +40,7 @@ pub struct ReplicatedArgs {
     #[arg(long)]
     runtime_threads: Option<usize>,
     /// Instead of the tiny inserts: one `Sync` transaction that writes this many MiB, alone
-    /// and on the group (its record travels in 8 MiB pieces), once a round; seconds until it
+    /// and on the group (its record travels in 2 MiB pieces), once a round; seconds until it
     /// returns, and until every node has applied it.
     #[arg(long)]
     large_mib: Option<u64>,

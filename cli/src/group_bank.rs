@@ -67,6 +67,18 @@ pub fn load(group: &LocalGroup, accounts: u64, threads: usize) -> Result<Bank, B
     })??)
 }
 
+/// Whether a `transact` that failed with `e` wrote nothing: the node stopped leading before
+/// the transaction ran (or refused its update), or its store's log had failed (a disk fault:
+/// the commit is refused before its record is appended, and the node gives up the lead), or
+/// it had stopped (its rebuild failed on that disk; the leader watch had not yet seen it go:
+/// seeds 3200 and 4000 stopped on it).
+fn wrote_nothing(e: &ReplicaError) -> bool {
+    matches!(
+        e,
+        ReplicaError::NotLeader { .. } | ReplicaError::Stopped { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_))
+    )
+}
+
 /// One worker: `Sync` transfers on whichever node leads, each counting itself in the
 /// worker's slot, until `stop`.
 pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock: Clock<'_>) -> Tally {
@@ -90,16 +102,7 @@ pub fn transfer(group: &LocalGroup, t: usize, at: Bank, stop: &AtomicBool, clock
             }
             // Its leader failed on the way: the transfer may or may not be in the group's log.
             Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain += 1,
-            // It stopped leading before the transaction ran (or refused its update), or its
-            // store's log had failed (a disk fault: the commit is refused before its record
-            // is appended, and the node gives up the lead), or it had stopped (its rebuild
-            // failed on that disk; the leader watch had not yet seen it go): nothing was
-            // written.
-            Err(
-                ReplicaError::NotLeader { .. }
-                | ReplicaError::Stopped { .. }
-                | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_)),
-            ) => {}
+            Err(e) if wrote_nothing(&e) => {}
             Err(e) => panic!("worker {t}: {e}"),
         }
     }
@@ -266,7 +269,7 @@ pub fn write_blobs(group: &LocalGroup, blob: Blob, pause: Duration, stop: &Atomi
         match leader.transact(Commit::Sync, |tx| tx.write(blob.at, &bytes)) {
             Ok(_) => tally.acked = n,
             Err(ReplicaError::NotCommitted { .. } | ReplicaError::CommitTimedOut { .. }) => tally.uncertain.push(n),
-            Err(ReplicaError::NotLeader { .. } | ReplicaError::Store(tusk::Error::UpdatesRefused | tusk::Error::LogFailed(_))) => {}
+            Err(e) if wrote_nothing(&e) => {}
             Err(e) => panic!("large writer: {e}"),
         }
         drop(slot);

@@ -33,7 +33,8 @@ pub fn local_only<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Most bytes of records one proposal carries.
+/// Most bytes of records one proposal carries (one entry: answered within the heartbeat
+/// interval, as a piece must be).
 pub const MAX_BATCH_BYTES: usize = 2 << 20;
 /// Commits whose group position a committer can still look up (one per proposal).
 const POSITIONS_KEPT: usize = 1 << 16;

@@ -21,6 +21,8 @@ pub struct Batch {
 /// AppendEntries must reach a follower, be written and synced there and answered within
 /// openraft's heartbeat interval (50 ms), or the leader gives up on it and sends it again;
 /// a 64 MiB entry never made it here, and the followers elected another leader meanwhile.
+/// An 8 MiB piece took 22–52 ms here, at the edge; 2 MiB leave a disk four times slower room,
+/// and a 256 MiB transaction reached every node 11% sooner with them.
 pub const PIECE_BYTES: usize = 2 << 20;
 
 /// A piece of a record larger than [`PIECE_BYTES`]: the record's pieces lie in consecutive
