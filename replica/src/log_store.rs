@@ -269,7 +269,7 @@ mod tests {
         let led = Vote::new_committed(4, 1);
         let reopened = vote_at_open(Some(led), 1).unwrap();
         assert!(!reopened.is_committed(), "it must win an election before it leads again");
-        assert_eq!(reopened.leader_id().get_term(), 4, "in a term after its own");
+        assert_eq!(reopened.leader_id().get_term(), 4, "its term kept: it campaigns in a later one");
         assert_eq!(reopened.leader_id().voted_for(), Some(1));
         assert_eq!(vote_at_open(Some(Vote::new_committed(4, 2)), 1), Some(Vote::new_committed(4, 2)), "another leader's vote is kept");
         assert_eq!(vote_at_open(Some(Vote::new(5, 1)), 1), Some(Vote::new(5, 1)), "a candidate's vote is kept");

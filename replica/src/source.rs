@@ -193,10 +193,7 @@ impl Source {
         }
         if last != 0 {
             s.taken.push_back((last, if out.is_empty() { Taken::PassedOver } else { Taken::Proposed(None) }));
-            if advance(&mut s) {
-                let committed = s.committed;
-                wake(s, |lsn| lsn <= committed);
-            }
+            settle(s);
         }
         (out, last)
     }
@@ -207,10 +204,7 @@ impl Source {
     pub fn committed(&self, lsn: u64, index: u64) {
         let mut s = self.state.lock();
         mark_committed(&mut s, lsn, index);
-        if advance(&mut s) {
-            let committed = s.committed;
-            wake(s, |lsn| lsn <= committed);
-        }
+        settle(s);
     }
 
     /// The group committed entry `index`, which holds record `lsn`: seen as the leader
@@ -227,10 +221,7 @@ impl Source {
         let at = s.taken.partition_point(|&(last, _)| last < lsn);
         let Some(&(last, Taken::Proposed(_))) = s.taken.get(at) else { return };
         mark_committed(&mut s, last, index);
-        if advance(&mut s) {
-            let committed = s.committed;
-            wake(s, |lsn| lsn <= committed);
-        }
+        settle(s);
     }
 
     /// Waits until the group committed `lsn`; returns the index of the entry that holds it
@@ -264,6 +255,14 @@ impl Source {
             };
             std::thread::park_timeout(left);
         }
+    }
+}
+
+/// Moves the watermark over what is known committed and wakes the committers it passed.
+fn settle(mut s: parking_lot::MutexGuard<'_, State>) {
+    if advance(&mut s) {
+        let committed = s.committed;
+        wake(s, |lsn| lsn <= committed);
     }
 }
 

@@ -67,13 +67,9 @@ fn a_leader_back_in_its_own_term_applies_the_log_before_it_commits() {
     let mut nodes: Vec<Option<ReplicatedNode>> = nodes.into_iter().map(Some).collect();
     for round in 0..6 {
         let i = nodes.iter().position(|n| n.as_ref().is_some_and(ReplicatedNode::is_leader)).unwrap_or(l);
-        let old = nodes[i].take().unwrap();
-        let (id, addr) = (old.id(), old.addr());
-        old.crash();
         // Back about when the others' election timeout (300–600 ms) runs out: often before
-        // they elect one, so that it leads its old term again.
-        std::thread::sleep(Duration::from_millis(250));
-        nodes[i] = Some(open(dir.path(), id, Some(addr)));
+        // they elect one.
+        crash_and_reopen(dir.path(), &mut nodes, i, Duration::from_millis(250));
         let refs: Vec<&ReplicatedNode> = nodes.iter().flatten().collect();
         let now = leader_of(&refs);
         let at = transfer(refs[now], 100, 10 + round).unwrap();
@@ -104,17 +100,15 @@ fn a_leader_opened_again_leads_only_after_an_election() {
     open_bank(&nodes[l]);
     transfer(&nodes[l], 50, 21).unwrap();
     let mut nodes: Vec<Option<ReplicatedNode>> = nodes.into_iter().map(Some).collect();
-    let old = nodes[l].take().unwrap();
-    let (id, addr) = (old.id(), old.addr());
-    old.crash();
-    let back = open(dir.path(), id, Some(addr));
+    crash_and_reopen(dir.path(), &mut nodes, l, Duration::ZERO);
+    let back = nodes[l].as_ref().unwrap();
+    let id = back.id();
     // Well within any election timeout (300–600 ms) from the crash and from the open.
     let watch = Instant::now();
     while watch.elapsed() < Duration::from_millis(100) {
         assert_ne!(back.leader(), Some(id), "node {id} leads its old term again, {:?} after it opened", watch.elapsed());
         std::thread::sleep(Duration::from_millis(2));
     }
-    nodes[l] = Some(back);
     let refs: Vec<&ReplicatedNode> = nodes.iter().flatten().collect();
     let now = leader_of(&refs);
     let at = transfer(refs[now], 50, 22).unwrap();

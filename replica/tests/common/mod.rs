@@ -109,6 +109,15 @@ pub fn converged<'a>(nodes: impl IntoIterator<Item = &'a ReplicatedNode>, at: Po
 }
 
 /// Closes every node that is up.
+/// Kills the node in slot `i` of `nodes` and, `pause` later, opens it again on its address.
+pub fn crash_and_reopen(dir: &Path, nodes: &mut [Option<ReplicatedNode>], i: usize, pause: Duration) {
+    let old = nodes[i].take().expect("the node is up");
+    let (id, addr) = (old.id(), old.addr());
+    old.crash();
+    std::thread::sleep(pause);
+    nodes[i] = Some(open(dir, id, Some(addr)));
+}
+
 pub fn close_all(nodes: impl IntoIterator<Item = Option<ReplicatedNode>>) {
     for n in nodes.into_iter().flatten() {
         n.close().unwrap();
